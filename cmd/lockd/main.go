@@ -1,0 +1,117 @@
+// Command lockd runs the lockd lock server. `lockd serve` starts single
+// mode on 127.0.0.1:7420 with the admin endpoint on 127.0.0.1:7421.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/server"
+	"github.com/rs/zerolog"
+)
+
+const usage = `usage: lockd serve [flags]
+
+Every flag can also be set with the environment variable LOCKD_<NAME>
+(for example --max-keys as LOCKD_MAX_KEYS); a flag on the command line wins.
+
+`
+
+func main() {
+	if err := run(os.Args[1:], os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "lockd:", err)
+		}
+		os.Exit(2)
+	}
+}
+
+func run(args []string, stderr io.Writer) error {
+	if len(args) == 0 || args[0] != "serve" {
+		fmt.Fprint(stderr, usage)
+		return errors.New("the only command is serve")
+	}
+	cfg, logLevel, authFile, err := parseServeFlags(args[1:], os.LookupEnv, stderr)
+	if err != nil {
+		return err
+	}
+	level, err := zerolog.ParseLevel(logLevel)
+	if err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	cfg.Logger = zerolog.New(os.Stderr).Level(level).With().Timestamp().Logger()
+	if authFile != "" {
+		if cfg.Auth, err = server.LoadAuthFile(authFile); err != nil {
+			return err
+		}
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	srv, err := server.Start(cfg)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	cfg.Logger.Info().Msg("signal received, draining")
+	return srv.Close()
+}
+
+// parseServeFlags reads flags, with LOCKD_<NAME> environment variables as
+// their defaults.
+func parseServeFlags(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (server.Config, string, string, error) {
+	var cfg server.Config
+	var logLevel, authFile string
+	fs := flag.NewFlagSet("lockd serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
+	fs.StringVar(&cfg.Listen, "listen", server.DefaultListen, "client protocol address")
+	fs.StringVar(&cfg.Admin, "admin", server.DefaultAdmin, "admin HTTP address (/healthz, /metrics); empty for none")
+	fs.StringVar(&authFile, "auth-file", "", "file of tenant:hex-secret lines; turns authentication on")
+	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow auth off on a non-loopback address")
+	fs.StringVar(&cfg.NodeName, "node-name", hostname(), "node name sent in the greeting (at most 64 bytes)")
+	fs.IntVar(&cfg.Engine.MaxKeys, "max-keys", engine.DefaultMaxKeys, "hard limit of live keys")
+	fs.IntVar(&cfg.Engine.MaxWaiters, "max-waiters", engine.DefaultMaxWaiters, "hard limit of queued waiters")
+	fs.IntVar(&cfg.Engine.MaxInflight, "max-inflight", engine.DefaultMaxInflight, "hard limit of in-flight acquires")
+	fs.Uint64Var(&cfg.Engine.FirstToken, "first-token", 1, "first fencing token; set above a previous process's lockd_token_counter")
+	fs.IntVar(&cfg.MaxConns, "max-conns", server.DefaultMaxConns, "hard limit of client connections")
+	fs.IntVar(&cfg.MaxConnInflight, "max-conn-inflight", server.DefaultMaxConnInflight, "hard limit of in-flight requests per connection")
+	fs.IntVar(&cfg.Loops, "loops", 0, "event loops (0 = GOMAXPROCS)")
+	fs.StringVar(&logLevel, "log-level", "info", "trace, debug, info, warn or error")
+
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := "LOCKD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := lookupEnv(name); ok && envErr == nil {
+			if err := fs.Set(f.Name, v); err != nil {
+				envErr = fmt.Errorf("%s=%q: %w", name, v, err)
+			}
+		}
+	})
+	if envErr != nil {
+		return cfg, "", "", envErr
+	}
+	if err := fs.Parse(args); err != nil {
+		return cfg, "", "", err
+	}
+	if fs.NArg() > 0 {
+		return cfg, "", "", fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	return cfg, logLevel, authFile, nil
+}
+
+func hostname() string {
+	h, err := os.Hostname()
+	if err != nil {
+		return "lockd"
+	}
+	return h
+}

@@ -1,0 +1,102 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lockd/lockd/codec"
+)
+
+func TestFlagsFromEnvironment(t *testing.T) {
+	env := map[string]string{"LOCKD_MAX_KEYS": "77", "LOCKD_LISTEN": "127.0.0.1:9000", "LOCKD_INSECURE_NO_AUTH": "true"}
+	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
+	cfg, level, _, err := parseServeFlags([]string{"--listen", "127.0.0.1:9001", "--log-level", "warn"}, lookup, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Engine.MaxKeys != 77 || !cfg.InsecureNoAuth {
+		t.Fatalf("environment not applied: %+v", cfg)
+	}
+	if cfg.Listen != "127.0.0.1:9001" || level != "warn" {
+		t.Fatalf("a command-line flag must win over the environment: %q %q", cfg.Listen, level)
+	}
+	if _, _, _, err := parseServeFlags(nil, func(k string) (string, bool) {
+		return "lots", k == "LOCKD_MAX_CONNS"
+	}, io.Discard); err == nil || !strings.Contains(err.Error(), "LOCKD_MAX_CONNS") {
+		t.Fatalf("a bad environment value must name its variable: %v", err)
+	}
+	defaults, _, _, err := parseServeFlags(nil, func(string) (string, bool) { return "", false }, io.Discard)
+	if err != nil || defaults.Listen != "127.0.0.1:7420" || defaults.Admin != "127.0.0.1:7421" {
+		t.Fatalf("defaults: %+v %v", defaults, err)
+	}
+}
+
+// TestServeAndSIGTERM runs the real binary: it serves, answers on the
+// admin port, and exits 0 on SIGTERM.
+func TestServeAndSIGTERM(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "lockd")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	cmd := exec.Command(bin, "serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "LOCKD_LOG_LEVEL=info")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+
+	var started struct{ Listen, Admin, Message string }
+	lines := bufio.NewScanner(stderr)
+	for lines.Scan() {
+		if json.Unmarshal(lines.Bytes(), &started) == nil && started.Message == "lockd serving" {
+			break
+		}
+	}
+	if started.Listen == "" {
+		t.Fatal("no start-up line in the log")
+	}
+	go io.Copy(io.Discard, stderr)
+
+	nc, err := net.Dial("tcp", started.Listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	_ = nc.SetDeadline(time.Now().Add(5 * time.Second))
+	var resp codec.Response
+	buf := make([]byte, 256)
+	n, _ := io.ReadAtLeast(nc, buf, 20)
+	if _, err := codec.DecodeResponse(buf[:n], &resp); err != nil || resp.Op != codec.OpGreeting {
+		t.Fatalf("greeting: %v %q", err, resp.Op)
+	}
+
+	health, err := http.Get("http://" + started.Admin + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	health.Body.Close()
+	if health.StatusCode != http.StatusOK {
+		t.Fatalf("/healthz: %s", health.Status)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("lockd must exit 0 on SIGTERM: %v", err)
+	}
+}

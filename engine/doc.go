@@ -1,0 +1,19 @@
+// Package engine is the lock table of lockd: it knows locks, waiters, tokens
+// and time, and nothing of sockets, connections or bytes on the wire. It is a
+// sharded in-memory table keyed by (namespace, key) with one mutex per shard
+// and no global lock on the hot path; every decision is a function of the
+// calls it receives and of an injected monotonic Clock, so tests drive it with
+// a FakeClock and Tick/Sweep and get the same result every run. Leases with
+// queued waiters expire through a per-shard deadline min-heap whose entries
+// are checked against the current token or waiter when they come due (stale
+// ones are dropped), so a lock is handed to the next waiter promptly without
+// scanning; keys nobody waits for expire lazily and the 5 s Sweep reclaims
+// them. To keep acquire+release of an existing key free of allocations, a key
+// released with nobody waiting stays in its shard as a free entry: it is not a
+// live key (not counted in Stats.Keys, not held), at most max(1,
+// MaxKeys/(4*Shards)) of them are kept per shard (a quarter of MaxKeys in
+// all; beyond that a freed key is deleted), and Sweep deletes them all.
+// Tokens come from one counter per shard, starting at Config.FirstToken
+// (default 1) and failing closed before it would wrap; a key always lives in
+// the same shard, so its tokens strictly increase for the engine's lifetime.
+package engine

@@ -1,0 +1,471 @@
+package engine
+
+import (
+	"encoding/binary"
+	"math"
+	"math/bits"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Config sizes an Engine. Zero (or negative) fields take their defaults.
+type Config struct {
+	Shards      int   // rounded up to a power of two; default 256
+	MaxKeys     int   // hard limit of live keys (held or with waiters); default DefaultMaxKeys
+	MaxWaiters  int   // hard limit of queued waiters, global; default DefaultMaxWaiters
+	MaxInflight int   // hard limit of in-flight acquires (being processed + queued), global; default DefaultMaxInflight
+	Clock       Clock // default RealClock()
+	// FirstToken is the first token of every shard's counter; default 1. A
+	// single-mode process restarted with it above the old process's tokens
+	// keeps them increasing across the restart.
+	FirstToken uint64
+}
+
+// Defaults of the Config limits.
+const (
+	DefaultMaxKeys     = 1 << 20
+	DefaultMaxWaiters  = 1 << 20
+	DefaultMaxInflight = 1 << 20
+)
+
+const defaultShards = 256
+
+// Namespace is an interned tenant: keys of different namespaces never meet.
+type Namespace uint32
+
+// Outcome is what an engine call did.
+type Outcome uint8
+
+const (
+	Granted        Outcome = iota + 1 // lock acquired: Result.Token, Result.Waited set
+	Queued                            // waiting; the Waiter will be resolved later exactly once
+	TimedOut                          // wait elapsed (or wait 0 on a held key), not acquired
+	Busy                              // refused by an admission gate, not acquired
+	Released                          // release accepted
+	NotHeld                           // release: key absent, token not current, or lease expired
+	TokenExhausted                    // the token counter would overflow
+	ShuttingDown                      // engine closed; queued waiters get this
+)
+
+var outcomeNames = [...]string{
+	Granted:        "Granted",
+	Queued:         "Queued",
+	TimedOut:       "TimedOut",
+	Busy:           "Busy",
+	Released:       "Released",
+	NotHeld:        "NotHeld",
+	TokenExhausted: "TokenExhausted",
+	ShuttingDown:   "ShuttingDown",
+}
+
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) && outcomeNames[o] != "" {
+		return outcomeNames[o]
+	}
+	return "Outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Result is the answer to Acquire or Release, or the resolution of a queued
+// acquire.
+type Result struct {
+	Outcome Outcome
+	Token   uint64        // for Granted
+	Waited  time.Duration // for Granted: grant instant minus the Acquire call instant
+}
+
+// Waiter receives the outcome of a queued acquire. Resolve is called exactly
+// once per Queued acquire that was not cancelled, with Granted, TimedOut,
+// ShuttingDown, or TokenExhausted when the lock freed but no token was left
+// to give. It may be called from inside another engine call (Release, Tick,
+// Acquire, Shutdown) while a shard lock is held, so it must not block and
+// must not call back into the engine.
+type Waiter interface{ Resolve(owner uint64, r Result) }
+
+// Wait is the handle of a queued acquire, for Cancel.
+type Wait struct {
+	shard *shard
+	entry *entry // the key it waits for; nil once resolved or cancelled
+	prev  *Wait
+	next  *Wait
+
+	// waiter is dropped once w has left its queue: a stale timer can keep w
+	// alive for up to a full wait, and must not keep the connection behind
+	// the Waiter alive with it.
+	waiter   Waiter
+	owner    uint64
+	arrived  time.Duration // the Acquire call instant, for Result.Waited
+	deadline time.Duration // never granted at or after this instant
+	lease    time.Duration
+}
+
+// Engine is the lock table. All methods are safe for concurrent use.
+type Engine struct {
+	clock        Clock
+	shards       []shard
+	shardMask    uint64
+	freePerShard int
+
+	inflight *AdmissionGate
+	keys     *AdmissionGate
+	waiters  *AdmissionGate
+
+	shuttingDown atomic.Bool
+
+	// nextTick is the Clock instant Run will next Tick at (noDeadline while
+	// it is ticking); a new earlier deadline wakes it through wake.
+	nextTick atomic.Int64
+	wake     chan struct{}
+
+	nsMu       sync.RWMutex
+	namespaces map[string]Namespace
+}
+
+type entryKey struct {
+	ns  Namespace
+	key string
+}
+
+// entry is one key of the table. It is live while token != 0; a free entry
+// (token == 0) is only a cached allocation waiting to be reused or swept.
+type entry struct {
+	id       entryKey // its map key, for when it is freed from a timer
+	token    uint64
+	leaseEnd time.Duration
+	// armedToken is the token whose lease expiry is in the timer heap; only
+	// a held key with waiters needs one.
+	armedToken uint64
+	head       *Wait
+	tail       *Wait
+}
+
+type shard struct {
+	mu        sync.Mutex
+	entries   map[entryKey]*entry
+	timers    timerHeap
+	lastToken uint64 // the last token issued; tokens start at Config.FirstToken
+	issued    uint64
+	free      int      // free entries kept for reuse
+	waiting   int      // queued waiters, to bound stale timers
+	_         [64]byte // keeps neighbouring shards' locks off one cache line
+}
+
+// New returns an Engine sized by cfg.
+func New(cfg Config) *Engine {
+	shards := defaultShards
+	if cfg.Shards > 0 {
+		shards = 1 << bits.Len(uint(cfg.Shards-1))
+	}
+	orDefault := func(n, def int) int {
+		if n > 0 {
+			return n
+		}
+		return def
+	}
+	maxKeys := orDefault(cfg.MaxKeys, DefaultMaxKeys)
+	clock := cfg.Clock
+	if clock == nil {
+		clock = RealClock()
+	}
+	e := &Engine{
+		clock:        clock,
+		shards:       make([]shard, shards),
+		shardMask:    uint64(shards - 1),
+		freePerShard: max(1, maxKeys/(4*shards)),
+		inflight:     NewAdmissionGate(orDefault(cfg.MaxInflight, DefaultMaxInflight)),
+		keys:         NewAdmissionGate(maxKeys),
+		waiters:      NewAdmissionGate(orDefault(cfg.MaxWaiters, DefaultMaxWaiters)),
+		wake:         make(chan struct{}, 1),
+		namespaces:   make(map[string]Namespace),
+	}
+	e.nextTick.Store(int64(noDeadline))
+	// lastToken is one below the next token; FirstToken 0 would make it
+	// wrap, so it means the default instead.
+	lastToken := max(cfg.FirstToken, 1) - 1
+	for i := range e.shards {
+		e.shards[i].entries = make(map[entryKey]*entry)
+		e.shards[i].lastToken = lastToken
+	}
+	return e
+}
+
+// Namespace interns tenant: the same tenant always gets the same Namespace.
+func (e *Engine) Namespace(tenant string) Namespace {
+	e.nsMu.RLock()
+	ns, ok := e.namespaces[tenant]
+	e.nsMu.RUnlock()
+	if ok {
+		return ns
+	}
+	e.nsMu.Lock()
+	defer e.nsMu.Unlock()
+	if ns, ok = e.namespaces[tenant]; !ok {
+		ns = Namespace(len(e.namespaces) + 1)
+		e.namespaces[tenant] = ns
+	}
+	return ns
+}
+
+// shardFor places (ns, key) by mixing eight bytes at a time with
+// MurmurHash3's finalizer: deterministic, so tests can reason about
+// placement, and cheap on the hot path. The shard's map hashes the key again
+// with its own random seed, so crafted keys can at worst crowd one shard,
+// never degrade its map.
+func (e *Engine) shardFor(ns Namespace, key []byte) *shard {
+	h := uint64(ns)<<32 | uint64(len(key))
+	for len(key) >= 8 {
+		h = fmix64(h ^ binary.LittleEndian.Uint64(key))
+		key = key[8:]
+	}
+	var tail [8]byte
+	copy(tail[:], key)
+	return &e.shards[fmix64(h^binary.LittleEndian.Uint64(tail[:]))&e.shardMask]
+}
+
+func fmix64(h uint64) uint64 {
+	h ^= h >> 33
+	h *= 0xff51afd7ed558ccd
+	h ^= h >> 33
+	h *= 0xc4ceb9fe1a85ec53
+	return h ^ h>>33
+}
+
+// Acquire tries to take the lock on key in ns for owner. On a held key it
+// queues for up to wait (never when wait is 0), answers Queued with a
+// non-nil *Wait, and later resolves w exactly once unless cancelled; w must
+// be non-nil whenever wait > 0. key is only borrowed during the call. Inputs
+// are assumed valid (key 1..128 bytes, lease 1..3600 s, wait 0..255 s).
+func (e *Engine) Acquire(ns Namespace, key []byte, owner uint64, lease, wait time.Duration, w Waiter) (Result, *Wait) {
+	s := e.shardFor(ns, key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// Checked under the shard lock so that Shutdown, which takes every shard
+	// lock after setting the flag, cannot miss a waiter queued here.
+	if e.shuttingDown.Load() {
+		return Result{Outcome: ShuttingDown}, nil
+	}
+	if !e.inflight.Admit() {
+		return Result{Outcome: Busy}, nil
+	}
+	// Read under the lock so that events within a shard are ordered in time.
+	now := e.clock.Now()
+	r, wt := e.acquireLocked(s, ns, key, owner, lease, wait, w, now)
+	if wt == nil {
+		e.inflight.Leave()
+	}
+	return r, wt
+}
+
+func (e *Engine) acquireLocked(s *shard, ns Namespace, key []byte, owner uint64, lease, wait time.Duration, w Waiter, now time.Duration) (Result, *Wait) {
+	ent := s.entries[entryKey{ns, string(key)}]
+	if ent != nil {
+		// A due handoff goes first, or this acquire would jump the queue. An
+		// expired key nobody waits for is retired here, so taking it again
+		// passes the keys gate like a new key.
+		ent = e.settle(s, ent, now)
+	}
+	if ent == nil || ent.token == 0 {
+		if s.lastToken == math.MaxUint64 {
+			return Result{Outcome: TokenExhausted}, nil
+		}
+		if !e.keys.Admit() {
+			return Result{Outcome: Busy}, nil
+		}
+		if ent == nil {
+			id := entryKey{ns, string(key)}
+			ent = &entry{id: id}
+			s.entries[id] = ent
+		} else {
+			s.free--
+		}
+		s.grant(ent, now, lease)
+		return Result{Outcome: Granted, Token: ent.token}, nil
+	}
+	if wait == 0 {
+		return Result{Outcome: TimedOut}, nil
+	}
+	if !e.waiters.Admit() {
+		return Result{Outcome: Busy}, nil
+	}
+	wt := &Wait{
+		shard:    s,
+		entry:    ent,
+		prev:     ent.tail,
+		waiter:   w,
+		owner:    owner,
+		arrived:  now,
+		deadline: now + wait,
+		lease:    lease,
+	}
+	if ent.tail != nil {
+		ent.tail.next = wt
+	} else {
+		ent.head = wt
+	}
+	ent.tail = wt
+	s.waiting++
+	e.schedule(s, timer{at: wt.deadline, wait: wt})
+	e.armLease(s, ent)
+	return Result{Outcome: Queued}, wt
+}
+
+// Cancel drops a queued acquire (its connection closed) without resolving
+// it; the lock itself is untouched. It reports whether w was still queued,
+// and is safe to call after w was resolved or cancelled, or with nil.
+func (e *Engine) Cancel(w *Wait) bool {
+	if w == nil {
+		return false
+	}
+	s := w.shard
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if w.entry == nil {
+		return false
+	}
+	e.unqueue(s, w)
+	w.waiter = nil
+	e.inflight.Leave()
+	return true
+}
+
+// Release gives back the lock on key in ns if token is its current token and
+// its lease has not expired, handing it to the head waiter if any. It passes
+// no admission gate.
+func (e *Engine) Release(ns Namespace, key []byte, token uint64) Result {
+	s := e.shardFor(ns, key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := e.clock.Now()
+	ent := s.entries[entryKey{ns, string(key)}]
+	if ent != nil {
+		ent = e.settle(s, ent, now)
+	}
+	if ent == nil || ent.token == 0 || ent.token != token {
+		return Result{Outcome: NotHeld}
+	}
+	if ent.head != nil {
+		e.handoff(s, ent, now)
+	} else {
+		e.retire(s, ent)
+	}
+	return Result{Outcome: Released}
+}
+
+// Stats is a snapshot for /metrics.
+type Stats struct {
+	Keys, Waiters, Inflight int // current counts
+	// HeldLocks is the number of keys currently held, lazily expired ones
+	// included until swept. Every live key is held (a freed lock goes
+	// straight to the head waiter), so it equals Keys.
+	HeldLocks    int
+	TokensIssued uint64 // total grants
+	// LastToken is the highest token any shard has issued: a restarted
+	// process given FirstToken above it keeps every key's tokens growing.
+	LastToken                           uint64
+	KeysGate, WaitersGate, InflightGate GateStats
+}
+
+// Stats returns a snapshot of the counters.
+func (e *Engine) Stats() Stats {
+	var issued, last uint64
+	for i := range e.shards {
+		s := &e.shards[i]
+		s.mu.Lock()
+		issued += s.issued
+		last = max(last, s.lastToken)
+		s.mu.Unlock()
+	}
+	keys, waiters, inflight := e.keys.Stats(), e.waiters.Stats(), e.inflight.Stats()
+	return Stats{
+		Keys:         keys.Count,
+		Waiters:      waiters.Count,
+		Inflight:     inflight.Count,
+		HeldLocks:    keys.Count,
+		TokensIssued: issued,
+		LastToken:    last,
+		KeysGate:     keys,
+		WaitersGate:  waiters,
+		InflightGate: inflight,
+	}
+}
+
+// grant gives ent a fresh token; the caller has checked the counter is not
+// exhausted.
+func (s *shard) grant(ent *entry, now, lease time.Duration) {
+	s.lastToken++
+	s.issued++
+	ent.token = s.lastToken
+	ent.leaseEnd = now + lease
+}
+
+// settle applies a lease expiry that is due but not yet processed, and
+// returns ent, or nil if it left the table.
+func (e *Engine) settle(s *shard, ent *entry, now time.Duration) *entry {
+	if ent.token == 0 || ent.leaseEnd > now {
+		return ent
+	}
+	if ent.head != nil {
+		return e.handoff(s, ent, now)
+	}
+	return e.retire(s, ent)
+}
+
+// handoff gives the freed lock of ent to the first waiter still within its
+// wait, resolving the ones it passes, and returns ent, or nil if nobody could
+// take it and it left the table.
+func (e *Engine) handoff(s *shard, ent *entry, now time.Duration) *entry {
+	for ent.head != nil {
+		w := ent.head
+		e.unqueue(s, w)
+		switch {
+		case w.deadline <= now:
+			e.resolve(w, Result{Outcome: TimedOut})
+		case s.lastToken == math.MaxUint64:
+			e.resolve(w, Result{Outcome: TokenExhausted})
+		default:
+			s.grant(ent, now, w.lease)
+			e.resolve(w, Result{Outcome: Granted, Token: ent.token, Waited: now - w.arrived})
+			e.armLease(s, ent)
+			return ent
+		}
+	}
+	return e.retire(s, ent)
+}
+
+// retire makes a held key without waiters free: kept for reuse while the
+// shard's free budget allows, deleted otherwise. It returns ent if kept.
+func (e *Engine) retire(s *shard, ent *entry) *entry {
+	e.keys.Leave()
+	if s.free < e.freePerShard {
+		ent.token = 0
+		s.free++
+		return ent
+	}
+	delete(s.entries, ent.id)
+	return nil
+}
+
+func (e *Engine) unqueue(s *shard, w *Wait) {
+	ent := w.entry
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		ent.head = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	} else {
+		ent.tail = w.prev
+	}
+	w.entry, w.prev, w.next = nil, nil, nil
+	s.waiting--
+	e.waiters.Leave()
+}
+
+// resolve answers a waiter that has left its queue.
+func (e *Engine) resolve(w *Wait, r Result) {
+	w.waiter.Resolve(w.owner, r)
+	w.waiter = nil
+	e.inflight.Leave()
+}

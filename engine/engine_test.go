@@ -1,0 +1,532 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"testing"
+	"time"
+)
+
+// The scripted scenarios run on one shard, so tokens come out as 1, 2, 3...
+// and can be asserted exactly.
+
+type op uint8
+
+const (
+	opAcquire op = iota + 1
+	opRelease
+	opAdvance
+	opTick
+	opSweep
+	opCancel
+	opShutdown
+	opStats
+)
+
+type step struct {
+	op     op
+	tenant string // default "t1"
+	key    string
+	owner  uint64 // acquire: requester; release: whose token, unless token is set; cancel: whose Wait
+	token  uint64
+	lease  time.Duration
+	wait   time.Duration
+	by     time.Duration
+
+	want          Result       // acquire, release
+	wantCancelled bool         // cancel
+	keys, waiters int          // stats
+	resolved      []resolution // resolutions this step must cause, in order
+}
+
+func acquire(key string, owner uint64, lease, wait time.Duration, want Result) step {
+	return step{op: opAcquire, key: key, owner: owner, lease: lease, wait: wait, want: want}
+}
+
+// release uses the token last granted to owner.
+func release(key string, owner uint64, want Outcome) step {
+	return step{op: opRelease, key: key, owner: owner, want: Result{Outcome: want}}
+}
+
+func releaseToken(key string, token uint64, want Outcome) step {
+	return step{op: opRelease, key: key, token: token, want: Result{Outcome: want}}
+}
+
+func advance(d time.Duration) step { return step{op: opAdvance, by: d} }
+func tick() step                   { return step{op: opTick} }
+func sweep() step                  { return step{op: opSweep} }
+func shutdown() step               { return step{op: opShutdown} }
+func cancel(owner uint64, want bool) step {
+	return step{op: opCancel, owner: owner, wantCancelled: want}
+}
+func stats(keys, waiters int) step { return step{op: opStats, keys: keys, waiters: waiters} }
+
+func (s step) in(tenant string) step { s.tenant = tenant; return s }
+
+func (s step) resolves(rs ...resolution) step { s.resolved = rs; return s }
+
+func granted(token uint64, waited time.Duration) Result {
+	return Result{Outcome: Granted, Token: token, Waited: waited}
+}
+
+func outcome(o Outcome) Result { return Result{Outcome: o} }
+
+func res(owner uint64, r Result) resolution { return resolution{owner, r} }
+
+// script runs steps against a fresh one-shard engine on a FakeClock.
+type script struct {
+	t      *testing.T
+	clock  *FakeClock
+	e      *Engine
+	rec    recorder
+	tokens map[uint64]uint64 // owner -> last token granted
+	waits  map[uint64]*Wait  // owner -> handle of its queued acquire
+}
+
+func newScript(t *testing.T, cfg Config) *script {
+	cfg.Shards = 1
+	clock := NewFakeClock()
+	cfg.Clock = clock
+	return &script{
+		t:      t,
+		clock:  clock,
+		e:      New(cfg),
+		tokens: make(map[uint64]uint64),
+		waits:  make(map[uint64]*Wait),
+	}
+}
+
+func (sc *script) run(steps ...step) {
+	sc.t.Helper()
+	for i, st := range steps {
+		where := fmt.Sprintf("step %d (at %v)", i, sc.clock.Now())
+		sc.do(where, st)
+		got := sc.rec.take()
+		for _, r := range got {
+			if r.r.Outcome == Granted {
+				sc.tokens[r.owner] = r.r.Token
+			}
+		}
+		if !slices.Equal(got, st.resolved) {
+			sc.t.Fatalf("%s: resolutions %v, want %v", where, got, st.resolved)
+		}
+	}
+}
+
+func (sc *script) do(where string, st step) {
+	sc.t.Helper()
+	tenant := st.tenant
+	if tenant == "" {
+		tenant = "t1"
+	}
+	ns := sc.e.Namespace(tenant)
+	switch st.op {
+	case opAcquire:
+		r, w := sc.e.Acquire(ns, []byte(st.key), st.owner, st.lease, st.wait, &sc.rec)
+		if r != st.want {
+			sc.t.Fatalf("%s: acquire %q by %d = %+v, want %+v", where, st.key, st.owner, r, st.want)
+		}
+		if (w != nil) != (r.Outcome == Queued) {
+			sc.t.Fatalf("%s: acquire returned Wait %v with outcome %v", where, w, r.Outcome)
+		}
+		if r.Outcome == Granted {
+			sc.tokens[st.owner] = r.Token
+		}
+		if w != nil {
+			sc.waits[st.owner] = w
+		}
+	case opRelease:
+		token := st.token
+		if token == 0 {
+			token = sc.tokens[st.owner]
+		}
+		if r := sc.e.Release(ns, []byte(st.key), token); r != st.want {
+			sc.t.Fatalf("%s: release %q token %d = %+v, want %+v", where, st.key, token, r, st.want)
+		}
+	case opAdvance:
+		sc.clock.Advance(st.by)
+	case opTick:
+		sc.e.Tick()
+	case opSweep:
+		sc.e.Sweep()
+	case opCancel:
+		if got := sc.e.Cancel(sc.waits[st.owner]); got != st.wantCancelled {
+			sc.t.Fatalf("%s: cancel %d = %v, want %v", where, st.owner, got, st.wantCancelled)
+		}
+	case opShutdown:
+		sc.e.Shutdown()
+	case opStats:
+		s := sc.e.Stats()
+		if s.Keys != st.keys || s.HeldLocks != st.keys || s.Waiters != st.waiters || s.Inflight != st.waiters {
+			sc.t.Fatalf("%s: stats keys=%d held=%d waiters=%d inflight=%d, want keys=held=%d waiters=inflight=%d",
+				where, s.Keys, s.HeldLocks, s.Waiters, s.Inflight, st.keys, st.waiters)
+		}
+	default:
+		sc.t.Fatalf("%s: unknown op %d", where, st.op)
+	}
+}
+
+const sec = time.Second
+
+func TestScenarios(t *testing.T) {
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"grant on an absent key", []step{
+			acquire("a", 1, 10*sec, 0, granted(1, 0)),
+			stats(1, 0),
+		}},
+		{"wait 0 on a held key times out at once", []step{
+			acquire("a", 1, 10*sec, 0, granted(1, 0)),
+			acquire("a", 2, 10*sec, 0, outcome(TimedOut)),
+			stats(1, 0),
+		}},
+		{"waiters are granted in FIFO order", []step{
+			acquire("a", 1, 10*sec, 0, granted(1, 0)),
+			acquire("a", 2, 10*sec, 30*sec, outcome(Queued)),
+			advance(1 * sec),
+			acquire("a", 3, 10*sec, 30*sec, outcome(Queued)),
+			advance(1 * sec),
+			acquire("a", 4, 10*sec, 30*sec, outcome(Queued)),
+			stats(1, 3),
+			advance(1 * sec),
+			release("a", 1, Released).resolves(res(2, granted(2, 3*sec))),
+			release("a", 2, Released).resolves(res(3, granted(3, 2*sec))),
+			release("a", 3, Released).resolves(res(4, granted(4, 1*sec))),
+			release("a", 4, Released),
+			stats(0, 0),
+		}},
+		{"a waiter times out exactly at its deadline", []step{
+			acquire("a", 1, 60*sec, 0, granted(1, 0)),
+			acquire("a", 2, 10*sec, 5*sec, outcome(Queued)),
+			advance(5*sec - 1),
+			tick(),
+			advance(1),
+			tick().resolves(res(2, outcome(TimedOut))),
+			stats(1, 0),
+			release("a", 1, Released),
+		}},
+		{"lease expiry hands off exactly at the lease end", []step{
+			acquire("a", 1, 10*sec, 0, granted(1, 0)),
+			advance(3 * sec),
+			acquire("a", 2, 10*sec, 30*sec, outcome(Queued)),
+			advance(7*sec - 1),
+			tick(),
+			advance(1),
+			tick().resolves(res(2, granted(2, 7*sec))),
+			release("a", 1, NotHeld),
+			release("a", 2, Released),
+		}},
+		{"a due handoff runs before a new acquire, keeping FIFO", []step{
+			acquire("a", 1, 10*sec, 0, granted(1, 0)),
+			acquire("a", 2, 10*sec, 60*sec, outcome(Queued)),
+			advance(10 * sec),
+			acquire("a", 3, 10*sec, 0, outcome(TimedOut)).resolves(res(2, granted(2, 10*sec))),
+			acquire("a", 4, 10*sec, 60*sec, outcome(Queued)),
+			release("a", 2, Released).resolves(res(4, granted(3, 0))),
+		}},
+		{"a handoff skips waiters whose wait elapsed", []step{
+			acquire("a", 1, 60*sec, 0, granted(1, 0)),
+			acquire("a", 2, 10*sec, 5*sec, outcome(Queued)),
+			acquire("a", 3, 10*sec, 30*sec, outcome(Queued)),
+			advance(5 * sec),
+			release("a", 1, Released).resolves(res(2, outcome(TimedOut)), res(3, granted(2, 5*sec))),
+			tick(),
+		}},
+		{"a handoff where every wait elapsed frees the key", []step{
+			acquire("a", 1, 60*sec, 0, granted(1, 0)),
+			acquire("a", 2, 10*sec, 5*sec, outcome(Queued)),
+			advance(5 * sec),
+			release("a", 1, Released).resolves(res(2, outcome(TimedOut))),
+			stats(0, 0),
+			acquire("a", 3, 10*sec, 0, granted(2, 0)),
+		}},
+		{"release with an old token is not held", []step{
+			acquire("a", 1, 10*sec, 0, granted(1, 0)),
+			release("a", 1, Released),
+			acquire("a", 2, 10*sec, 0, granted(2, 0)),
+			releaseToken("a", 1, NotHeld),
+			releaseToken("a", 3, NotHeld),
+			releaseToken("a", 0, NotHeld),
+			release("a", 2, Released),
+			release("a", 2, NotHeld),
+		}},
+		{"release after the lease end is not held", []step{
+			acquire("a", 1, 10*sec, 0, granted(1, 0)),
+			advance(10*sec - 1),
+			acquire("b", 2, 10*sec, 0, granted(2, 0)),
+			release("a", 1, Released),
+			advance(10 * sec),
+			release("b", 2, NotHeld),
+			stats(0, 0),
+		}},
+		{"release of an absent key is not held", []step{
+			releaseToken("a", 1, NotHeld),
+			releaseToken("a", 0, NotHeld),
+		}},
+		{"an expired lease is acquired again without a tick", []step{
+			acquire("a", 1, 10*sec, 0, granted(1, 0)),
+			advance(10 * sec),
+			acquire("a", 2, 10*sec, 0, granted(2, 0)),
+			release("a", 1, NotHeld),
+		}},
+		{"tokens increase across release, expiry, sweep and reuse", []step{
+			acquire("a", 1, 10*sec, 0, granted(1, 0)),
+			release("a", 1, Released), // free entry kept
+			acquire("a", 2, 10*sec, 0, granted(2, 0)),
+			advance(10 * sec), // expired, not swept
+			acquire("a", 3, 10*sec, 0, granted(3, 0)),
+			advance(10 * sec),
+			sweep(), // entry deleted
+			stats(0, 0),
+			acquire("a", 4, 10*sec, 0, granted(4, 0)),
+			release("a", 4, Released),
+			sweep(), // free entry deleted
+			acquire("a", 5, 10*sec, 30*sec, granted(5, 0)),
+			acquire("a", 6, 10*sec, 30*sec, outcome(Queued)),
+			release("a", 5, Released).resolves(res(6, granted(6, 0))),
+		}},
+		{"namespaces do not see each other's keys", []step{
+			acquire("a", 1, 10*sec, 0, granted(1, 0)).in("t1"),
+			acquire("a", 2, 10*sec, 0, granted(2, 0)).in("t2"),
+			releaseToken("a", 1, NotHeld).in("t2"),
+			releaseToken("a", 2, NotHeld).in("t1"),
+			release("a", 1, Released).in("t1"),
+			acquire("a", 3, 10*sec, 5*sec, outcome(Queued)).in("t2"),
+			release("a", 2, Released).in("t2").resolves(res(3, granted(3, 0))),
+			stats(1, 0),
+		}},
+		{"a cancelled waiter is never resolved and the next one gets the lock", []step{
+			acquire("a", 1, 10*sec, 0, granted(1, 0)),
+			acquire("a", 2, 10*sec, 5*sec, outcome(Queued)),
+			acquire("a", 3, 10*sec, 30*sec, outcome(Queued)),
+			stats(1, 2),
+			cancel(2, true),
+			cancel(2, false),
+			cancel(99, false), // never queued: a nil *Wait
+			stats(1, 1),
+			advance(5 * sec),
+			tick(),
+			advance(1 * sec),
+			release("a", 1, Released).resolves(res(3, granted(2, 6*sec))),
+			cancel(3, false),
+			release("a", 3, Released),
+		}},
+		{"cancelling the last waiter leaves the lock to its holder", []step{
+			acquire("a", 1, 10*sec, 0, granted(1, 0)),
+			acquire("a", 2, 10*sec, 30*sec, outcome(Queued)),
+			cancel(2, true),
+			advance(10 * sec),
+			tick(), // the lease timer is stale now
+			stats(1, 0),
+			release("a", 1, NotHeld),
+			stats(0, 0),
+		}},
+		{"shutdown resolves every waiter and refuses acquires", []step{
+			acquire("a", 1, 10*sec, 0, granted(1, 0)),
+			acquire("a", 2, 10*sec, 10*sec, outcome(Queued)),
+			acquire("a", 3, 10*sec, 20*sec, outcome(Queued)),
+			acquire("b", 4, 10*sec, 0, granted(2, 0)),
+			acquire("b", 5, 10*sec, 30*sec, outcome(Queued)),
+			shutdown().resolves(
+				res(2, outcome(ShuttingDown)),
+				res(3, outcome(ShuttingDown)),
+				res(5, outcome(ShuttingDown))),
+			stats(2, 0),
+			cancel(2, false),
+			acquire("c", 6, 10*sec, 0, outcome(ShuttingDown)),
+			acquire("a", 7, 10*sec, 5*sec, outcome(ShuttingDown)),
+			release("a", 1, Released),
+			advance(60 * sec),
+			tick(),
+		}},
+		{"keys without waiters expire lazily and the sweep reclaims them", []step{
+			acquire("a", 1, 10*sec, 0, granted(1, 0)),
+			acquire("b", 2, 20*sec, 0, granted(2, 0)),
+			advance(10 * sec),
+			tick(),
+			stats(2, 0),
+			sweep(),
+			stats(1, 0),
+			advance(10 * sec),
+			sweep(),
+			stats(0, 0),
+		}},
+		{"the sweep leaves expired keys with waiters to the tick", []step{
+			acquire("a", 1, 10*sec, 0, granted(1, 0)),
+			acquire("a", 2, 10*sec, 60*sec, outcome(Queued)),
+			acquire("b", 3, 5*sec, 0, granted(2, 0)),
+			advance(20 * sec),
+			sweep(),
+			stats(1, 1),
+			tick().resolves(res(2, granted(3, 20*sec))),
+			stats(1, 0),
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			newScript(t, Config{}).run(tt.steps...)
+		})
+	}
+}
+
+func TestTokenExhaustion(t *testing.T) {
+	sc := newScript(t, Config{FirstToken: math.MaxUint64 - 1})
+	sc.run(
+		acquire("a", 1, 10*sec, 0, granted(math.MaxUint64-1, 0)),
+		acquire("a", 2, 10*sec, 30*sec, outcome(Queued)),
+		acquire("a", 3, 10*sec, 30*sec, outcome(Queued)),
+		// The last token goes to the head waiter; the next one finds none.
+		release("a", 1, Released).resolves(res(2, granted(math.MaxUint64, 0))),
+		release("a", 2, Released).resolves(res(3, outcome(TokenExhausted))),
+		stats(0, 0),
+		acquire("b", 4, 10*sec, 0, outcome(TokenExhausted)),
+		acquire("a", 5, 10*sec, 0, outcome(TokenExhausted)),
+		stats(0, 0),
+	)
+}
+
+func TestFirstToken(t *testing.T) {
+	for _, tt := range []struct{ first, want uint64 }{
+		{0, 1}, {1, 1}, {1000, 1000}, {math.MaxUint64, math.MaxUint64},
+	} {
+		t.Run(fmt.Sprint(tt.first), func(t *testing.T) {
+			sc := newScript(t, Config{FirstToken: tt.first})
+			sc.run(acquire("a", 1, 10*sec, 0, granted(tt.want, 0)))
+			if got := sc.e.Stats().LastToken; got != tt.want {
+				t.Fatalf("Stats.LastToken = %d, want %d", got, tt.want)
+			}
+			if tt.want == math.MaxUint64 {
+				sc.run(release("a", 1, Released), acquire("a", 2, 10*sec, 0, outcome(TokenExhausted)))
+			}
+		})
+	}
+}
+
+func TestTickReportsTheNextDeadline(t *testing.T) {
+	sc := newScript(t, Config{})
+	if d := sc.e.Tick(); d != math.MaxInt64 {
+		t.Fatalf("idle Tick = %v, want math.MaxInt64", d)
+	}
+	sc.run(
+		acquire("a", 1, 10*sec, 0, granted(1, 0)),
+		acquire("a", 2, 10*sec, 30*sec, outcome(Queued)),
+		advance(4*sec),
+	)
+	if d := sc.e.Tick(); d != 6*sec {
+		t.Fatalf("Tick = %v, want the 6s left of the lease", d)
+	}
+	sc.run(release("a", 1, Released).resolves(res(2, granted(2, 4*sec))))
+	// Both timers are stale now. Stale timers are dropped only when they
+	// come due, so Tick may report one: an early wake, never a late one.
+	if d := sc.e.Tick(); d != 6*sec {
+		t.Fatalf("Tick = %v, want 6s to the stale lease timer", d)
+	}
+	sc.run(advance(6 * sec))
+	if d := sc.e.Tick(); d != 20*sec {
+		t.Fatalf("Tick = %v, want 20s to the stale wait timer", d)
+	}
+	sc.run(advance(20 * sec))
+	if d := sc.e.Tick(); d != math.MaxInt64 {
+		t.Fatalf("drained Tick = %v, want math.MaxInt64", d)
+	}
+}
+
+func TestOutcomeString(t *testing.T) {
+	for o, want := range map[Outcome]string{
+		Granted: "Granted", Queued: "Queued", TimedOut: "TimedOut", Busy: "Busy",
+		Released: "Released", NotHeld: "NotHeld", TokenExhausted: "TokenExhausted",
+		ShuttingDown: "ShuttingDown", 0: "Outcome(0)", 200: "Outcome(200)",
+	} {
+		if got := o.String(); got != want {
+			t.Errorf("Outcome(%d).String() = %q, want %q", uint8(o), got, want)
+		}
+	}
+}
+
+func TestNamespaceInterning(t *testing.T) {
+	e := New(Config{Shards: 1, Clock: NewFakeClock()})
+	a, b := e.Namespace("alpha"), e.Namespace("beta")
+	if a == b {
+		t.Fatalf("distinct tenants share namespace %d", a)
+	}
+	if e.Namespace("alpha") != a || e.Namespace("beta") != b {
+		t.Fatal("interning a tenant twice gave a different namespace")
+	}
+}
+
+func TestShardsRoundUpToAPowerOfTwo(t *testing.T) {
+	for _, tt := range []struct{ in, want int }{{0, 256}, {-3, 256}, {1, 1}, {3, 4}, {16, 16}, {100, 128}} {
+		if got := len(New(Config{Shards: tt.in}).shards); got != tt.want {
+			t.Errorf("Shards %d -> %d shards, want %d", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestFreeEntriesAreBounded(t *testing.T) {
+	// One shard, MaxKeys 40: at most 40/4 = 10 free entries are kept.
+	sc := newScript(t, Config{MaxKeys: 40})
+	s := &sc.e.shards[0]
+	for i := range 20 {
+		key := fmt.Sprint("k", i)
+		sc.run(acquire(key, uint64(i+1), 10*sec, 0, granted(uint64(i+1), 0)))
+	}
+	for i := range 20 {
+		sc.run(release(fmt.Sprint("k", i), uint64(i+1), Released))
+	}
+	if len(s.entries) != 10 || s.free != 10 {
+		t.Fatalf("after releasing 20 keys: %d entries, %d free; want 10 free entries", len(s.entries), s.free)
+	}
+	sc.run(stats(0, 0), sweep())
+	if len(s.entries) != 0 || s.free != 0 {
+		t.Fatalf("after the sweep: %d entries, %d free; want none", len(s.entries), s.free)
+	}
+	// Expired keys nobody waits for go to the free budget when touched.
+	sc.run(
+		acquire("x", 1, 10*sec, 0, granted(21, 0)),
+		advance(10*sec),
+		releaseToken("x", 21, NotHeld),
+		stats(0, 0),
+	)
+	if s.free != 1 {
+		t.Fatalf("expired key touched by release: %d free, want 1", s.free)
+	}
+}
+
+func TestStaleTimersAreCompacted(t *testing.T) {
+	sc := newScript(t, Config{})
+	s := &sc.e.shards[0]
+	sc.run(acquire("a", 1, 10*sec, 0, granted(1, 0)))
+	for owner := uint64(2); owner < 1000; owner++ {
+		sc.run(
+			acquire("a", owner, 10*sec, 200*sec, outcome(Queued)),
+			cancel(owner, true),
+		)
+	}
+	if n := len(s.timers); n > 4*s.waiting+minCompact {
+		t.Fatalf("%d timers kept for %d waiters", n, s.waiting)
+	}
+}
+
+func TestKeysSpreadOverShards(t *testing.T) {
+	e := New(Config{Shards: 64, Clock: NewFakeClock()})
+	perShard := make(map[*shard]int)
+	for _, tenant := range []string{"a", "b"} {
+		ns := e.Namespace(tenant)
+		for i := range 3200 {
+			perShard[e.shardFor(ns, fmt.Appendf(nil, "job/%d", i))]++
+		}
+	}
+	// 100 keys per shard on average; a poor mix would leave shards empty or
+	// crowded.
+	for _, n := range perShard {
+		if n < 50 || n > 150 {
+			t.Fatalf("a shard got %d of 6400 keys", n)
+		}
+	}
+	if len(perShard) != 64 {
+		t.Fatalf("%d of 64 shards used", len(perShard))
+	}
+}

@@ -1,0 +1,234 @@
+package engine
+
+import (
+	"context"
+	"math"
+	"time"
+)
+
+// SweepInterval is how often Run calls Sweep (SPEC §8, a constant).
+const SweepInterval = 5 * time.Second
+
+// noDeadline is what Tick returns when nothing is scheduled.
+const noDeadline = time.Duration(math.MaxInt64)
+
+// timer is a deadline in a shard's heap: the end of a waiter's wait (wait
+// set), or the lease end of entry's token. It is checked when it comes due
+// and dropped if it no longer applies.
+type timer struct {
+	at    time.Duration
+	wait  *Wait
+	entry *entry
+	token uint64
+}
+
+func (t *timer) live() bool {
+	if t.wait != nil {
+		return t.wait.entry != nil
+	}
+	// Leases never change once granted, so the same token means the same
+	// lease end; without waiters the lease expires lazily instead.
+	return t.entry.token == t.token && t.entry.head != nil
+}
+
+// timerHeap is a binary min-heap on at, typed to avoid container/heap's
+// boxing.
+type timerHeap []timer
+
+func (h *timerHeap) push(t timer) {
+	*h = append(*h, t)
+	h.up(len(*h) - 1)
+}
+
+func (h *timerHeap) pop() timer {
+	old := *h
+	t := old[0]
+	n := len(old) - 1
+	old[0] = old[n]
+	old[n] = timer{} // drop references for the GC
+	*h = old[:n]
+	h.down(0)
+	return t
+}
+
+func (h timerHeap) up(i int) {
+	for i > 0 {
+		p := (i - 1) / 2
+		if h[p].at <= h[i].at {
+			return
+		}
+		h[p], h[i] = h[i], h[p]
+		i = p
+	}
+}
+
+func (h timerHeap) down(i int) {
+	for {
+		c := 2*i + 1
+		if c >= len(h) {
+			return
+		}
+		if c+1 < len(h) && h[c+1].at < h[c].at {
+			c++
+		}
+		if h[i].at <= h[c].at {
+			return
+		}
+		h[i], h[c] = h[c], h[i]
+		i = c
+	}
+}
+
+// minCompact is the heap size below which stale timers are not worth
+// collecting before they come due.
+const minCompact = 64
+
+// schedule adds t to the shard's heap and wakes Run if t is earlier than
+// what it sleeps for.
+func (e *Engine) schedule(s *shard, t timer) {
+	// Cancelled and early-granted waiters leave stale timers that would
+	// otherwise pile up for up to a full wait. Live timers number at most
+	// 2*waiting (one per waiter, one per key with waiters), so past 4*waiting
+	// at least half are stale and one pass over them pays for itself.
+	if len(s.timers) >= minCompact && len(s.timers) > 4*s.waiting {
+		s.compactTimers()
+	}
+	s.timers.push(t)
+	if int64(t.at) < e.nextTick.Load() {
+		select {
+		case e.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (s *shard) compactTimers() {
+	kept := s.timers[:0]
+	for _, t := range s.timers {
+		if t.live() {
+			kept = append(kept, t)
+		}
+	}
+	clear(s.timers[len(kept):])
+	s.timers = kept
+	for i := len(kept)/2 - 1; i >= 0; i-- {
+		kept.down(i)
+	}
+}
+
+// armLease schedules the lease end of ent's current token if someone waits
+// for it and it is not scheduled yet.
+func (e *Engine) armLease(s *shard, ent *entry) {
+	if ent.head == nil || ent.armedToken == ent.token {
+		return
+	}
+	ent.armedToken = ent.token
+	e.schedule(s, timer{at: ent.leaseEnd, entry: ent, token: ent.token})
+}
+
+// Tick processes everything due at Clock.Now(): lease ends of keys with
+// waiters (the lock goes to the head waiter) and ends of waits (TimedOut). It
+// returns the delay until the next scheduled event, 0 if one is already due,
+// or math.MaxInt64 when nothing is scheduled.
+func (e *Engine) Tick() time.Duration { return e.delayUntil(e.tick()) }
+
+func (e *Engine) delayUntil(at time.Duration) time.Duration {
+	if at == noDeadline {
+		return noDeadline
+	}
+	return max(at-e.clock.Now(), 0)
+}
+
+// tick is Tick returning the Clock instant of the next event.
+func (e *Engine) tick() time.Duration {
+	next := noDeadline
+	for i := range e.shards {
+		s := &e.shards[i]
+		s.mu.Lock()
+		now := e.clock.Now()
+		for len(s.timers) > 0 && s.timers[0].at <= now {
+			t := s.timers.pop()
+			if !t.live() {
+				continue
+			}
+			if t.wait != nil {
+				e.unqueue(s, t.wait)
+				e.resolve(t.wait, Result{Outcome: TimedOut})
+			} else {
+				e.handoff(s, t.entry, now)
+			}
+		}
+		if len(s.timers) > 0 {
+			next = min(next, s.timers[0].at)
+		}
+		s.mu.Unlock()
+	}
+	return next
+}
+
+// Sweep reclaims expired keys nobody waits for and all free entries (SPEC §5:
+// the single expiry sweep). Keys with waiters are left to Tick.
+func (e *Engine) Sweep() {
+	for i := range e.shards {
+		s := &e.shards[i]
+		s.mu.Lock()
+		now := e.clock.Now()
+		for id, ent := range s.entries {
+			switch {
+			case ent.token == 0:
+				s.free--
+			case ent.head == nil && ent.leaseEnd <= now:
+				e.keys.Leave()
+			default:
+				continue
+			}
+			delete(s.entries, id)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// Run drives Tick in real time, waking early when an earlier deadline is
+// scheduled, and calls Sweep every SweepInterval, until ctx is done. Tests on
+// a FakeClock call Tick and Sweep themselves instead.
+func (e *Engine) Run(ctx context.Context) {
+	sweep := time.NewTicker(SweepInterval)
+	defer sweep.Stop()
+	timer := time.NewTimer(noDeadline)
+	defer timer.Stop()
+	for {
+		// While ticking, any new deadline may have been missed by the scan:
+		// have schedule signal all of them.
+		e.nextTick.Store(int64(noDeadline))
+		next := e.tick()
+		e.nextTick.Store(int64(next))
+		timer.Reset(e.delayUntil(next))
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-e.wake:
+		case <-sweep.C:
+			e.Sweep()
+		}
+	}
+}
+
+// Shutdown resolves every queued waiter with ShuttingDown; later Acquires
+// answer ShuttingDown. Held locks stay releasable.
+func (e *Engine) Shutdown() {
+	e.shuttingDown.Store(true)
+	for i := range e.shards {
+		s := &e.shards[i]
+		s.mu.Lock()
+		for _, t := range s.timers {
+			if t.wait != nil && t.wait.entry != nil {
+				e.unqueue(s, t.wait)
+				e.resolve(t.wait, Result{Outcome: ShuttingDown})
+			}
+		}
+		// Every remaining timer is now stale: no key has waiters left.
+		s.timers = nil
+		s.mu.Unlock()
+	}
+}

@@ -1,0 +1,367 @@
+// Package server glues the gnet reactor to the lock engine: it owns
+// sockets, the handshake, per-connection framing state, response batching,
+// connection limits, graceful shutdown and the admin HTTP endpoint. It
+// decodes and encodes frames only through codec and decides nothing about
+// locks itself: every lock rule lives in engine, so cluster mode can put
+// the same rules behind Raft without touching this package's wire logic.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lockd/lockd/engine"
+	"github.com/panjf2000/gnet/v2"
+	"github.com/rs/zerolog"
+)
+
+// Constants fixed by the design card and SPEC §2, §8.
+const (
+	ReadBufferCap   = 4096
+	ResponseBatch   = 64
+	ProgressTimeout = 5 * time.Second
+)
+
+// Operational defaults, overridable by Config; documented in docs/operations.md.
+const (
+	DefaultListen          = "127.0.0.1:7420"
+	DefaultAdmin           = "127.0.0.1:7421"
+	DefaultMaxConns        = 65536
+	DefaultMaxConnInflight = 4096
+	// DefaultMaxOutbound is how many response bytes may wait for a client
+	// that does not read before the server drops it.
+	DefaultMaxOutbound = 1 << 20
+	// progressScanInterval bounds how late a stalled frame is noticed.
+	progressScanInterval = 250 * time.Millisecond
+	// shutdownFlushTimeout bounds how long Close waits for the
+	// shutting_down answers of queued waiters to be written.
+	shutdownFlushTimeout = 2 * time.Second
+	orphanQueue          = 4096
+)
+
+// Config configures a Server. The zero value serves single mode on
+// DefaultListen with auth off.
+type Config struct {
+	Listen string
+	// Admin is the admin HTTP address; empty means no admin endpoint.
+	Admin    string
+	NodeName string
+	// Auth maps tenant to secret. Nil turns auth off: HELLO is optional
+	// and the tenant is "default" unless a HELLO names another.
+	Auth map[string][]byte
+	// InsecureNoAuth allows auth off on a non-loopback address.
+	InsecureNoAuth bool
+	// Loops is the number of event loops; 0 means GOMAXPROCS.
+	Loops           int
+	MaxConns        int
+	MaxConnInflight int
+	MaxOutbound     int
+	Engine          engine.Config
+	Logger          zerolog.Logger
+}
+
+func (c *Config) applyDefaults() {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.Loops <= 0 {
+		c.Loops = runtime.GOMAXPROCS(0)
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = DefaultMaxConns
+	}
+	if c.MaxConnInflight <= 0 {
+		c.MaxConnInflight = DefaultMaxConnInflight
+	}
+	if c.MaxOutbound <= 0 {
+		c.MaxOutbound = DefaultMaxOutbound
+	}
+	if c.Engine.Clock == nil {
+		c.Engine.Clock = engine.RealClock()
+	}
+}
+
+// Server is a running single-mode lockd.
+type Server struct {
+	cfg     Config
+	log     zerolog.Logger
+	clock   engine.Clock
+	engine  *engine.Engine
+	gnetEng gnet.Engine
+	addr    string
+	metrics metrics
+	admin   *adminServer
+
+	draining      atomic.Bool
+	conns         atomic.Int64
+	pendingCloses atomic.Int64
+
+	stalledMu sync.Mutex
+	stalled   map[*session]struct{} // sessions holding a started frame
+
+	orphans chan orphan
+
+	stopDriver context.CancelFunc
+	done       sync.WaitGroup
+	runErr     chan error
+	closeOnce  sync.Once
+}
+
+// orphan is a grant whose waiter's connection closed before it could be
+// told: the server releases it itself rather than leaving it to the lease.
+type orphan struct {
+	ns    engine.Namespace
+	key   string
+	token uint64
+}
+
+// Start listens on cfg.Listen and serves until Close.
+func Start(cfg Config) (*Server, error) {
+	cfg.applyDefaults()
+	if err := checkExposure(cfg); err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		clock:   cfg.Engine.Clock,
+		engine:  engine.New(cfg.Engine),
+		stalled: make(map[*session]struct{}),
+		orphans: make(chan orphan, orphanQueue),
+		runErr:  make(chan error, 1),
+	}
+	booted := make(chan struct{})
+	h := &handler{srv: s, booted: booted}
+	driverCtx, stop := context.WithCancel(context.Background())
+	s.stopDriver = stop
+	s.done.Add(2)
+	go func() { defer s.done.Done(); s.engine.Run(driverCtx) }()
+	go func() { defer s.done.Done(); s.releaseOrphans() }()
+
+	go func() {
+		s.runErr <- gnet.Run(h, "tcp://"+cfg.Listen,
+			gnet.WithMulticore(true),
+			gnet.WithNumEventLoop(cfg.Loops),
+			gnet.WithReadBufferCap(ReadBufferCap),
+			gnet.WithTicker(true),
+			gnet.WithTCPNoDelay(gnet.TCPNoDelay),
+			gnet.WithReuseAddr(true),
+			gnet.WithLogger(gnetLogger{cfg.Logger}),
+		)
+	}()
+	select {
+	case <-booted:
+	case err := <-s.runErr:
+		s.stopBackground()
+		return nil, fmt.Errorf("server: listen on %s: %w", cfg.Listen, err)
+	}
+	if cfg.Admin != "" {
+		admin, err := startAdmin(cfg.Admin, s)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		s.admin = admin
+	}
+	s.log.Info().Str("listen", s.addr).Str("admin", s.AdminAddr()).Bool("auth", cfg.Auth != nil).
+		Int("loops", cfg.Loops).Msg("lockd serving")
+	return s, nil
+}
+
+// checkExposure refuses auth off on an address other machines can reach.
+func checkExposure(cfg Config) error {
+	if cfg.Auth != nil || cfg.InsecureNoAuth {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("server: listen address %q: %w", cfg.Listen, err)
+	}
+	if host == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("server: refusing to listen on non-loopback %q with auth off: give --auth-file, or --insecure-no-auth to accept the risk", cfg.Listen)
+}
+
+// Addr is the address the server listens on (with the real port when
+// Listen asked for port 0).
+func (s *Server) Addr() string { return s.addr }
+
+// AdminAddr is the admin HTTP address, or "" when there is none.
+func (s *Server) AdminAddr() string {
+	if s.admin == nil {
+		return ""
+	}
+	return s.admin.addr
+}
+
+// Engine exposes the lock engine, for tests that drive a fake clock.
+func (s *Server) Engine() *engine.Engine { return s.engine }
+
+// Close drains the server: new connections and requests are refused,
+// queued waiters are answered E shutting_down, then every connection is
+// closed. Held locks die with the process (single mode keeps no state).
+func (s *Server) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		s.draining.Store(true)
+		s.engine.Shutdown()
+		deadline := time.Now().Add(shutdownFlushTimeout)
+		for s.pendingCloses.Load() > 0 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		if s.admin != nil {
+			s.admin.close()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err = s.gnetEng.Stop(ctx)
+		if runErr := <-s.runErr; err == nil && runErr != nil && !errors.Is(runErr, context.Canceled) {
+			err = runErr
+		}
+		s.stopBackground()
+		s.log.Info().Msg("lockd stopped")
+	})
+	return err
+}
+
+func (s *Server) stopBackground() {
+	s.stopDriver()
+	close(s.orphans)
+	s.done.Wait()
+}
+
+func (s *Server) releaseOrphans() {
+	for o := range s.orphans {
+		r := s.engine.Release(o.ns, []byte(o.key), o.token)
+		s.log.Debug().Str("key", o.key).Uint64("token", o.token).Stringer("outcome", r.Outcome).
+			Msg("released a grant whose connection had closed")
+	}
+}
+
+// adoptOrphan is called under an engine shard lock, so it only queues.
+func (s *Server) adoptOrphan(o orphan) {
+	select {
+	case s.orphans <- o:
+		s.metrics.orphansReleased.Add(1)
+	default:
+		s.metrics.orphansDropped.Add(1)
+	}
+}
+
+func (s *Server) markStalled(ss *session, stalled bool) {
+	s.stalledMu.Lock()
+	if stalled {
+		s.stalled[ss] = struct{}{}
+	} else {
+		delete(s.stalled, ss)
+	}
+	s.stalledMu.Unlock()
+}
+
+// wakeOverdue wakes every connection whose started frame has outlived the
+// progress timeout; its own loop then answers bad_request and closes it.
+func (s *Server) wakeOverdue() {
+	now := int64(s.clock.Now())
+	s.stalledMu.Lock()
+	defer s.stalledMu.Unlock()
+	for ss := range s.stalled {
+		if now-ss.frameStartedAt.Load() >= int64(ProgressTimeout) {
+			_ = ss.gc.Wake(nil)
+		}
+	}
+}
+
+func listenerAddr(eng gnet.Engine) (string, error) {
+	fd, err := eng.Dup()
+	if err != nil {
+		return "", err
+	}
+	f := os.NewFile(uintptr(fd), "listener")
+	defer f.Close()
+	ln, err := net.FileListener(f)
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// handler implements gnet.EventHandler.
+type handler struct {
+	gnet.BuiltinEventEngine
+	srv    *Server
+	booted chan struct{}
+}
+
+func (h *handler) OnBoot(eng gnet.Engine) gnet.Action {
+	s := h.srv
+	s.gnetEng = eng
+	addr, err := listenerAddr(eng)
+	if err != nil {
+		s.log.Error().Err(err).Msg("cannot read the listening address")
+		addr = s.cfg.Listen
+	}
+	s.addr = addr
+	close(h.booted)
+	return gnet.None
+}
+
+func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
+	s := h.srv
+	if s.draining.Load() {
+		return nil, gnet.Close
+	}
+	if s.conns.Add(1) > int64(s.cfg.MaxConns) {
+		s.conns.Add(-1)
+		s.metrics.connsRejected.Add(1)
+		return nil, gnet.Close
+	}
+	ss, greeting, err := newSession(s, c)
+	if err != nil {
+		s.conns.Add(-1)
+		s.log.Error().Err(err).Msg("cannot start a session")
+		return nil, gnet.Close
+	}
+	c.SetContext(ss)
+	s.metrics.connsAccepted.Add(1)
+	return greeting, gnet.None
+}
+
+func (h *handler) OnClose(c gnet.Conn, err error) gnet.Action {
+	ss, ok := c.Context().(*session)
+	if !ok {
+		return gnet.None
+	}
+	h.srv.conns.Add(-1)
+	ss.close(err != nil)
+	return gnet.None
+}
+
+func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
+	return c.Context().(*session).onTraffic()
+}
+
+func (h *handler) OnTick() (time.Duration, gnet.Action) {
+	h.srv.wakeOverdue()
+	return progressScanInterval, gnet.None
+}
+
+// gnetLogger routes gnet's own logging into zerolog.
+type gnetLogger struct{ l zerolog.Logger }
+
+func (g gnetLogger) Debugf(f string, a ...any) { g.l.Debug().Msgf(f, a...) }
+func (g gnetLogger) Infof(f string, a ...any)  { g.l.Debug().Msgf(f, a...) }
+func (g gnetLogger) Warnf(f string, a ...any)  { g.l.Warn().Msgf(f, a...) }
+func (g gnetLogger) Errorf(f string, a ...any) { g.l.Error().Msgf(f, a...) }
+func (g gnetLogger) Fatalf(f string, a ...any) { g.l.Fatal().Msgf(f, a...) }
