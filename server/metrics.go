@@ -76,6 +76,7 @@ type metrics struct {
 	requests         [opCount]atomic.Uint64
 	results          [opCount][resultCount]atomic.Uint64
 	errors           [codec.ShuttingDown + 1]atomic.Uint64
+	writes           atomic.Uint64
 	connsAccepted    atomic.Uint64
 	connsRejected    atomic.Uint64
 	slowDropped      atomic.Uint64
@@ -172,6 +173,7 @@ func (s *Server) writePrometheus(w io.Writer) {
 	gauge("lockd_connections", "Open client connections.", s.conns.Load())
 	gauge("lockd_token_counter", "Highest fencing token issued; start a replacement process above it with --first-token.", st.LastToken)
 	counter("lockd_tokens_issued_total", "Fencing tokens issued (grants).", st.TokensIssued)
+	counter("lockd_response_writes_total", "Write calls carrying responses (at most 64 responses each).", m.writes.Load())
 	counter("lockd_connections_accepted_total", "Client connections accepted.", m.connsAccepted.Load())
 	counter("lockd_connections_rejected_total", "Connections closed at once because --max-conns was reached.", m.connsRejected.Load())
 	counter("lockd_slow_clients_dropped_total", "Connections dropped for not reading their responses.", m.slowDropped.Load())

@@ -17,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lockd/lockd/codec"
 	"github.com/lockd/lockd/engine"
 	"github.com/panjf2000/gnet/v2"
 	"github.com/rs/zerolog"
@@ -108,6 +109,9 @@ type Server struct {
 
 	orphans chan orphan
 
+	batchesMu sync.Mutex
+	batches   map[gnet.EventLoop]*batch
+
 	stopDriver context.CancelFunc
 	done       sync.WaitGroup
 	runErr     chan error
@@ -135,6 +139,7 @@ func Start(cfg Config) (*Server, error) {
 		engine:  engine.New(cfg.Engine),
 		stalled: make(map[*session]struct{}),
 		orphans: make(chan orphan, orphanQueue),
+		batches: make(map[gnet.EventLoop]*batch),
 		runErr:  make(chan error, 1),
 	}
 	booted := make(chan struct{})
@@ -257,6 +262,18 @@ func (s *Server) adoptOrphan(o orphan) {
 	default:
 		s.metrics.orphansDropped.Add(1)
 	}
+}
+
+// batchFor returns the response batch of an event loop.
+func (s *Server) batchFor(loop gnet.EventLoop) *batch {
+	s.batchesMu.Lock()
+	defer s.batchesMu.Unlock()
+	b, ok := s.batches[loop]
+	if !ok {
+		b = &batch{buf: make([]byte, 0, ResponseBatch*codec.MaxResponseFrame)}
+		s.batches[loop] = b
+	}
+	return b
 }
 
 func (s *Server) markStalled(ss *session, stalled bool) {

@@ -394,6 +394,27 @@ func TestPipelinedBurstInOneWrite(t *testing.T) {
 	c.expectOpen()
 }
 
+func TestResponsesBatchedPerWrite(t *testing.T) {
+	s := startServer(t, nil)
+	c := dial(t, s)
+	const n = 640
+	var burst []byte
+	for i := range n {
+		burst = codec.AppendPing(burst, uint64(i+1))
+	}
+	before := s.metrics.writes.Load()
+	c.send(burst)
+	for i := range n {
+		c.expect(codec.OpPong, uint64(i+1))
+	}
+	writes := s.metrics.writes.Load() - before
+	// At most 64 responses per write, so at least n/64 writes; far fewer
+	// writes than responses, or batching is not happening.
+	if writes < n/ResponseBatch || writes > n/16 {
+		t.Fatalf("%d responses took %d writes", n, writes)
+	}
+}
+
 func TestFramesSplitAtEveryByte(t *testing.T) {
 	s := startServer(t, nil)
 	var stream []byte

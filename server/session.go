@@ -30,8 +30,7 @@ type session struct {
 	ns           engine.Namespace
 	tenant       string
 	req          codec.Request
-	out          []byte
-	outFrames    int
+	batch        *batch // shared with the loop's other sessions
 	partialFrame bool
 	// frameStartedAt is read by the progress scan on another goroutine.
 	frameStartedAt atomic.Int64
@@ -56,7 +55,7 @@ func newSession(s *Server, c gnet.Conn) (*session, []byte, error) {
 		srv:     s,
 		gc:      c,
 		pending: make(map[uint64]pendingAcquire),
-		out:     make([]byte, 0, ResponseBatch*codec.MaxResponseFrame),
+		batch:   s.batchFor(c.EventLoop()),
 	}
 	if _, err := rand.Read(ss.serverNonce[:]); err != nil {
 		return nil, nil, fmt.Errorf("server nonce: %w", err)
@@ -92,7 +91,7 @@ func (ss *session) onTraffic() gnet.Action {
 
 	ss.mu.Lock()
 	if len(ss.outbox) > 0 {
-		ss.out = append(ss.out, ss.outbox...)
+		ss.batch.buf = append(ss.batch.buf, ss.outbox...)
 		ss.outbox = ss.outbox[:0]
 	}
 	closing = closing || ss.closeOnWake
@@ -148,7 +147,7 @@ func (ss *session) handleFrames(buf []byte) (int, bool) {
 		if ss.handleFrame(&ss.req, err) {
 			return consumed, true
 		}
-		if ss.outFrames >= ResponseBatch {
+		if ss.batch.frames >= ResponseBatch {
 			ss.flush()
 		}
 	}
@@ -227,8 +226,8 @@ func (ss *session) handleHello(req *codec.Request, fieldErr error) bool {
 	ss.welcomed = true
 	ss.tenant = string(req.Tenant)
 	ss.ns = ss.srv.engine.Namespace(ss.tenant)
-	ss.out = codec.AppendWelcome(ss.out, serverMAC)
-	ss.outFrames++
+	ss.batch.buf = codec.AppendWelcome(ss.batch.buf, serverMAC)
+	ss.batch.frames++
 	ss.srv.metrics.countResult(opHello, resultWelcome)
 	return false
 }
@@ -325,28 +324,37 @@ func (ss *session) close(peerEnded bool) {
 }
 
 func (ss *session) appendResult(op opKind, owner uint64, r engine.Result) {
-	ss.out = ss.srv.metrics.encodeResult(ss.out, op, owner, r)
-	ss.outFrames++
+	ss.batch.buf = ss.srv.metrics.encodeResult(ss.batch.buf, op, owner, r)
+	ss.batch.frames++
 }
 
 func (ss *session) appendOwnerOnly(op opKind, respOp byte, owner uint64) {
-	ss.out = codec.AppendOwnerOnly(ss.out, respOp, owner)
-	ss.outFrames++
+	ss.batch.buf = codec.AppendOwnerOnly(ss.batch.buf, respOp, owner)
+	ss.batch.frames++
 	ss.srv.metrics.countResult(op, resultOf(respOp))
 }
 
 func (ss *session) appendError(owner uint64, reason codec.Reason) {
-	ss.out = codec.AppendError(ss.out, owner, reason)
-	ss.outFrames++
+	ss.batch.buf = codec.AppendError(ss.batch.buf, owner, reason)
+	ss.batch.frames++
 	ss.srv.metrics.errors[reason].Add(1)
 }
 
+// batch collects responses for one write. An event loop serves one
+// connection at a time and every pass ends with a flush, so one batch per
+// loop serves all its connections: an idle connection costs no buffer.
+type batch struct {
+	buf    []byte
+	frames int
+}
+
 func (ss *session) flush() {
-	if len(ss.out) > 0 {
-		_, _ = ss.gc.Write(ss.out)
+	if len(ss.batch.buf) > 0 {
+		_, _ = ss.gc.Write(ss.batch.buf)
+		ss.srv.metrics.writes.Add(1)
 	}
-	ss.out = ss.out[:0]
-	ss.outFrames = 0
+	ss.batch.buf = ss.batch.buf[:0]
+	ss.batch.frames = 0
 }
 
 // waitedMs truncates: a client adds waited_ms to its send instant to bound
