@@ -1,0 +1,246 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/lockd/lockd/codec"
+)
+
+// driftFloor and driftRatio make the drift margin subtracted from a
+// Ticket's validity: clocks of client and server may run at slightly
+// different rates, and the client must never believe in a lease the
+// server has already expired. 1 ms per second (1000 ppm) is far above the
+// drift of real oscillators.
+const (
+	driftFloor = 100 * time.Millisecond
+	driftRatio = 1000
+)
+
+func driftMargin(span time.Duration) time.Duration { return driftFloor + span/driftRatio }
+
+// Acquire takes the lock on key and returns its Ticket.
+//
+// opts.Wait bounds the whole call: waiting for a ready session, retries of
+// attempts that certainly never left, the send and the answer. ctx can end
+// it earlier; its deadline then is the call's deadline. The lock is held
+// exactly when the error is nil; ErrIndeterminate means it may be held by
+// nobody who knows its token until its lease expires. Every error says
+// which it is.
+func (c *Client) Acquire(ctx context.Context, key string, opts AcquireOptions) (Ticket, error) {
+	now := c.clock.Now()
+	if !codec.ValidClientKey(key) {
+		return Ticket{}, fmt.Errorf("%w: %q", ErrBadKey, key)
+	}
+	p, err := opts.normalize()
+	if err != nil {
+		return Ticket{}, err
+	}
+	if c.closing.Load() {
+		return Ticket{}, ErrClosed
+	}
+	owner, err := c.nextOwner()
+	if err != nil {
+		return Ticket{}, err
+	}
+	bound := time.Duration(p.waitSeconds) * time.Second
+	if p.waitSeconds == 0 {
+		bound = IODeadline
+	}
+	req := c.newRequest(ctx, opAcquire, owner, key, now, now.Add(bound))
+	defer c.freeRequest(req)
+	req.lease = p.leaseSeconds
+	req.immediate = p.waitSeconds == 0
+
+	out, err := c.exchange(ctx, req, c.cfg.MaxInFlight, false)
+	if err != nil {
+		return Ticket{}, unsentAcquireError(err)
+	}
+	switch out {
+	case outAcquired:
+		return c.gate(ctx, req, p)
+	case outTimedOut:
+		return Ticket{}, ErrTimeout
+	case outBusy:
+		return Ticket{}, ErrBusy
+	case outRejected:
+		return Ticket{}, reasonError(req.reason)
+	case outUnsent, outExpired:
+		return Ticket{}, notSentError(ctx)
+	}
+	return Ticket{}, fmt.Errorf("%w: acquire of %q: %w", ErrIndeterminate, key, req.cause)
+}
+
+// unsentAcquireError maps why an acquire was never enqueued.
+func unsentAcquireError(err error) error {
+	switch {
+	case errors.Is(err, ErrClosed), errors.Is(err, ErrNotConnected):
+		return err
+	case errors.Is(err, errPoolFull):
+		return fmt.Errorf("%w: %w", ErrBusy, err)
+	}
+	return fmt.Errorf("%w: no session took the request before the deadline: %w", ErrTimeout, err)
+}
+
+// notSentError is the end of an acquire whose deadline or context came
+// before a byte of it left.
+func notSentError(ctx context.Context) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w: not sent: %w", ErrTimeout, context.Cause(ctx))
+	}
+	return fmt.Errorf("%w: the deadline came before the request was sent", ErrTimeout)
+}
+
+// gate is the Ticket delivery gate (SPEC §6). A grant found after the
+// call's deadline, or with less validity left than the work budget, is not
+// handed out: its exact token is released as compensation, the session
+// stays open, and the caller learns ErrIndeterminate.
+func (c *Client) gate(ctx context.Context, req *request, p acquireParams) (Ticket, error) {
+	now := c.clock.Now()
+	span := time.Duration(req.waitedMs)*time.Millisecond + p.lease()
+	validUntil := req.sentAt.Add(span - driftMargin(span))
+	if !now.Before(req.deadline) || ctx.Err() != nil {
+		c.compensate(req.key, req.granted, now)
+		return Ticket{}, fmt.Errorf("%w: %q was granted (token %d) but the call had ended; released as compensation",
+			ErrIndeterminate, req.key, req.granted)
+	}
+	if left := validUntil.Sub(now); left < p.budget {
+		c.compensate(req.key, req.granted, now)
+		return Ticket{}, fmt.Errorf("%w: %q was granted (token %d) with %v of validity left, below the work budget %v; released as compensation",
+			ErrIndeterminate, req.key, req.granted, left, p.budget)
+	}
+	return Ticket{c: c, key: req.key, token: req.granted, validUntil: validUntil}, nil
+}
+
+// Release releases the lock t holds. It has IODeadline from the call,
+// reconnects and retries included; ctx can end it earlier. nil means
+// RELEASED; ErrNotHeld means the lock was already gone or passed on;
+// ErrIndeterminate means no answer came, and the lock may still be held
+// until its lease expires.
+func (c *Client) Release(ctx context.Context, t Ticket) error {
+	return c.ReleaseToken(ctx, t.key, t.token)
+}
+
+// ReleaseToken is Release for a lock known by key and token only, such as
+// one acquired by another process.
+func (c *Client) ReleaseToken(ctx context.Context, key string, token uint64) error {
+	now := c.clock.Now()
+	if !codec.ValidClientKey(key) {
+		return fmt.Errorf("%w: %q", ErrBadKey, key)
+	}
+	if token == 0 {
+		return fmt.Errorf("%w: token 0 is never issued", ErrNotHeld)
+	}
+	if c.closing.Load() {
+		return ErrClosed
+	}
+	return c.release(ctx, key, token, now.Add(IODeadline))
+}
+
+// release sends RELEASE until it is answered or deadline passes. Unlike an
+// acquire it may be repeated after a byte may have left: a repeat can at
+// worst turn RELEASED into NOT HELD, never free another holder's lock,
+// because the token names the grant.
+func (c *Client) release(ctx context.Context, key string, token uint64, deadline time.Time) error {
+	owner, err := c.nextOwner()
+	if err != nil {
+		return err
+	}
+	req := c.newRequest(ctx, opRelease, owner, key, c.clock.Now(), deadline)
+	defer c.freeRequest(req)
+	req.token = token
+
+	out, err := c.exchange(ctx, req, c.cfg.MaxInFlight+c.releaseReserve, true)
+	if err != nil {
+		if !req.mayHaveLeft && (errors.Is(err, ErrClosed) || errors.Is(err, ErrNotConnected)) {
+			return fmt.Errorf("release of %q token %d: %w", key, token, err)
+		}
+		// %v: the cause's promise that nothing was sent no longer holds.
+		return fmt.Errorf("%w: release of %q token %d: %v", ErrIndeterminate, key, token, err)
+	}
+	switch out {
+	case outReleased:
+		c.watches.end(key, token)
+		return nil
+	case outNotHeld:
+		c.watches.end(key, token)
+		return ErrNotHeld
+	case outRejected:
+		return reasonError(req.reason)
+	case outUnsent, outExpired:
+		return fmt.Errorf("%w: release of %q token %d: the deadline came before it was sent", ErrIndeterminate, key, token)
+	}
+	return fmt.Errorf("%w: release of %q token %d got no answer: %w", ErrIndeterminate, key, token, req.cause)
+}
+
+type compensation struct {
+	key      string
+	token    uint64
+	deadline time.Time
+}
+
+// compensate queues the release of a grant the caller will never see. The
+// queue is bounded: when it is full, the lock is left to its lease.
+func (c *Client) compensate(key string, token uint64, now time.Time) {
+	c.compMu.Lock()
+	defer c.compMu.Unlock()
+	if !c.compClosed {
+		select {
+		case c.compQueue <- compensation{key: key, token: token, deadline: now.Add(IODeadline)}:
+			c.stats.compensationsQueued.Add(1)
+			return
+		default:
+		}
+	}
+	c.stats.dropped.Add(1)
+}
+
+func (c *Client) runCompensations() {
+	for comp := range c.compQueue {
+		err := c.release(context.Background(), comp.key, comp.token, comp.deadline)
+		if err == nil || errors.Is(err, ErrNotHeld) {
+			c.stats.compensationsDone.Add(1)
+		} else {
+			c.stats.compensationsFailed.Add(1)
+		}
+	}
+}
+
+// Close stops the client. Queued compensating releases are sent first,
+// each still bounded by its own IODeadline, so Close returns within about
+// IODeadline. Calls in flight end with ErrClosed, or ErrIndeterminate when
+// their request may have left.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		c.closing.Store(true)
+		c.compMu.Lock()
+		c.compClosed = true
+		close(c.compQueue)
+		c.compMu.Unlock()
+		c.compWG.Wait()
+		close(c.stopping)
+		c.stop()
+		c.wg.Wait()
+	})
+	return nil
+}
+
+// Stats returns the client's counters.
+func (c *Client) Stats() Stats {
+	st := Stats{
+		Reconnects:           c.stats.reconnects.Load(),
+		ProtocolErrors:       c.stats.protocolErrors.Load(),
+		CompensationsQueued:  c.stats.compensationsQueued.Load(),
+		CompensationsDone:    c.stats.compensationsDone.Load(),
+		CompensationsFailed:  c.stats.compensationsFailed.Load(),
+		CompensationsDropped: c.stats.dropped.Load(),
+	}
+	for i := range c.slots {
+		if s := c.slots[i].session.Load(); s != nil && s.alive() {
+			st.Sessions++
+		}
+	}
+	return st
+}

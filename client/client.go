@@ -1,0 +1,425 @@
+// Package client is the official Go client of lockd: it dials a pool of
+// authenticated, pipelined sessions and turns Acquire and Release into
+// wire frames under the rules of SPEC §6 — durations validated before
+// sending, one operation deadline per call, no retransmission once a byte
+// may have left, a delivery gate that hands out only Tickets with enough
+// validity left, and bounded compensating releases. It owns the client
+// side of the wire and the caller's view of a lease; it speaks to servers
+// only through the protocol and the codec, and never imports the server or
+// the engine.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lockd/lockd/codec"
+)
+
+const (
+	defaultSessions          = 4
+	defaultMaxInFlight       = 1024
+	defaultDialTimeout       = 5 * time.Second
+	defaultCompensationQueue = 256
+	compensationWorkers      = 4
+	// maxAttempts bounds the retries of one call; each needs a session to
+	// fail under it, so real calls end at their deadline long before.
+	maxAttempts = 16
+	// maxPickRounds bounds how often one call waits for a session to
+	// become ready.
+	maxPickRounds = 1024
+	reconnectMin  = 50 * time.Millisecond
+	reconnectMax  = 2 * time.Second
+)
+
+// Config configures Dial.
+type Config struct {
+	// Addrs are the servers, "host:port"; at least one. Sessions are
+	// spread over them and move on to the next address when one fails.
+	Addrs []string
+	// Tenant is the tenant's name; required with Secret. Empty with no
+	// Secret means the server's default tenant, without HELLO.
+	Tenant string
+	// Secret is the tenant's shared secret. With a secret the client
+	// authenticates and insists that the server proves the secret too.
+	Secret []byte
+	// Sessions is the number of connections in the pool; default 4.
+	Sessions int
+	// MaxInFlight caps the acquires queued or in flight per session;
+	// default 1024. Releases have a reserve of a quarter more, so that a
+	// pool full of acquires can still release.
+	MaxInFlight int
+	// DialTimeout bounds a connect plus handshake; default 5 s.
+	DialTimeout time.Duration
+	// CompensationQueue bounds the compensating releases waiting to be
+	// sent; default 256. When it is full, a lock the client could not hand
+	// over is left to its lease, and Stats counts it.
+	CompensationQueue int
+	// Dialer opens connections; default a net.Dialer.
+	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+func (cfg Config) normalize() (Config, error) {
+	if len(cfg.Addrs) == 0 {
+		return cfg, fmt.Errorf("%w: no server address", ErrConfig)
+	}
+	for _, a := range cfg.Addrs {
+		if a == "" {
+			return cfg, fmt.Errorf("%w: empty server address", ErrConfig)
+		}
+	}
+	if cfg.Tenant != "" && !codec.ValidTenant([]byte(cfg.Tenant)) {
+		return cfg, fmt.Errorf("%w: tenant %q is not 1..32 bytes of [A-Za-z0-9._-]", ErrConfig, cfg.Tenant)
+	}
+	if len(cfg.Secret) != 0 && cfg.Tenant == "" {
+		return cfg, fmt.Errorf("%w: a secret needs a tenant", ErrConfig)
+	}
+	if cfg.Sessions < 0 || cfg.MaxInFlight < 0 || cfg.DialTimeout < 0 || cfg.CompensationQueue < 0 {
+		return cfg, fmt.Errorf("%w: negative Sessions, MaxInFlight, DialTimeout or CompensationQueue", ErrConfig)
+	}
+	cfg.Addrs = append([]string(nil), cfg.Addrs...)
+	cfg.Secret = append([]byte(nil), cfg.Secret...)
+	if cfg.Sessions == 0 {
+		cfg.Sessions = defaultSessions
+	}
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = defaultMaxInFlight
+	}
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = defaultDialTimeout
+	}
+	if cfg.CompensationQueue == 0 {
+		cfg.CompensationQueue = defaultCompensationQueue
+	}
+	if cfg.Dialer == nil {
+		cfg.Dialer = (&net.Dialer{}).DialContext
+	}
+	return cfg, nil
+}
+
+// Client is a pool of sessions to lockd. It is safe for concurrent use.
+type Client struct {
+	cfg            Config
+	clock          clock
+	releaseReserve int
+
+	slots []slot
+	next  atomic.Uint64 // round-robin start of session picks
+	ready atomic.Pointer[readiness]
+
+	lastOwner atomic.Uint64
+	requests  sync.Pool
+
+	compMu     sync.Mutex
+	compClosed bool
+	compQueue  chan compensation
+	compWG     sync.WaitGroup
+
+	watches watches
+	stats   counters
+
+	closing   atomic.Bool   // refuses new calls
+	stopping  chan struct{} // closed once compensations are drained
+	lifetime  context.Context
+	stop      context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+}
+
+// slot is one place in the pool; its maintainer keeps a session in it.
+type slot struct {
+	session  atomic.Pointer[session]
+	nextAddr int // owned by whoever dials for the slot
+}
+
+// readiness is closed and replaced whenever a session becomes ready, to
+// wake callers waiting for one.
+type readiness struct{ ch chan struct{} }
+
+type counters struct {
+	reconnects, protocolErrors                                           atomic.Uint64
+	compensationsQueued, compensationsDone, compensationsFailed, dropped atomic.Uint64
+}
+
+// Stats are counters of a Client's life.
+type Stats struct {
+	// Sessions is the number of sessions connected now.
+	Sessions int
+	// Reconnects counts the sessions dialled after Dial returned.
+	Reconnects uint64
+	// ProtocolErrors counts sessions closed because the server broke the
+	// protocol.
+	ProtocolErrors uint64
+	// CompensationsQueued counts compensating releases queued by the
+	// delivery gate; CompensationsDone those answered RELEASED or NOT
+	// HELD; CompensationsFailed those without an answer within 5 s.
+	CompensationsQueued, CompensationsDone, CompensationsFailed uint64
+	// CompensationsDropped counts locks left to lease expiry because the
+	// compensation queue was full or the client was closing.
+	CompensationsDropped uint64
+}
+
+// Dial connects the pool and returns once at least one session is ready;
+// the others keep dialling in the background. It fails if no address can
+// be reached, or on any authentication failure: a server that cannot prove
+// the secret is not to be used through another session either.
+func Dial(ctx context.Context, cfg Config) (*Client, error) {
+	return dial(ctx, cfg, systemClock{})
+}
+
+func dial(ctx context.Context, cfg Config, clk clock) (*Client, error) {
+	cfg, err := cfg.normalize()
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{
+		cfg:            cfg,
+		clock:          clk,
+		releaseReserve: max(cfg.MaxInFlight/4, 1),
+		slots:          make([]slot, cfg.Sessions),
+		compQueue:      make(chan compensation, cfg.CompensationQueue),
+		stopping:       make(chan struct{}),
+	}
+	c.lifetime, c.stop = context.WithCancel(context.Background())
+	c.ready.Store(&readiness{ch: make(chan struct{})})
+	c.requests.New = func() any {
+		return &request{done: make(chan struct{}, 1), timer: clk.NewTimer()}
+	}
+
+	errs := make([]error, len(c.slots))
+	var dialing sync.WaitGroup
+	for i := range c.slots {
+		c.slots[i].nextAddr = i % len(cfg.Addrs)
+		dialing.Go(func() {
+			var s *session
+			s, errs[i] = c.connectSlot(ctx, &c.slots[i], len(cfg.Addrs))
+			c.slots[i].session.Store(s)
+		})
+	}
+	dialing.Wait()
+	connected := 0
+	for i := range c.slots {
+		if c.slots[i].session.Load() != nil {
+			connected++
+		}
+	}
+	if authErr := firstAuthError(errs); connected == 0 || authErr != nil {
+		for i := range c.slots {
+			if s := c.slots[i].session.Load(); s != nil {
+				s.fail(errClientClosing)
+			}
+		}
+		c.stop()
+		c.wg.Wait()
+		if authErr != nil {
+			return nil, authErr
+		}
+		return nil, errors.Join(errs...)
+	}
+	for i := range c.slots {
+		c.wg.Add(1)
+		go c.maintain(&c.slots[i])
+	}
+	for range compensationWorkers {
+		c.compWG.Go(c.runCompensations)
+	}
+	return c, nil
+}
+
+func firstAuthError(errs []error) error {
+	for _, err := range errs {
+		if errors.Is(err, ErrAuth) {
+			return err
+		}
+	}
+	return nil
+}
+
+// connectSlot tries up to tries addresses, starting at the slot's next
+// one, and keeps the address that worked for the slot's next dial.
+func (c *Client) connectSlot(ctx context.Context, sl *slot, tries int) (*session, error) {
+	var errs []error
+	for range tries {
+		addr := c.cfg.Addrs[sl.nextAddr]
+		s, err := c.connect(ctx, addr)
+		if err == nil {
+			return s, nil
+		}
+		errs = append(errs, err)
+		sl.nextAddr = (sl.nextAddr + 1) % len(c.cfg.Addrs)
+		if errors.Is(err, ErrAuth) || ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, errors.Join(errs...)
+}
+
+// maintain keeps the slot's session alive for the client's lifetime:
+// when it dies, it dials the next address with capped exponential backoff.
+func (c *Client) maintain(sl *slot) {
+	defer c.wg.Done()
+	backoff := time.NewTimer(0)
+	defer backoff.Stop()
+	delay := reconnectMin
+	for {
+		if s := sl.session.Load(); s != nil {
+			select {
+			case <-s.dead:
+				sl.session.Store(nil)
+			case <-c.stopping:
+				s.fail(errClientClosing)
+				return
+			}
+		}
+		s, err := c.connectSlot(c.lifetime, sl, 1)
+		if err != nil {
+			backoff.Reset(delay)
+			select {
+			case <-backoff.C:
+			case <-c.stopping:
+				return
+			}
+			delay = min(2*delay, reconnectMax)
+			continue
+		}
+		delay = reconnectMin
+		c.stats.reconnects.Add(1)
+		sl.session.Store(s)
+		c.announceReady()
+	}
+}
+
+func (c *Client) announceReady() {
+	old := c.ready.Swap(&readiness{ch: make(chan struct{})})
+	close(old.ch)
+}
+
+// nextOwner hands out the client-wide owner ids: distinct, non-zero, and
+// never wrapping — at the end of the range the client fails closed.
+func (c *Client) nextOwner() (uint64, error) {
+	for {
+		last := c.lastOwner.Load()
+		if last == math.MaxUint64 {
+			return 0, ErrOwnerExhausted
+		}
+		if c.lastOwner.CompareAndSwap(last, last+1) {
+			return last + 1, nil
+		}
+	}
+}
+
+// newRequest returns a pooled request whose timer is armed for the single
+// deadline of the call: the deadline the call's duration gives, or the
+// context's if that is earlier.
+func (c *Client) newRequest(ctx context.Context, kind opKind, owner uint64, key string, now, deadline time.Time) *request {
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	req := c.requests.Get().(*request)
+	req.kind, req.owner, req.key, req.deadline = kind, owner, key, deadline
+	req.timer.Reset(deadline.Sub(now))
+	return req
+}
+
+func (c *Client) freeRequest(req *request) {
+	req.timer.Stop()
+	*req = request{done: req.done, timer: req.timer}
+	c.requests.Put(req)
+}
+
+// errPoolFull is a pick that found every ready session at its limit.
+var errPoolFull = errors.New("every session is at its in-flight limit")
+
+// errDeadline is a pick that reached the call's deadline.
+var errDeadline = errors.New("operation deadline reached")
+
+// errClientClosing is the cause recorded on the sessions Close ends; it is
+// not ErrClosed, which promises that nothing was sent.
+var errClientClosing = errors.New("session closed by Client.Close")
+
+// pick enqueues req on a ready session, round-robin, waiting for one to
+// become ready if none is. Waiting is the local queue of SPEC §6: its end
+// at the deadline is certainly unsent.
+func (c *Client) pick(ctx context.Context, req *request, limit int) (*session, error) {
+	n := uint64(len(c.slots))
+	for range maxPickRounds {
+		ready := c.ready.Load()
+		full := false
+		start := c.next.Add(1)
+		for i := range n {
+			s := c.slots[(start+i)%n].session.Load()
+			if s == nil {
+				continue
+			}
+			switch s.enqueue(req, limit) {
+			case enqueued:
+				return s, nil
+			case sessionFull:
+				full = true
+			}
+		}
+		if full {
+			return nil, errPoolFull
+		}
+		select {
+		case <-ready.ch:
+		case <-req.timer.C():
+			req.expired = true
+			return nil, errDeadline
+		case <-ctx.Done():
+			req.expired = true
+			return nil, context.Cause(ctx)
+		case <-c.stopping:
+			return nil, ErrClosed
+		}
+	}
+	return nil, ErrNotConnected
+}
+
+// await waits for req's outcome, abandoning it when the deadline or the
+// context ends first.
+func (c *Client) await(ctx context.Context, s *session, req *request) outcome {
+	select {
+	case <-req.done:
+		return req.out
+	case <-req.timer.C():
+	case <-ctx.Done():
+	}
+	req.expired = true
+	return s.abandon(req)
+}
+
+// exchange runs req until it has an outcome no retry may change. A
+// certainly-unsent attempt moves to another session with the same owner;
+// a lost one is retried only for releases (retrySent), which a repeat
+// cannot turn into a second grant, as are releases a draining or
+// leaderless server refused. pick's error means the last attempt was never
+// enqueued.
+func (c *Client) exchange(ctx context.Context, req *request, limit int, retrySent bool) (outcome, error) {
+	out := outNone
+	for range maxAttempts {
+		s, err := c.pick(ctx, req, limit)
+		if err != nil {
+			return outNone, err
+		}
+		out = c.await(ctx, s, req)
+		if out == outLost {
+			req.mayHaveLeft = true
+		}
+		retry := out == outUnsent || (retrySent && out == outLost) ||
+			(retrySent && out == outRejected && (req.reason == codec.ShuttingDown || req.reason == codec.Unavailable))
+		if !retry || req.expired {
+			return out, nil
+		}
+	}
+	if out == outUnsent {
+		return outNone, ErrNotConnected
+	}
+	return out, nil
+}

@@ -1,0 +1,115 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/lockd/lockd/codec"
+)
+
+// Errors of the client. Compare with errors.Is: most are returned wrapped
+// with context. Each says whether the lock may be held afterwards.
+var (
+	// ErrBadKey: the key is not 1..128 bytes of UTF-8 free of space, CR
+	// and LF, or the server answered bad_key. Nothing was acquired or
+	// released by this call; after Acquire the lock is not held.
+	ErrBadKey = errors.New("lockd client: bad key")
+
+	// ErrUnsupportedDuration: a duration is negative, or out of range
+	// after rounding up to whole seconds (lease 1..3600 s, wait 0..255 s,
+	// MinWorkBudget 0..250 s and required), or the server answered
+	// bad_lease. Nothing was sent; the lock is not held.
+	ErrUnsupportedDuration = errors.New("lockd client: unsupported duration")
+
+	// ErrInsufficientLease: MinWorkBudget exceeds the lease, so no grant
+	// could ever leave enough time. Nothing was sent; the lock is not held.
+	ErrInsufficientLease = errors.New("lockd client: work budget exceeds the lease")
+
+	// ErrTimeout: the wait elapsed without the lock — the server answered
+	// TIMEOUT, or the operation deadline (or the context) ended while the
+	// request was still queued in the client, certainly not sent. A
+	// definitive non-acquisition: the lock is not held.
+	ErrTimeout = errors.New("lockd client: timed out without the lock")
+
+	// ErrBusy: admission was refused, by the server (BUSY) or by the
+	// client's in-flight limit before sending. A definitive
+	// non-acquisition: the lock is not held.
+	ErrBusy = errors.New("lockd client: busy, admission refused")
+
+	// ErrUnavailable: the server could not reach its key's replication
+	// group in time (E unavailable). A definitive non-acquisition — the
+	// server releases a late grant itself: the lock is not held.
+	ErrUnavailable = errors.New("lockd client: unavailable")
+
+	// ErrTokenExhausted: the key's token counter would overflow (E
+	// token_exhausted). The lock is not held.
+	ErrTokenExhausted = errors.New("lockd client: token counter exhausted")
+
+	// ErrShuttingDown: the server refused this request because it is
+	// draining (E shutting_down). The lock is not held; a release answered
+	// so did not release.
+	ErrShuttingDown = errors.New("lockd client: server shutting down")
+
+	// ErrIndeterminate: the outcome is unknown. After Acquire the lock may
+	// be held — by nobody who knows its token — until its lease expires;
+	// where the client knew the token it queued a compensating release.
+	// After Release the lock may still be held until its lease expires.
+	ErrIndeterminate = errors.New("lockd client: outcome indeterminate, the lock may be held")
+
+	// ErrNotHeld: the server answered NOT HELD to a release — the key is
+	// absent, the lease expired or the token is no longer current. The
+	// caller does not hold the lock (and may not have held it for a while:
+	// fence writes with the token).
+	ErrNotHeld = errors.New("lockd client: lock not held")
+
+	// ErrOwnerExhausted: the client-wide owner counter would wrap; the
+	// client fails closed and sends nothing more. The lock is not held.
+	ErrOwnerExhausted = errors.New("lockd client: owner ids exhausted")
+
+	// ErrNotConnected: no session could take the request — every attempt
+	// failed before a byte of it left. Certainly not sent: after Acquire
+	// the lock is not held, after Release it is still held.
+	ErrNotConnected = errors.New("lockd client: no session could send the request")
+
+	// ErrClosed: the client is closed; nothing was sent by this call.
+	// After Acquire the lock is not held; a Release did not happen.
+	ErrClosed = errors.New("lockd client: closed")
+
+	// ErrAuth: the handshake failed — the server refused the tenant or
+	// MAC, the server's MAC did not verify, or client and server disagree
+	// on whether authentication is on. No session, nothing held.
+	ErrAuth = errors.New("lockd client: authentication failed")
+
+	// ErrProtocol: the server broke the protocol (an answer for an unknown
+	// owner, a malformed frame, a refusal a valid request never earns).
+	// The session that saw it is closed. Returned for a request the server
+	// refused with bad_owner, dup_owner or bad_request: that lock is not
+	// held. Requests in flight on the closed session end Indeterminate.
+	ErrProtocol = errors.New("lockd client: protocol violation")
+
+	// ErrConfig: Dial was given an unusable Config. Nothing was sent.
+	ErrConfig = errors.New("lockd client: invalid config")
+)
+
+// reasonError maps a refusal the server attributed to one request to the
+// client's error. The codec reason stays in the chain for errors.Is.
+func reasonError(r codec.Reason) error {
+	var sentinel error
+	switch r {
+	case codec.BadKey:
+		sentinel = ErrBadKey
+	case codec.BadLease:
+		sentinel = ErrUnsupportedDuration
+	case codec.TokenExhausted:
+		sentinel = ErrTokenExhausted
+	case codec.Unavailable:
+		sentinel = ErrUnavailable
+	case codec.ShuttingDown:
+		sentinel = ErrShuttingDown
+	case codec.AuthRequired, codec.AuthFailed:
+		sentinel = ErrAuth
+	default:
+		sentinel = ErrProtocol
+	}
+	return fmt.Errorf("%w (server: %w)", sentinel, r)
+}

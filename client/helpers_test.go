@@ -1,0 +1,269 @@
+package client
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lockd/lockd/client/lockdtest"
+	"github.com/lockd/lockd/codec"
+)
+
+// frame is one request as a scripted peer saw it.
+type frame struct {
+	conn  int
+	op    byte
+	owner uint64
+	lease uint16
+	wait  uint8
+	token uint64
+	key   string
+}
+
+// answerFunc scripts a peer's reaction to one request: reply, stay
+// silent, close, or hand the frame to the test.
+type answerFunc func(p *peer, c *lockdtest.Conn, f frame)
+
+// peer is a scripted fake server that records every request.
+type peer struct {
+	srv     *lockdtest.Server
+	answer  answerFunc
+	secrets map[string][]byte
+	tokens  atomic.Uint64
+
+	mu     sync.Mutex
+	frames []frame
+	conns  int
+	ended  map[int]bool
+}
+
+func startPeer(t *testing.T, answer answerFunc) *peer {
+	return startAuthPeer(t, answer, nil)
+}
+
+func startAuthPeer(t *testing.T, answer answerFunc, secrets map[string][]byte) *peer {
+	t.Helper()
+	p := &peer{answer: answer, secrets: secrets, ended: make(map[int]bool)}
+	srv, err := lockdtest.Start(p.serve)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.srv = srv
+	t.Cleanup(func() { srv.Close() })
+	return p
+}
+
+func (p *peer) serve(c *lockdtest.Conn) {
+	p.mu.Lock()
+	index := p.conns
+	p.conns++
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.ended[index] = true
+		p.mu.Unlock()
+	}()
+	if c.Handshake(p.secrets) != nil {
+		return
+	}
+	c.Serve(func(c *lockdtest.Conn, req *codec.Request) {
+		f := frame{conn: index, op: req.Op, owner: req.Owner, lease: req.LeaseSeconds,
+			wait: req.WaitSeconds, token: req.Token, key: string(req.Key)}
+		p.mu.Lock()
+		p.frames = append(p.frames, f)
+		p.mu.Unlock()
+		if p.answer != nil {
+			p.answer(p, c, f)
+		}
+	})
+}
+
+// seen returns the recorded requests with op.
+func (p *peer) seen(op byte) []frame {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []frame
+	for _, f := range p.frames {
+		if f.op == op {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func (p *peer) connEnded(index int) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ended[index]
+}
+
+// grant answers every acquire ACQUIRED with a fresh token and every
+// release RELEASED.
+func grant(p *peer, c *lockdtest.Conn, f frame) {
+	switch f.op {
+	case codec.OpAcquire:
+		c.Acquired(f.owner, p.tokens.Add(1), 0)
+	case codec.OpRelease:
+		c.Reply(codec.OpReleased, f.owner)
+	}
+}
+
+// newClient dials one session (unless cfg says otherwise) to p with clk.
+func newClient(t *testing.T, p *peer, clk *fakeClock, configure func(*Config)) *Client {
+	t.Helper()
+	cfg := Config{Addrs: []string{p.srv.Addr()}, Sessions: 1}
+	if configure != nil {
+		configure(&cfg)
+	}
+	c, err := dial(context.Background(), cfg, clk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeClient(t, c, clk) })
+	return c
+}
+
+// closeClient closes c while moving the fake clock, so that compensating
+// releases still waiting for an answer reach their deadline.
+func closeClient(t *testing.T, c *Client, clk *fakeClock) {
+	done := make(chan struct{})
+	go func() {
+		c.Close()
+		close(done)
+	}()
+	for range 10000 {
+		select {
+		case <-done:
+			return
+		case <-time.After(time.Millisecond):
+			clk.Advance(time.Second)
+		}
+	}
+	t.Error("Close did not return")
+}
+
+// eventually polls cond; it waits for another goroutine to get somewhere,
+// never for a deadline to pass.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for range 10000 {
+		if cond() {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("timed out waiting until %s", what)
+}
+
+type result struct {
+	Ticket Ticket
+	Err    error
+}
+
+func goAcquire(c *Client, key string, opts AcquireOptions) <-chan result {
+	return goAcquireCtx(context.Background(), c, key, opts)
+}
+
+func goAcquireCtx(ctx context.Context, c *Client, key string, opts AcquireOptions) <-chan result {
+	ch := make(chan result, 1)
+	go func() {
+		t, err := c.Acquire(ctx, key, opts)
+		ch <- result{t, err}
+	}()
+	return ch
+}
+
+func goRelease(c *Client, key string, token uint64) <-chan error {
+	ch := make(chan error, 1)
+	go func() { ch <- c.ReleaseToken(context.Background(), key, token) }()
+	return ch
+}
+
+// await is a safety net against a hung test, not a way to reach a
+// deadline: every deadline in these tests is on the fake clock.
+func await[T any](t *testing.T, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(20 * time.Second):
+		t.Fatal("no result")
+		panic("unreachable")
+	}
+}
+
+func pending[T any](ch <-chan T) bool {
+	select {
+	case v := <-ch:
+		_ = v
+		return false
+	default:
+		return true
+	}
+}
+
+func waitFor(wait time.Duration) AcquireOptions {
+	return AcquireOptions{Wait: wait, MinWorkBudget: Budget(0)}
+}
+
+// onlySession is the session of a one-session client.
+func onlySession(c *Client) *session { return c.slots[0].session.Load() }
+
+func queued(s *session) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.queue)
+}
+
+// hookedConn routes a real connection's writes through a test hook.
+type hookedConn struct {
+	net.Conn
+	index  int
+	closed chan struct{}
+	once   sync.Once
+	write  func(c *hookedConn, b []byte) (int, error)
+}
+
+func (c *hookedConn) Write(b []byte) (int, error) { return c.write(c, b) }
+
+func (c *hookedConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
+
+// hookDialer dials real connections whose writes go through write;
+// connections are numbered in dial order.
+func hookDialer(write func(c *hookedConn, b []byte) (int, error)) func(context.Context, string, string) (net.Conn, error) {
+	var dialled atomic.Int32
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		index := int(dialled.Add(1) - 1)
+		return &hookedConn{Conn: conn, index: index, closed: make(chan struct{}), write: write}, nil
+	}
+}
+
+// firstWriteGate holds the first write of the client until open is closed,
+// so that later requests stay queued behind it.
+type firstWriteGate struct {
+	open    chan struct{}
+	entered atomic.Bool
+}
+
+func newFirstWriteGate() *firstWriteGate { return &firstWriteGate{open: make(chan struct{})} }
+
+func (g *firstWriteGate) write(c *hookedConn, b []byte) (int, error) {
+	if g.entered.CompareAndSwap(false, true) {
+		select {
+		case <-g.open:
+		case <-c.closed:
+			return 0, net.ErrClosed
+		}
+	}
+	return c.Conn.Write(b)
+}

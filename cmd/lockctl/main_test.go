@@ -1,0 +1,270 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lockd/lockd/client"
+	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/server"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// gnet's shared worker pool outlives any one server by design.
+		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
+		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"),
+		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*goWorker).run.func1"),
+	)
+}
+
+func startServer(t *testing.T, auth map[string][]byte) string {
+	t.Helper()
+	srv, err := server.Start(server.Config{Listen: "127.0.0.1:0", Auth: auth, Engine: engine.Config{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return srv.Addr()
+}
+
+// deadAddr is a loopback address nobody listens on.
+func deadAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// syncBuffer is written by a command's output copier while the test reads.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+type ctl struct {
+	env   map[string]string
+	stdin io.Reader
+}
+
+func (c ctl) run(args ...string) (code int, stdout, stderr string) {
+	var out, errs syncBuffer
+	lookup := func(name string) (string, bool) {
+		v, ok := c.env[name]
+		return v, ok
+	}
+	stdin := c.stdin
+	if stdin == nil {
+		stdin = strings.NewReader("")
+	}
+	code = run(context.Background(), args, lookup, stdin, &out, &errs)
+	return code, out.String(), errs.String()
+}
+
+func TestAcquireAndRelease(t *testing.T) {
+	addr := startServer(t, nil)
+	code, out, errs := ctl{}.run("acquire", "--addr", addr, "--lease", "1m", "jobs/nightly")
+	token := strings.TrimSpace(out)
+	if code != exitOK || token == "" {
+		t.Fatalf("acquire: %d %q %q", code, out, errs)
+	}
+	if code, _, _ := (ctl{}).run("acquire", "--addr", addr, "jobs/nightly"); code != exitNotAcquired {
+		t.Fatalf("acquire of a held key: exit %d, want %d", code, exitNotAcquired)
+	}
+	if code, _, errs := (ctl{}).run("release", "--addr", addr, "jobs/nightly", token); code != exitOK {
+		t.Fatalf("release: %d %s", code, errs)
+	}
+	if code, _, _ := (ctl{}).run("release", "--addr", addr, "jobs/nightly", token); code != exitNotHeld {
+		t.Fatalf("second release: exit %d, want %d", code, exitNotHeld)
+	}
+}
+
+func TestExecHoldsTheLockAndPassesTheToken(t *testing.T) {
+	addr := startServer(t, nil)
+	stdin, feed := io.Pipe()
+	var out syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		lookup := func(string) (string, bool) { return "", false }
+		done <- run(context.Background(),
+			[]string{"exec", "--addr", addr, "k", "--", "sh", "-c", `echo "$LOCKD_KEY $LOCKD_TOKEN"; read line; exit 7`},
+			lookup, stdin, &out, io.Discard)
+	}()
+	for range 5000 {
+		if strings.Contains(out.String(), "\n") {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	fields := strings.Fields(out.String())
+	if len(fields) != 2 || fields[0] != "k" {
+		t.Fatalf("command printed %q", out.String())
+	}
+	token, err := strconv.ParseUint(fields[1], 10, 64)
+	if err != nil || token == 0 {
+		t.Fatalf("LOCKD_TOKEN %q", fields[1])
+	}
+
+	c, err := client.Dial(context.Background(), client.Config{Addrs: []string{addr}, Sessions: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	opts := client.AcquireOptions{MinWorkBudget: client.Budget(0)}
+	if _, err := c.Acquire(context.Background(), "k", opts); !errors.Is(err, client.ErrTimeout) {
+		t.Fatalf("the lock is not held while the command runs: %v", err)
+	}
+
+	feed.Write([]byte("go\n"))
+	feed.Close()
+	if code := <-done; code != 7 {
+		t.Fatalf("exit %d, want the command's 7", code)
+	}
+	next, err := c.Acquire(context.Background(), "k", opts)
+	if err != nil {
+		t.Fatalf("the lock was not released after the command: %v", err)
+	}
+	if next.Token() <= token {
+		t.Fatalf("token %d after %d", next.Token(), token)
+	}
+}
+
+func TestExecTerminatesTheCommandBeforeTheLeaseLapses(t *testing.T) {
+	addr := startServer(t, nil)
+	start := time.Now()
+	code, _, errs := ctl{}.run("exec", "--addr", addr, "--lease", "1s", "--grace", "500ms", "k", "--", "sleep", "30")
+	if code != 128+15 || !strings.Contains(errs, "SIGTERM") {
+		t.Fatalf("exit %d (%s), want 143 from SIGTERM", code, errs)
+	}
+	if elapsed := time.Since(start); elapsed > time.Second {
+		t.Fatalf("SIGTERM came after %v, past the 1 s lease", elapsed)
+	}
+}
+
+func TestExecKillsACommandThatIgnoresSIGTERM(t *testing.T) {
+	addr := startServer(t, nil)
+	code, _, errs := ctl{}.run("exec", "--addr", addr, "--lease", "1s", "--grace", "300ms", "k", "--",
+		"sh", "-c", `trap "" TERM; sleep 30`)
+	if code != 128+9 || !strings.Contains(errs, "SIGKILL") {
+		t.Fatalf("exit %d (%s), want 137 from SIGKILL", code, errs)
+	}
+}
+
+func TestExecOfAMissingCommandReleasesTheLock(t *testing.T) {
+	addr := startServer(t, nil)
+	if code, _, _ := (ctl{}).run("exec", "--addr", addr, "k", "--", "/nonexistent/command"); code != exitNotFound {
+		t.Fatalf("exit %d, want %d", code, exitNotFound)
+	}
+	if code, _, errs := (ctl{}).run("acquire", "--addr", addr, "k"); code != exitOK {
+		t.Fatalf("the lock was left held: %d %s", code, errs)
+	}
+}
+
+func TestSettingsFromTheEnvironment(t *testing.T) {
+	secret := []byte("a shared secret of the t1 tenant")
+	addr := startServer(t, map[string][]byte{"t1": secret})
+	env := map[string]string{"LOCKD_ADDR": addr, "LOCKD_TENANT": "t1", "LOCKD_SECRET": hex.EncodeToString(secret)}
+	if code, _, errs := (ctl{env: env}).run("acquire", "a"); code != exitOK {
+		t.Fatalf("LOCKD_SECRET: %d %s", code, errs)
+	}
+
+	file := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(file, []byte(hex.EncodeToString(secret)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	env = map[string]string{"LOCKD_ADDR": addr, "LOCKD_TENANT": "t1", "LOCKD_SECRET": "00", "LOCKD_SECRET_FILE": file}
+	if code, _, errs := (ctl{env: env}).run("acquire", "b"); code != exitOK {
+		t.Fatalf("LOCKD_SECRET_FILE over LOCKD_SECRET: %d %s", code, errs)
+	}
+	if code, _, _ := (ctl{env: env}).run("acquire", "--secret-file", "/nonexistent", "c"); code != exitFailure {
+		t.Fatal("--secret-file must win over LOCKD_SECRET_FILE")
+	}
+	env["LOCKD_SECRET_FILE"] = ""
+	if code, _, errs := (ctl{env: env}).run("acquire", "c"); code != exitFailure || !strings.Contains(errs, "authentication") {
+		t.Fatalf("wrong secret: %d %s", code, errs)
+	}
+}
+
+func TestAddressesAreRepeatableCommaListsThatReplaceTheDefaults(t *testing.T) {
+	lookup := func(env map[string]string) func(string) (string, bool) {
+		return func(name string) (string, bool) {
+			v, ok := env[name]
+			return v, ok
+		}
+	}
+	cases := []struct {
+		env  map[string]string
+		args []string
+		want []string
+	}{
+		{nil, nil, []string{"127.0.0.1:7420"}},
+		{map[string]string{"LOCKD_ADDR": "x:1,y:2"}, nil, []string{"x:1", "y:2"}},
+		{map[string]string{"LOCKD_ADDR": "x:1"}, []string{"--addr", "a:1,b:2", "--addr", "c:3"}, []string{"a:1", "b:2", "c:3"}},
+	}
+	for _, tc := range cases {
+		o, _, err := parseFlags("acquire", append(tc.args, "k"), lookup(tc.env), io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(o.addrs.addrs, tc.want) {
+			t.Errorf("env %v args %v: addresses %v, want %v", tc.env, tc.args, o.addrs.addrs, tc.want)
+		}
+	}
+
+	addr := startServer(t, nil)
+	if code, _, errs := (ctl{}).run("acquire", "--addr", deadAddr(t)+","+addr, "k"); code != exitOK {
+		t.Fatalf("failover to the second address: %d %s", code, errs)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	addr := startServer(t, nil)
+	cases := [][]string{
+		{},
+		{"lock"},
+		{"acquire"},
+		{"acquire", "--addr", addr, "a", "b"},
+		{"release", "--addr", addr, "k"},
+		{"release", "--addr", addr, "k", "not-a-number"},
+		{"exec", "--addr", addr, "k"},
+		{"exec", "--addr", addr, "k", "--"},
+		{"exec", "--addr", addr, "--grace", "30s", "k", "--", "true"},
+		{"acquire", "--addr", addr, "--lease", "2h", "k"},
+		{"acquire", "--addr", addr, "--budget", "31s", "k"},
+		{"acquire", "--addr", addr, "bad key"},
+		{"acquire", "--lease", "soon", "k"},
+	}
+	for _, args := range cases {
+		if code, _, _ := (ctl{}).run(args...); code != exitUsage {
+			t.Errorf("%q: exit %d, want %d", args, code, exitUsage)
+		}
+	}
+}
