@@ -9,15 +9,17 @@ FUZZ_TARGETS := \
 	./codec:FuzzDecodeRequest \
 	./codec:FuzzRequestRoundTrip \
 	./codec:FuzzDecodeResponse \
-	./server:FuzzServerFrameLoop
+	./server:FuzzServerFrameLoop \
+	./server:FuzzReliabilityServerAnswers
 
-.PHONY: help build test bench fuzz run clean
+.PHONY: help build test bench fuzz reliability run clean
 
 help:
 	@echo "make build   build bin/lockd, bin/lockctl, bin/lockbench"
 	@echo "make test    vet, then every test with the race detector"
 	@echo "make bench   Go benchmarks with -benchmem"
 	@echo "make fuzz    each fuzz target for FUZZTIME (default $(FUZZTIME))"
+	@echo "make reliability  the hostile-client, overload and model-check suite, figures in the log"
 	@echo "make run     run the server in single mode on 127.0.0.1:7420"
 
 build:
@@ -36,6 +38,9 @@ fuzz:
 		echo "fuzz $$pkg $$name for $(FUZZTIME)"; \
 		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg; \
 	done
+
+reliability:
+	$(GO) test -race -count=1 -v -run 'Reliability|ModelCheck' ./server ./engine
 
 run:
 	$(GO) run ./cmd/lockd serve

@@ -47,6 +47,11 @@ const (
 	NotHeld                           // release: key absent, token not current, or lease expired
 	TokenExhausted                    // the token counter would overflow
 	ShuttingDown                      // engine closed; queued waiters get this
+	// Unavailable is cluster mode's answer when the key's Raft group had no
+	// leader or quorum in time: a definitive non-acquisition (a grant that
+	// still applies later is released by the server itself), or a release
+	// whose outcome is unknown. The single-mode engine never returns it.
+	Unavailable
 )
 
 var outcomeNames = [...]string{
@@ -58,6 +63,7 @@ var outcomeNames = [...]string{
 	NotHeld:        "NotHeld",
 	TokenExhausted: "TokenExhausted",
 	ShuttingDown:   "ShuttingDown",
+	Unavailable:    "Unavailable",
 }
 
 func (o Outcome) String() string {

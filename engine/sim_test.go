@@ -206,7 +206,7 @@ func (s *sim) release() error {
 	case 0:
 		token--
 	case 1:
-		token = s.rng.Uint64N(l.token + 2)
+		token = s.rng.Uint64N(l.token + 1)
 	}
 	want := NotHeld
 	if token != 0 && token == l.token && s.held(l) {

@@ -11,6 +11,10 @@ import (
 	"github.com/lockd/lockd/codec"
 )
 
+// MinSecretLen is the shortest tenant secret accepted: failed handshakes
+// are cheap to repeat, so a short secret could be guessed online.
+const MinSecretLen = 16
+
 // LoadAuthFile reads tenants and secrets from lines "tenant:hex-secret".
 // Blank lines and lines starting with # are ignored.
 func LoadAuthFile(path string) (map[string][]byte, error) {
@@ -43,8 +47,11 @@ func ParseAuth(r io.Reader) (map[string][]byte, error) {
 			return nil, fmt.Errorf("line %d: tenant %q is not 1..32 bytes of [A-Za-z0-9._-]", line, tenant)
 		}
 		secret, err := hex.DecodeString(hexSecret)
-		if err != nil || len(secret) == 0 {
-			return nil, fmt.Errorf("line %d: secret is not non-empty hex", line)
+		if err != nil {
+			return nil, fmt.Errorf("line %d: secret is not hex", line)
+		}
+		if len(secret) < MinSecretLen {
+			return nil, fmt.Errorf("line %d: secret of %d bytes; at least %d are needed against online guessing", line, len(secret), MinSecretLen)
 		}
 		if _, dup := tenants[tenant]; dup {
 			return nil, fmt.Errorf("line %d: tenant %q appears twice", line, tenant)

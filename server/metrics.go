@@ -106,10 +106,13 @@ func (m *metrics) encodeResult(dst []byte, op opKind, owner uint64, r engine.Res
 		respOp = codec.OpReleased
 	case engine.NotHeld:
 		respOp = codec.OpNotHeld
-	case engine.TokenExhausted, engine.ShuttingDown:
+	case engine.TokenExhausted, engine.ShuttingDown, engine.Unavailable:
 		reason := codec.TokenExhausted
-		if r.Outcome == engine.ShuttingDown {
+		switch r.Outcome {
+		case engine.ShuttingDown:
 			reason = codec.ShuttingDown
+		case engine.Unavailable:
+			reason = codec.Unavailable
 		}
 		m.countResult(op, resultError)
 		m.errors[reason].Add(1)
@@ -124,7 +127,7 @@ func (m *metrics) encodeResult(dst []byte, op opKind, owner uint64, r engine.Res
 // writePrometheus writes the metrics in the Prometheus text format.
 func (s *Server) writePrometheus(w io.Writer) {
 	m := &s.metrics
-	st := s.engine.Stats()
+	st := s.backend.Stats()
 	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
 
 	p("# HELP lockd_requests_total Frames received, by op.\n# TYPE lockd_requests_total counter\n")
@@ -182,4 +185,7 @@ func (s *Server) writePrometheus(w io.Writer) {
 	counter("lockd_conn_inflight_busy_total", "B answers caused by --max-conn-inflight.", m.connInflightBusy.Load())
 	counter("lockd_orphan_grants_released_total", "Grants to closed connections released by the server.", m.orphansReleased.Load())
 	counter("lockd_orphan_grants_dropped_total", "Grants to closed connections left to lease expiry (release queue full).", m.orphansDropped.Load())
+	if x, ok := s.backend.(interface{ WritePrometheus(io.Writer) }); ok {
+		x.WritePrometheus(w) // cluster mode's own series
+	}
 }

@@ -65,7 +65,12 @@ type Config struct {
 	MaxConnInflight int
 	MaxOutbound     int
 	Engine          engine.Config
-	Logger          zerolog.Logger
+	// Backend, when set, replaces the single-mode engine (cluster mode);
+	// Engine's limits are then ignored and Engine.Clock only times frames.
+	// The server calls its Shutdown and Run but does not own what it
+	// wraps: the caller closes that after Server.Close.
+	Backend Backend
+	Logger  zerolog.Logger
 }
 
 func (c *Config) applyDefaults() {
@@ -94,11 +99,14 @@ type Server struct {
 	cfg     Config
 	log     zerolog.Logger
 	clock   engine.Clock
-	engine  *engine.Engine
-	gnetEng gnet.Engine
-	addr    string
-	metrics metrics
-	admin   *adminServer
+	engine  *engine.Engine // nil when Config.Backend is set
+	backend Backend
+	// asyncRelease: RELEASE answers come through the Waiter path.
+	asyncRelease bool
+	gnetEng      gnet.Engine
+	addr         string
+	metrics      metrics
+	admin        *adminServer
 
 	draining      atomic.Bool
 	conns         atomic.Int64
@@ -136,18 +144,24 @@ func Start(cfg Config) (*Server, error) {
 		cfg:     cfg,
 		log:     cfg.Logger,
 		clock:   cfg.Engine.Clock,
-		engine:  engine.New(cfg.Engine),
 		stalled: make(map[*session]struct{}),
 		orphans: make(chan orphan, orphanQueue),
 		batches: make(map[gnet.EventLoop]*batch),
 		runErr:  make(chan error, 1),
 	}
+	if cfg.Backend != nil {
+		s.backend = cfg.Backend
+	} else {
+		s.engine = engine.New(cfg.Engine)
+		s.backend = engineBackend{s.engine}
+	}
+	s.asyncRelease = s.backend.AsyncRelease()
 	booted := make(chan struct{})
 	h := &handler{srv: s, booted: booted}
 	driverCtx, stop := context.WithCancel(context.Background())
 	s.stopDriver = stop
 	s.done.Add(2)
-	go func() { defer s.done.Done(); s.engine.Run(driverCtx) }()
+	go func() { defer s.done.Done(); s.backend.Run(driverCtx) }()
 	go func() { defer s.done.Done(); s.releaseOrphans() }()
 
 	go func() {
@@ -210,7 +224,8 @@ func (s *Server) AdminAddr() string {
 	return s.admin.addr
 }
 
-// Engine exposes the lock engine, for tests that drive a fake clock.
+// Engine exposes the lock engine, for tests that drive a fake clock; nil
+// when the server runs on another Backend.
 func (s *Server) Engine() *engine.Engine { return s.engine }
 
 // Close drains the server: new connections and requests are refused,
@@ -220,7 +235,7 @@ func (s *Server) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
 		s.draining.Store(true)
-		s.engine.Shutdown()
+		s.backend.Shutdown()
 		deadline := time.Now().Add(shutdownFlushTimeout)
 		for s.pendingCloses.Load() > 0 && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond)
@@ -248,7 +263,7 @@ func (s *Server) stopBackground() {
 
 func (s *Server) releaseOrphans() {
 	for o := range s.orphans {
-		r := s.engine.Release(o.ns, []byte(o.key), o.token)
+		r := s.backend.Release(o.ns, []byte(o.key), 0, o.token, nil)
 		s.log.Debug().Str("key", o.key).Uint64("token", o.token).Stringer("outcome", r.Outcome).
 			Msg("released a grant whose connection had closed")
 	}

@@ -32,6 +32,10 @@ type session struct {
 	req          codec.Request
 	batch        *batch // shared with the loop's other sessions
 	partialFrame bool
+	watched      bool // in the server's progress scan
+	// drained is the outbox's spare slice, swapped in on each delivery so
+	// that steady-state grants allocate nothing.
+	drained []resolution
 	// frameStartedAt is read by the progress scan on another goroutine.
 	frameStartedAt atomic.Int64
 
@@ -40,14 +44,33 @@ type session struct {
 	// reserved before the engine sees them, so a grant racing the return
 	// of Acquire still finds its entry.
 	pending     map[uint64]pendingAcquire
-	outbox      []byte
+	outbox      []resolution
 	closeOnWake bool
 	closed      bool
 }
 
+// resolution is a queued request's answer, left by a backend callback for
+// the connection's loop to deliver.
+type resolution struct {
+	owner  uint64
+	result engine.Result
+	pendingAcquire
+}
+
+// adoptIfGranted turns an undeliverable grant into a release the server
+// makes itself; other answers need nothing.
+func (r resolution) adoptIfGranted(s *Server, ns engine.Namespace) {
+	if r.result.Outcome == engine.Granted && !r.release {
+		s.adoptOrphan(orphan{ns: ns, key: r.key, token: r.result.Token})
+	}
+}
+
 type pendingAcquire struct {
-	wait *engine.Wait
+	wait Handle
 	key  string // kept only for a queued acquire, to release an orphaned grant
+	// release marks an asynchronous RELEASE (cluster mode) awaiting its
+	// answer: it is in flight for dup_owner, and answered as a release.
+	release bool
 }
 
 func newSession(s *Server, c gnet.Conn) (*session, []byte, error) {
@@ -62,11 +85,15 @@ func newSession(s *Server, c gnet.Conn) (*session, []byte, error) {
 	}
 	if s.cfg.Auth == nil {
 		ss.tenant = defaultTenant
-		ss.ns = s.engine.Namespace(defaultTenant)
+		ss.ns = s.backend.Namespace(defaultTenant)
 	}
 	var flags uint8
 	if s.cfg.Auth != nil {
 		flags |= codec.GreetingAuthRequired
+		// The handshake is on the progress clock from connect.
+		ss.frameStartedAt.Store(int64(s.clock.Now()))
+		ss.watched = true
+		s.markStalled(ss, true)
 	}
 	return ss, codec.AppendGreeting(nil, flags, ss.serverNonce, s.cfg.NodeName), nil
 }
@@ -80,23 +107,14 @@ func (ss *session) onTraffic() gnet.Action {
 	consumed, closing := ss.handleFrames(buf)
 	if consumed > 0 { // gnet's Discard(0) would discard everything
 		_, _ = ss.gc.Discard(consumed)
+		ss.srv.backend.Flush()
 	}
 
-	if !closing && consumed < len(buf) {
-		closing = ss.trackPartialFrame(consumed > 0)
-	} else if ss.partialFrame {
-		ss.partialFrame = false
-		ss.srv.markStalled(ss, false)
+	if !closing {
+		closing = ss.checkProgress(consumed > 0, consumed < len(buf))
 	}
 
-	ss.mu.Lock()
-	if len(ss.outbox) > 0 {
-		ss.batch.buf = append(ss.batch.buf, ss.outbox...)
-		ss.outbox = ss.outbox[:0]
-	}
-	closing = closing || ss.closeOnWake
-	ss.mu.Unlock()
-
+	closing = ss.deliverResolutions(closing)
 	ss.flush()
 	if closing {
 		return gnet.Close
@@ -109,24 +127,32 @@ func (ss *session) onTraffic() gnet.Action {
 	return gnet.None
 }
 
-// trackPartialFrame starts the progress clock when a frame is left
-// incomplete, restarting it when the previous frame completed, and reports
-// whether the frame has been stalled past ProgressTimeout.
-func (ss *session) trackPartialFrame(progressed bool) bool {
-	now := int64(ss.srv.clock.Now())
-	if !ss.partialFrame || progressed {
-		ss.frameStartedAt.Store(now)
+// checkProgress runs the progress clock (SPEC §2): it starts when a frame
+// is left incomplete and restarts only when a frame completes. With auth
+// required it also runs from connect until WELCOME, so connections that
+// never authenticate cannot hold --max-conns forever. It reports whether
+// the clock ran out, after queuing the answer.
+func (ss *session) checkProgress(progressed, partial bool) bool {
+	awaitingHello := ss.srv.cfg.Auth != nil && !ss.welcomed
+	if partial && !awaitingHello && (!ss.partialFrame || progressed) {
+		ss.frameStartedAt.Store(int64(ss.srv.clock.Now()))
 	}
-	if !ss.partialFrame {
-		ss.partialFrame = true
-		ss.srv.markStalled(ss, true)
+	ss.partialFrame = partial
+	watch := partial || awaitingHello
+	if watch != ss.watched {
+		ss.watched = watch
+		ss.srv.markStalled(ss, watch)
 	}
-	if now-ss.frameStartedAt.Load() >= int64(ProgressTimeout) {
-		ss.srv.metrics.progressTimeouts.Add(1)
+	if !watch || int64(ss.srv.clock.Now())-ss.frameStartedAt.Load() < int64(ProgressTimeout) {
+		return false
+	}
+	ss.srv.metrics.progressTimeouts.Add(1)
+	if partial {
 		ss.appendError(0, codec.BadRequest)
-		return true
+	} else {
+		ss.appendError(0, codec.AuthRequired)
 	}
-	return false
+	return true
 }
 
 // handleFrames answers the complete frames at the start of buf. It returns
@@ -183,7 +209,11 @@ func (ss *session) handleFrame(req *codec.Request, fieldErr error) bool {
 	case codec.OpAcquire:
 		ss.acquire(req)
 	case codec.OpRelease:
-		r := ss.srv.engine.Release(ss.ns, req.Key, req.Token)
+		if ss.srv.asyncRelease {
+			ss.releaseAsync(req)
+			break
+		}
+		r := ss.srv.backend.Release(ss.ns, req.Key, req.Owner, req.Token, nil)
 		ss.appendResult(opRelease, req.Owner, r)
 	case codec.OpPing:
 		ss.appendOwnerOnly(opPing, codec.OpPong, req.Owner)
@@ -225,7 +255,7 @@ func (ss *session) handleHello(req *codec.Request, fieldErr error) bool {
 	}
 	ss.welcomed = true
 	ss.tenant = string(req.Tenant)
-	ss.ns = ss.srv.engine.Namespace(ss.tenant)
+	ss.ns = ss.srv.backend.Namespace(ss.tenant)
 	ss.batch.buf = codec.AppendWelcome(ss.batch.buf, serverMAC)
 	ss.batch.frames++
 	ss.srv.metrics.countResult(opHello, resultWelcome)
@@ -255,7 +285,7 @@ func (ss *session) acquire(req *codec.Request) {
 
 	lease := time.Duration(req.LeaseSeconds) * time.Second
 	wait := time.Duration(req.WaitSeconds) * time.Second
-	r, w := ss.srv.engine.Acquire(ss.ns, req.Key, req.Owner, lease, wait, ss)
+	r, w := ss.srv.backend.Acquire(ss.ns, req.Key, req.Owner, lease, wait, ss)
 
 	ss.mu.Lock()
 	if r.Outcome != engine.Queued {
@@ -269,6 +299,24 @@ func (ss *session) acquire(req *codec.Request) {
 	}
 }
 
+// releaseAsync hands a RELEASE to a backend that answers it through
+// Resolve. The owner is reserved first, as for an acquire, so an answer
+// racing the return still finds its entry. Releases pass no admission
+// limit, --max-conn-inflight included.
+func (ss *session) releaseAsync(req *codec.Request) {
+	ss.mu.Lock()
+	ss.pending[req.Owner] = pendingAcquire{release: true}
+	ss.mu.Unlock()
+	r := ss.srv.backend.Release(ss.ns, req.Key, req.Owner, req.Token, ss)
+	if r.Outcome == engine.Queued {
+		return
+	}
+	ss.mu.Lock()
+	delete(ss.pending, req.Owner)
+	ss.mu.Unlock()
+	ss.appendResult(opRelease, req.Owner, r)
+}
+
 // Resolve implements engine.Waiter. It runs under an engine shard lock on
 // whatever goroutine resolved the waiter, so it only queues the answer and
 // wakes the connection's loop.
@@ -276,15 +324,14 @@ func (ss *session) Resolve(owner uint64, r engine.Result) {
 	ss.mu.Lock()
 	p := ss.pending[owner]
 	delete(ss.pending, owner)
+	res := resolution{owner: owner, result: r, pendingAcquire: p}
 	if ss.closed {
 		ss.mu.Unlock()
-		if r.Outcome == engine.Granted {
-			ss.srv.adoptOrphan(orphan{ns: ss.ns, key: p.key, token: r.Token})
-		}
+		res.adoptIfGranted(ss.srv, ss.ns)
 		return
 	}
 	wake := len(ss.outbox) == 0
-	ss.outbox = ss.srv.metrics.encodeResult(ss.outbox, opAcquire, owner, r)
+	ss.outbox = append(ss.outbox, res)
 	if r.Outcome == engine.ShuttingDown && !ss.closeOnWake {
 		ss.closeOnWake = true
 		ss.srv.pendingCloses.Add(1)
@@ -295,20 +342,52 @@ func (ss *session) Resolve(owner uint64, r engine.Result) {
 	}
 }
 
+// deliverResolutions answers what backend callbacks resolved since the
+// last pass. On a connection that is closing nobody will read them, so a
+// grant among them is released by the server instead of being written
+// after the closing E. It reports whether the connection must close.
+func (ss *session) deliverResolutions(closing bool) bool {
+	ss.mu.Lock()
+	resolved := ss.outbox
+	ss.outbox = ss.drained
+	closing = closing || ss.closeOnWake
+	ss.mu.Unlock()
+	for _, r := range resolved {
+		if closing && r.result.Outcome != engine.ShuttingDown {
+			r.adoptIfGranted(ss.srv, ss.ns)
+			continue
+		}
+		op := opAcquire
+		if r.release {
+			op = opRelease
+		}
+		ss.appendResult(op, r.owner, r.result)
+		if ss.batch.frames >= ResponseBatch {
+			ss.flush()
+		}
+	}
+	ss.drained = resolved[:0]
+	return closing
+}
+
 // close drops the connection's queued waiters; the locks it holds stay.
 // A peer whose stream ended inside a frame is told bad_request, in case
 // it only half-closed and still reads.
 func (ss *session) close(peerEnded bool) {
-	if ss.partialFrame {
+	if ss.watched {
 		ss.srv.markStalled(ss, false)
-		if peerEnded {
-			ss.appendError(0, codec.BadRequest)
-			ss.flush()
-		}
+	}
+	if ss.partialFrame && peerEnded {
+		ss.appendError(0, codec.BadRequest)
+		ss.flush()
 	}
 	ss.mu.Lock()
 	ss.closed = true
-	waits := make([]*engine.Wait, 0, len(ss.pending))
+	for _, r := range ss.outbox {
+		r.adoptIfGranted(ss.srv, ss.ns)
+	}
+	ss.outbox = nil
+	waits := make([]Handle, 0, len(ss.pending))
 	for _, p := range ss.pending {
 		if p.wait != nil {
 			waits = append(waits, p.wait)
@@ -319,7 +398,7 @@ func (ss *session) close(peerEnded bool) {
 	}
 	ss.mu.Unlock()
 	for _, w := range waits {
-		ss.srv.engine.Cancel(w)
+		ss.srv.backend.Cancel(w)
 	}
 }
 
