@@ -15,7 +15,7 @@ import (
 // benchTarget starts a server for a benchmark: the real single-mode
 // server, or the fake one whose answers are immediate and allocation-free,
 // which isolates the client's own cost.
-func benchTarget(b *testing.B, real bool) string {
+func benchTarget(b testing.TB, real bool) string {
 	b.Helper()
 	if real {
 		return startRealServer(b, nil).Addr()
@@ -29,7 +29,7 @@ func benchTarget(b *testing.B, real bool) string {
 	return srv.Addr()
 }
 
-func benchClient(b *testing.B, addr string, sessions int) *client.Client {
+func benchClient(b testing.TB, addr string, sessions int) *client.Client {
 	b.Helper()
 	c, err := client.Dial(context.Background(), client.Config{Addrs: []string{addr}, Sessions: sessions})
 	if err != nil {

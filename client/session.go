@@ -104,7 +104,7 @@ type session struct {
 	jobs   []writeJob // the frames of the last write, for a partial failure
 	wbuf   []byte
 
-	rbuf []byte // the reader's
+	rr *codec.ResponseReader // the reader's, carried over from the handshake
 }
 
 // writeJob locates one frame in the write buffer: frames starting at or
@@ -122,7 +122,7 @@ const (
 	sessionFull
 )
 
-func (c *Client) startSession(conn net.Conn, addr string, leftover []byte) *session {
+func (c *Client) startSession(conn net.Conn, addr string, rr *codec.ResponseReader) *session {
 	capacity := c.cfg.MaxInFlight + c.releaseReserve
 	s := &session{
 		client: c,
@@ -135,11 +135,10 @@ func (c *Client) startSession(conn net.Conn, addr string, leftover []byte) *sess
 		batch:  make([]*request, 0, capacity),
 		jobs:   make([]writeJob, 0, capacity),
 		wbuf:   make([]byte, 0, writeBufferSize),
-		rbuf:   make([]byte, readBufferSize),
+		rr:     rr,
 	}
-	buffered := copy(s.rbuf, leftover)
 	c.wg.Add(2)
-	go s.readLoop(buffered)
+	go s.readLoop()
 	go s.writeLoop()
 	return s
 }
@@ -330,39 +329,29 @@ func (s *session) writeFailed(written int, err error) {
 	s.fail(cause)
 }
 
-func (s *session) readLoop(buffered int) {
+func (s *session) readLoop() {
 	defer s.client.wg.Done()
-	var (
-		resp    codec.Response
-		end     = buffered
-		readErr error
-	)
+	var resp codec.Response
 	for {
-		start := 0
-		for start < end {
-			n, err := codec.DecodeResponse(s.rbuf[start:end], &resp)
-			if err == codec.ErrIncomplete {
-				break
-			}
-			if err != nil {
-				s.fail(fmt.Errorf("%w: undecodable frame from %s: %w", ErrProtocol, s.addr, err))
-				return
-			}
-			start += n
-			if err := s.deliver(&resp); err != nil {
-				s.fail(err)
-				return
-			}
-		}
-		end = copy(s.rbuf, s.rbuf[start:end])
-		if readErr != nil {
-			s.fail(fmt.Errorf("session to %s lost: %w", s.addr, readErr))
+		if err := nextFrame(s.rr, &resp); err != nil {
+			s.fail(fmt.Errorf("session to %s: %w", s.addr, err))
 			return
 		}
-		var n int
-		n, readErr = s.conn.Read(s.rbuf[end:])
-		end += n
+		if err := s.deliver(&resp); err != nil {
+			s.fail(err)
+			return
+		}
 	}
+}
+
+// nextFrame reads one frame; a frame no conforming server sends is a
+// protocol error, anything else is the connection's own error.
+func nextFrame(rr *codec.ResponseReader, resp *codec.Response) error {
+	err := rr.Next(resp)
+	if _, undecodable := err.(codec.Reason); undecodable {
+		return fmt.Errorf("%w: undecodable frame: %w", ErrProtocol, err)
+	}
+	return err
 }
 
 // deliver correlates one answer with its request by owner. An answer the
@@ -428,7 +417,7 @@ func (c *Client) connect(ctx context.Context, addr string) (*session, error) {
 	}
 	// A cancelled Dial or Close must not wait for a silent server.
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
-	leftover, err := c.handshake(conn, addr)
+	rr, err := c.handshake(conn, addr)
 	if !stop() && err == nil {
 		err = fmt.Errorf("handshake with %s: %w", addr, context.Cause(ctx))
 	}
@@ -439,17 +428,18 @@ func (c *Client) connect(ctx context.Context, addr string) (*session, error) {
 		conn.Close()
 		return nil, err
 	}
-	return c.startSession(conn, addr, leftover), nil
+	return c.startSession(conn, addr, rr), nil
 }
 
-// handshake runs SPEC §7 and returns the bytes read past its last frame.
+// handshake runs SPEC §7 and returns the reader, which may already hold
+// bytes past the handshake's last frame.
 // With a secret configured the server must prove it knows the secret too:
 // a server that does not ask for authentication is refused rather than
 // trusted.
-func (c *Client) handshake(conn net.Conn, addr string) ([]byte, error) {
+func (c *Client) handshake(conn net.Conn, addr string) (*codec.ResponseReader, error) {
 	var resp codec.Response
-	buf, err := readFrame(conn, make([]byte, 0, 2*codec.MaxFrame), &resp)
-	if err != nil {
+	rr := codec.NewResponseReader(conn, readBufferSize)
+	if err := nextFrame(rr, &resp); err != nil {
 		return nil, fmt.Errorf("greeting from %s: %w", addr, err)
 	}
 	if resp.Op != codec.OpGreeting || resp.Version != codec.Version {
@@ -463,7 +453,7 @@ func (c *Client) handshake(conn net.Conn, addr string) ([]byte, error) {
 	case !authRequired && len(secret) != 0:
 		return nil, fmt.Errorf("%w: %s does not authenticate, so it cannot prove it knows the secret", ErrAuth, addr)
 	case !authRequired && tenant == "":
-		return buf, nil
+		return rr, nil
 	}
 	serverNonce := resp.ServerNonce
 	var clientNonce [codec.NonceLen]byte
@@ -472,8 +462,7 @@ func (c *Client) handshake(conn net.Conn, addr string) ([]byte, error) {
 	if _, err := conn.Write(codec.AppendHello(nil, clientNonce, mac, tenant)); err != nil {
 		return nil, fmt.Errorf("hello to %s: %w", addr, err)
 	}
-	buf, err = readFrame(conn, buf, &resp)
-	if err != nil {
+	if err := nextFrame(rr, &resp); err != nil {
 		return nil, fmt.Errorf("welcome from %s: %w", addr, err)
 	}
 	switch resp.Op {
@@ -486,25 +475,5 @@ func (c *Client) handshake(conn net.Conn, addr string) ([]byte, error) {
 	if authRequired && !codec.EqualMAC(resp.ServerMAC, codec.ServerMAC(secret, clientNonce, serverNonce, []byte(tenant))) {
 		return nil, fmt.Errorf("%w: the server MAC of %s does not verify", ErrAuth, addr)
 	}
-	return buf, nil
-}
-
-// readFrame reads until buf starts with a whole frame, decodes it and
-// returns the bytes after it, moved to the front of buf.
-func readFrame(conn net.Conn, buf []byte, resp *codec.Response) ([]byte, error) {
-	for range 2 * codec.MaxFrame {
-		n, err := codec.DecodeResponse(buf, resp)
-		if err == nil {
-			return append(buf[:0], buf[n:]...), nil
-		}
-		if err != codec.ErrIncomplete {
-			return nil, fmt.Errorf("%w: %w", ErrProtocol, err)
-		}
-		m, err := conn.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+m]
-		if err != nil && m == 0 {
-			return nil, err
-		}
-	}
-	return nil, fmt.Errorf("%w: no complete frame", ErrProtocol)
+	return rr, nil
 }

@@ -67,9 +67,7 @@ type benchConn struct {
 	keys   []string
 	tokens []uint64
 	out    []byte
-	in     []byte
-	start  int
-	end    int
+	rr     *codec.ResponseReader
 	owner  uint64
 }
 
@@ -78,7 +76,7 @@ func newBenchConn(b *testing.B, addr string, id, depth int) *benchConn {
 	if err != nil {
 		b.Fatal(err)
 	}
-	c := &benchConn{nc: nc, tokens: make([]uint64, depth), in: make([]byte, 64<<10)}
+	c := &benchConn{nc: nc, tokens: make([]uint64, depth), rr: codec.NewResponseReader(nc, 64<<10)}
 	for i := range depth {
 		c.keys = append(c.keys, fmt.Sprintf("bench/%d/%d", id, i))
 	}
@@ -90,23 +88,8 @@ func newBenchConn(b *testing.B, addr string, id, depth int) *benchConn {
 
 func (c *benchConn) next() (codec.Response, error) {
 	var r codec.Response
-	for {
-		n, err := codec.DecodeResponse(c.in[c.start:c.end], &r)
-		if err == nil {
-			c.start += n
-			return r, nil
-		}
-		if err != codec.ErrIncomplete {
-			return r, err
-		}
-		c.end = copy(c.in, c.in[c.start:c.end])
-		c.start = 0
-		m, err := c.nc.Read(c.in[c.end:])
-		if err != nil {
-			return r, err
-		}
-		c.end += m
-	}
+	err := c.rr.Next(&r)
+	return r, err
 }
 
 func (c *benchConn) cycle() error {

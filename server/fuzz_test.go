@@ -24,7 +24,7 @@ func FuzzServerFrameLoop(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer nc.Close()
-		c := &testConn{t: t, nc: nc}
+		c := newTestConn(t, nc)
 		if r := c.recv(); r.Op != codec.OpGreeting {
 			t.Fatalf("first frame %q", r.Op)
 		}

@@ -63,8 +63,12 @@ func (s *testServer) advance(d time.Duration) {
 type testConn struct {
 	t        *testing.T
 	nc       net.Conn
-	buf      []byte
+	rr       *codec.ResponseReader
 	greeting codec.Response
+}
+
+func newTestConn(t *testing.T, nc net.Conn) *testConn {
+	return &testConn{t: t, nc: nc, rr: codec.NewResponseReader(nc, 4096)}
 }
 
 // dial connects and reads the greeting.
@@ -75,7 +79,7 @@ func dial(t *testing.T, s *testServer) *testConn {
 		t.Fatalf("dial: %v", err)
 	}
 	t.Cleanup(func() { nc.Close() })
-	c := &testConn{t: t, nc: nc}
+	c := newTestConn(t, nc)
 	c.greeting = c.recv()
 	if c.greeting.Op != codec.OpGreeting {
 		t.Fatalf("first frame is %q, want a greeting", c.greeting.Op)
@@ -95,24 +99,10 @@ func (c *testConn) send(frames ...[]byte) {
 // read decodes the next response; io.EOF when the server closed.
 func (c *testConn) read() (codec.Response, error) {
 	var r codec.Response
-	chunk := make([]byte, 4096)
-	for {
-		n, err := codec.DecodeResponse(c.buf, &r)
-		if err == nil {
-			r.NodeName = append([]byte(nil), r.NodeName...)
-			c.buf = c.buf[n:]
-			return r, nil
-		}
-		if err != codec.ErrIncomplete {
-			return r, err
-		}
-		_ = c.nc.SetReadDeadline(time.Now().Add(ioTimeout))
-		m, rerr := c.nc.Read(chunk)
-		c.buf = append(c.buf, chunk[:m]...)
-		if rerr != nil && m == 0 {
-			return r, rerr
-		}
-	}
+	_ = c.nc.SetReadDeadline(time.Now().Add(ioTimeout))
+	err := c.rr.Next(&r)
+	r.NodeName = append([]byte(nil), r.NodeName...)
+	return r, err
 }
 
 func (c *testConn) recv() codec.Response {

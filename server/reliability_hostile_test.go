@@ -231,7 +231,7 @@ func TestReliabilityClientThatDoesNotRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	slow := &testConn{t: t, nc: nc}
+	slow := newTestConn(t, nc)
 	slow.greeting = slow.recv()
 	slowToken := slow.mustAcquire(1, "held-by-slow")
 	slow.acquire(2, 30, 60, "held-by-normal") // queued behind normal

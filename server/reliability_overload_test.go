@@ -22,7 +22,7 @@ type overloadClient struct {
 	nc      net.Conn
 	rng     *rand.Rand
 	window  int
-	buf     []byte
+	rr      *codec.ResponseReader
 	out     []byte
 	next    uint64
 	pending map[uint64]overloadReq
@@ -65,23 +65,11 @@ func (c *overloadClient) send(now bool) error {
 
 func (c *overloadClient) recv() (codec.Response, error) {
 	var r codec.Response
-	chunk := make([]byte, 4096)
-	for {
-		n, err := codec.DecodeResponse(c.buf, &r)
-		if err == nil {
-			c.buf = c.buf[n:]
-			return r, nil
-		}
-		if err != codec.ErrIncomplete {
-			return r, err
-		}
-		_ = c.nc.SetReadDeadline(time.Now().Add(ioTimeout))
-		m, rerr := c.nc.Read(chunk)
-		c.buf = append(c.buf, chunk[:m]...)
-		if rerr != nil && m == 0 {
-			return r, fmt.Errorf("client %d with %d requests unanswered: %w", c.id, len(c.pending), rerr)
-		}
+	_ = c.nc.SetReadDeadline(time.Now().Add(ioTimeout))
+	if err := c.rr.Next(&r); err != nil {
+		return r, fmt.Errorf("client %d with %d requests unanswered: %w", c.id, len(c.pending), err)
 	}
+	return r, nil
 }
 
 // run offers load until stop closes, then drains every answer.
@@ -185,7 +173,7 @@ func runOverload(t *testing.T, maxInflight, maxWaiters, maxKeys int) {
 	for i := range clients {
 		c := dial(t, s)
 		clients[i] = &overloadClient{id: i, nc: c.nc, rng: rand.New(rand.NewPCG(uint64(i), 7)), window: window,
-			buf: c.buf, pending: make(map[uint64]overloadReq)}
+			rr: c.rr, pending: make(map[uint64]overloadReq)}
 	}
 
 	// The clock driver: 10 ms of server time per real millisecond, with

@@ -508,7 +508,7 @@ func TestMaxConns(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	extra := &testConn{t: t, nc: nc}
+	extra := newTestConn(t, nc)
 	extra.expectClosed()
 	if got := s.metrics.connsRejected.Load(); got != 1 {
 		t.Fatalf("rejected %d connections, want 1", got)
