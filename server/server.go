@@ -162,7 +162,7 @@ func Start(cfg Config) (*Server, error) {
 	s.stopDriver = stop
 	s.done.Add(2)
 	go func() { defer s.done.Done(); s.backend.Run(driverCtx) }()
-	go func() { defer s.done.Done(); s.releaseOrphans() }()
+	go func() { defer s.done.Done(); s.releaseOrphans(driverCtx) }()
 
 	go func() {
 		s.runErr <- gnet.Run(h, "tcp://"+cfg.Listen,
@@ -257,16 +257,34 @@ func (s *Server) Close() error {
 
 func (s *Server) stopBackground() {
 	s.stopDriver()
-	close(s.orphans)
 	s.done.Wait()
 }
 
-func (s *Server) releaseOrphans() {
-	for o := range s.orphans {
-		r := s.backend.Release(o.ns, []byte(o.key), 0, o.token, nil)
-		s.log.Debug().Str("key", o.key).Uint64("token", o.token).Stringer("outcome", r.Outcome).
-			Msg("released a grant whose connection had closed")
+// releaseOrphans releases queued orphan grants until ctx ends, then those
+// still queued. The channel is never closed: a backend may resolve a grant
+// after Close, and adoptOrphan must then drop it, not panic.
+func (s *Server) releaseOrphans(ctx context.Context) {
+	for {
+		select {
+		case o := <-s.orphans:
+			s.releaseOrphan(o)
+		case <-ctx.Done():
+			for {
+				select {
+				case o := <-s.orphans:
+					s.releaseOrphan(o)
+				default:
+					return
+				}
+			}
+		}
 	}
+}
+
+func (s *Server) releaseOrphan(o orphan) {
+	r := s.backend.Release(o.ns, []byte(o.key), 0, o.token, nil)
+	s.log.Debug().Str("key", o.key).Uint64("token", o.token).Stringer("outcome", r.Outcome).
+		Msg("released a grant whose connection had closed")
 }
 
 // adoptOrphan is called under an engine shard lock, so it only queues.

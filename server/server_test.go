@@ -528,3 +528,27 @@ func TestTokenExhausted(t *testing.T) {
 	c.expectError(3, codec.TokenExhausted)
 	c.expectOpen()
 }
+
+// A grant that reaches a connection while it closes is never written
+// after the closing E; the server releases it so the lock is not stranded
+// until its lease ends.
+func TestGrantToClosingConnectionIsReleased(t *testing.T) {
+	s := startServer(t, nil)
+	c := dial(t, s)
+	token := c.mustAcquire(1, "k")
+	c.acquire(2, 30, 10, "k")
+	c.expectOpen()
+	// The release hands the lock to owner 2 on this same connection, and
+	// the broken frame after it closes the connection in the same pass.
+	c.send(append(codec.AppendRelease(nil, 3, token, "k"), "X\n"...))
+	c.expect(codec.OpReleased, 3)
+	c.expectError(0, codec.BadRequest)
+	c.expectClosed()
+
+	waitFor(t, func() bool { return s.metrics.orphansReleased.Load() == 1 })
+	other := dial(t, s)
+	waitFor(t, func() bool {
+		other.acquire(4, 30, 0, "k")
+		return other.recv().Op == codec.OpAcquired
+	})
+}
