@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/client"
+	"github.com/lockd/lockd/cmd/internal/envflag"
 )
 
 const usage = `usage:
@@ -147,17 +148,8 @@ func parseFlags(command string, args []string, lookupEnv func(string) (string, b
 	if command == "exec" {
 		fs.DurationVar(&o.grace, "grace", 2*time.Second, "SIGTERM the command this long before the lease may lapse, SIGKILL when it may have")
 	}
-	var envErr error
-	fs.VisitAll(func(f *flag.Flag) {
-		name := "LOCKD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := lookupEnv(name); ok && envErr == nil {
-			if err := fs.Set(f.Name, v); err != nil {
-				envErr = fmt.Errorf("%s=%q: %w", name, v, err)
-			}
-		}
-	})
-	if envErr != nil {
-		return nil, nil, envErr
+	if err := envflag.Apply(fs, lookupEnv); err != nil {
+		return nil, nil, err
 	}
 	o.addrs.replace = true
 	o.envSecret, _ = lookupEnv("LOCKD_SECRET")

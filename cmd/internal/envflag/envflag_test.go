@@ -1,0 +1,33 @@
+package envflag
+
+import (
+	"flag"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestApply(t *testing.T) {
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	keys := fs.Int("max-keys", 1, "")
+	wait := fs.Duration("wait", 0, "")
+	name := fs.String("name", "default", "")
+	env := map[string]string{"LOCKD_MAX_KEYS": "9", "LOCKD_WAIT": "3s", "LOCKD_NAME": "from-env"}
+	if err := Apply(fs, func(k string) (string, bool) { v, ok := env[k]; return v, ok }); err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.Parse([]string{"--name", "from-flag"}); err != nil {
+		t.Fatal(err)
+	}
+	if *keys != 9 || *wait != 3*time.Second || *name != "from-flag" {
+		t.Fatalf("keys %d wait %v name %q", *keys, *wait, *name)
+	}
+	bad := flag.NewFlagSet("t", flag.ContinueOnError)
+	bad.Int("max-keys", 1, "")
+	err := Apply(bad, func(k string) (string, bool) { return "many", k == "LOCKD_MAX_KEYS" })
+	if err == nil || !strings.Contains(err.Error(), "LOCKD_MAX_KEYS") {
+		t.Fatalf("a bad value must name its variable: %v", err)
+	}
+}
