@@ -12,13 +12,16 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
+	"github.com/lockd/lockd/cluster"
 	"github.com/lockd/lockd/engine"
 	"github.com/lockd/lockd/server"
 	"github.com/rs/zerolog"
 )
 
 const usage = `usage: lockd serve [flags]
+       lockd serve --cluster --node-id N --raft-addr HOST:PORT --peers 1=HOST:PORT,2=...,3=... --data-dir DIR [--groups G] [flags]
 
 Every flag can also be set with the environment variable LOCKD_<NAME>
 (for example --max-keys as LOCKD_MAX_KEYS); a flag on the command line wins.
@@ -39,10 +42,11 @@ func run(args []string, stderr io.Writer) error {
 		fmt.Fprint(stderr, usage)
 		return errors.New("the only command is serve")
 	}
-	cfg, logLevel, authFile, err := parseServeFlags(args[1:], os.LookupEnv, stderr)
+	opts, err := parseServeOptions(args[1:], os.LookupEnv, stderr)
 	if err != nil {
 		return err
 	}
+	cfg, logLevel, authFile := opts.server, opts.logLevel, opts.authFile
 	level, err := zerolog.ParseLevel(logLevel)
 	if err != nil {
 		return fmt.Errorf("--log-level: %w", err)
@@ -56,6 +60,17 @@ func run(args []string, stderr io.Writer) error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	var node *cluster.Node
+	if opts.cluster {
+		cc := opts.clusterCfg
+		cc.MaxKeys, cc.MaxWaiters, cc.MaxInflight = cfg.Engine.MaxKeys, cfg.Engine.MaxWaiters, cfg.Engine.MaxInflight
+		cc.Logger = cfg.Logger
+		if node, err = cluster.Start(cc); err != nil {
+			return err
+		}
+		defer node.Close()
+		cfg.Backend = node
+	}
 	srv, err := server.Start(cfg)
 	if err != nil {
 		return err
@@ -65,17 +80,35 @@ func run(args []string, stderr io.Writer) error {
 	return srv.Close()
 }
 
+// serveOptions is everything `lockd serve` reads from flags.
+type serveOptions struct {
+	server     server.Config
+	logLevel   string
+	authFile   string
+	cluster    bool
+	clusterCfg cluster.Config
+}
+
 // parseServeFlags reads flags, with LOCKD_<NAME> environment variables as
 // their defaults.
 func parseServeFlags(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (server.Config, string, string, error) {
-	var cfg server.Config
-	var logLevel, authFile string
+	o, err := parseServeOptions(args, lookupEnv, stderr)
+	return o.server, o.logLevel, o.authFile, err
+}
+
+func parseServeOptions(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (serveOptions, error) {
+	var o serveOptions
+	cfg := &o.server
+	logLevel, authFile := &o.logLevel, &o.authFile
+	cc := &o.clusterCfg
+	var peers string
+	var rttMs int
 	fs := flag.NewFlagSet("lockd serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
 	fs.StringVar(&cfg.Listen, "listen", server.DefaultListen, "client protocol address")
 	fs.StringVar(&cfg.Admin, "admin", server.DefaultAdmin, "admin HTTP address (/healthz, /metrics); empty for none")
-	fs.StringVar(&authFile, "auth-file", "", "file of tenant:hex-secret lines; turns authentication on")
+	fs.StringVar(authFile, "auth-file", "", "file of tenant:hex-secret lines; turns authentication on")
 	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow auth off on a non-loopback address")
 	fs.StringVar(&cfg.NodeName, "node-name", hostname(), "node name sent in the greeting (at most 64 bytes)")
 	fs.IntVar(&cfg.Engine.MaxKeys, "max-keys", engine.DefaultMaxKeys, "hard limit of live keys")
@@ -85,7 +118,15 @@ func parseServeFlags(args []string, lookupEnv func(string) (string, bool), stder
 	fs.IntVar(&cfg.MaxConns, "max-conns", server.DefaultMaxConns, "hard limit of client connections")
 	fs.IntVar(&cfg.MaxConnInflight, "max-conn-inflight", server.DefaultMaxConnInflight, "hard limit of in-flight requests per connection")
 	fs.IntVar(&cfg.Loops, "loops", 0, "event loops (0 = GOMAXPROCS)")
-	fs.StringVar(&logLevel, "log-level", "info", "trace, debug, info, warn or error")
+	fs.StringVar(logLevel, "log-level", "info", "trace, debug, info, warn or error")
+	fs.BoolVar(&o.cluster, "cluster", false, "run as a node of a Raft-replicated cluster")
+	fs.Uint64Var(&cc.NodeID, "node-id", 0, "cluster: this node's id, a key of --peers")
+	fs.StringVar(&cc.RaftAddr, "raft-addr", "", "cluster: this node's Raft address (default: its --peers entry)")
+	fs.StringVar(&peers, "peers", "", "cluster: every node as id=host:port, comma-separated (3 or 5 nodes)")
+	fs.StringVar(&cc.DataDir, "data-dir", "", "cluster: Raft log and snapshot directory; restarting with it rejoins")
+	fs.IntVar(&cc.Groups, "groups", cluster.DefaultGroups, "cluster: Raft groups, fixed at bootstrap")
+	fs.IntVar(&rttMs, "rtt-ms", int(cluster.DefaultRTT/time.Millisecond), "cluster: network round trip in ms (election timeout is 30-60 RTTs, heartbeat every 5)")
+	fs.DurationVar(&cc.ProposeTimeout, "propose-timeout", cluster.DefaultProposeTimeout, "cluster: answer E unavailable when a group has not committed a request in this time")
 
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
@@ -97,15 +138,29 @@ func parseServeFlags(args []string, lookupEnv func(string) (string, bool), stder
 		}
 	})
 	if envErr != nil {
-		return cfg, "", "", envErr
+		return o, envErr
 	}
 	if err := fs.Parse(args); err != nil {
-		return cfg, "", "", err
+		return o, err
 	}
 	if fs.NArg() > 0 {
-		return cfg, "", "", fmt.Errorf("unexpected arguments: %q", fs.Args())
+		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
-	return cfg, logLevel, authFile, nil
+	if !o.cluster {
+		return o, nil
+	}
+	if peers == "" || cc.NodeID == 0 || cc.DataDir == "" {
+		return o, errors.New("--cluster needs --node-id, --peers and --data-dir")
+	}
+	p, err := cluster.ParsePeers(peers)
+	if err != nil {
+		return o, err
+	}
+	cc.Peers = p
+	if rttMs > 0 {
+		cc.RTT = time.Duration(rttMs) * time.Millisecond
+	}
+	return o, nil
 }
 
 func hostname() string {

@@ -1,0 +1,173 @@
+package cluster
+
+import (
+	"encoding/binary"
+	"errors"
+)
+
+// A proposal is one batch of commands for one group (group commit):
+//
+//	version u8 (=1) | now i64 (proposer's wall clock, Unix ns) | count u32 | count × command
+//
+// and a command is
+//
+//	kind u8 | fields by kind | tenant len u8 + bytes | key len u8 + bytes
+//
+//	cmdAcquire: node u64 | id u64 | lease_s u16 | wait_until i64 (Unix ns; 0 = no wait)
+//	cmdRelease: node u64 | id u64 (0 = nobody waits for the answer) | token u64
+//	cmdExpire:  token u64 (proposed by the leader when the lease fell due)
+//
+// All integers big-endian. Time only enters the state machine through
+// these fields; Update never reads a clock.
+const (
+	batchVersion = 1
+	headerLen    = 1 + 8 + 4
+
+	cmdAcquire = 'A'
+	cmdRelease = 'R'
+	cmdExpire  = 'E'
+)
+
+var errBadBatch = errors.New("cluster: malformed proposal")
+
+type command struct {
+	kind      byte
+	node, id  uint64
+	token     uint64
+	lease     uint16
+	waitUntil int64
+	tenant    []byte
+	key       []byte
+}
+
+func appendText(dst []byte, tenant string, key []byte) []byte {
+	dst = append(dst, byte(len(tenant)))
+	dst = append(dst, tenant...)
+	dst = append(dst, byte(len(key)))
+	return append(dst, key...)
+}
+
+func appendAcquire(dst []byte, node, id uint64, lease uint16, waitUntil int64, tenant string, key []byte) []byte {
+	dst = append(dst, cmdAcquire)
+	dst = binary.BigEndian.AppendUint64(dst, node)
+	dst = binary.BigEndian.AppendUint64(dst, id)
+	dst = binary.BigEndian.AppendUint16(dst, lease)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(waitUntil))
+	return appendText(dst, tenant, key)
+}
+
+func appendRelease(dst []byte, node, id, token uint64, tenant string, key []byte) []byte {
+	dst = append(dst, cmdRelease)
+	dst = binary.BigEndian.AppendUint64(dst, node)
+	dst = binary.BigEndian.AppendUint64(dst, id)
+	dst = binary.BigEndian.AppendUint64(dst, token)
+	return appendText(dst, tenant, key)
+}
+
+func appendExpire(dst []byte, token uint64, tenant string, key []byte) []byte {
+	dst = append(dst, cmdExpire)
+	dst = binary.BigEndian.AppendUint64(dst, token)
+	return appendText(dst, tenant, key)
+}
+
+// putHeader fills the header reserved at the start of a batch.
+func putHeader(b []byte, now int64, count uint32) {
+	b[0] = batchVersion
+	binary.BigEndian.PutUint64(b[1:], uint64(now))
+	binary.BigEndian.PutUint32(b[9:], count)
+}
+
+func readHeader(b []byte) (now int64, count uint32, rest []byte, err error) {
+	if len(b) < headerLen || b[0] != batchVersion {
+		return 0, 0, nil, errBadBatch
+	}
+	return int64(binary.BigEndian.Uint64(b[1:])), binary.BigEndian.Uint32(b[9:]), b[headerLen:], nil
+}
+
+// readCommand decodes one command; its slices point into b.
+func readCommand(b []byte, c *command) ([]byte, error) {
+	if len(b) < 1 {
+		return nil, errBadBatch
+	}
+	c.kind = b[0]
+	b = b[1:]
+	need := 0
+	switch c.kind {
+	case cmdAcquire:
+		need = 8 + 8 + 2 + 8
+	case cmdRelease:
+		need = 8 + 8 + 8
+	case cmdExpire:
+		need = 8
+	default:
+		return nil, errBadBatch
+	}
+	if len(b) < need {
+		return nil, errBadBatch
+	}
+	switch c.kind {
+	case cmdAcquire:
+		c.node = binary.BigEndian.Uint64(b)
+		c.id = binary.BigEndian.Uint64(b[8:])
+		c.lease = binary.BigEndian.Uint16(b[16:])
+		c.waitUntil = int64(binary.BigEndian.Uint64(b[18:]))
+	case cmdRelease:
+		c.node = binary.BigEndian.Uint64(b)
+		c.id = binary.BigEndian.Uint64(b[8:])
+		c.token = binary.BigEndian.Uint64(b[16:])
+	case cmdExpire:
+		c.token = binary.BigEndian.Uint64(b)
+	}
+	b = b[need:]
+	var ok bool
+	if c.tenant, b, ok = readText(b); !ok {
+		return nil, errBadBatch
+	}
+	if c.key, b, ok = readText(b); !ok {
+		return nil, errBadBatch
+	}
+	return b, nil
+}
+
+func readText(b []byte) ([]byte, []byte, bool) {
+	if len(b) < 1 || len(b) < 1+int(b[0]) {
+		return nil, nil, false
+	}
+	n := int(b[0])
+	return b[1 : 1+n], b[1+n:], true
+}
+
+// lockKey is the state machine's map key: tenant names cannot contain
+// 0x00 (SPEC §3), so the first 0x00 separates tenant from key.
+func lockKey(tenant, key []byte) string {
+	b := make([]byte, 0, len(tenant)+1+len(key))
+	b = append(b, tenant...)
+	b = append(b, 0)
+	return string(append(b, key...))
+}
+
+func splitLockKey(k string) (tenant string, key []byte) {
+	for i := 0; i < len(k); i++ {
+		if k[i] == 0 {
+			return k[:i], []byte(k[i+1:])
+		}
+	}
+	return "", []byte(k)
+}
+
+// groupOf places (tenant, key) on one of groups Raft groups by 64-bit
+// FNV-1a over tenant | 0x00 | key. The function is part of the on-disk
+// format: changing it (or the group count) would move keys between groups
+// and break their token monotonicity.
+func groupOf(tenant string, key []byte, groups int) int {
+	const offset, prime = 14695981039346656037, 1099511628211
+	h := uint64(offset)
+	for i := 0; i < len(tenant); i++ {
+		h = (h ^ uint64(tenant[i])) * prime
+	}
+	h = (h ^ 0) * prime
+	for _, c := range key {
+		h = (h ^ uint64(c)) * prime
+	}
+	return int(h % uint64(groups))
+}

@@ -1,0 +1,467 @@
+package cluster
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	sm "github.com/lni/dragonboat/v4/statemachine"
+	"github.com/lockd/lockd/engine"
+)
+
+// waitEntry is a queued acquire in the replicated FIFO of a key. node and
+// id name the waiter on the node its connection is on; only that node
+// delivers the grant (or, if the waiter is gone, releases it).
+type waitEntry struct {
+	node, id  uint64
+	waitUntil int64 // state-machine time (Unix ns); never granted at or after it
+	enqueued  int64 // state-machine time of the enqueue, for waited_ms
+	lease     uint16
+}
+
+// lockState is one held key. A key is in the table only while held: a
+// freed lock goes straight to the head waiter, or the key is deleted.
+type lockState struct {
+	token   uint64
+	lease   uint16 // seconds
+	granted int64  // state-machine time of the grant
+	queue   []waitEntry
+}
+
+// fsm is one group's deterministic state machine (SPEC §5 rules, cluster
+// flavour). Replicated state: locks, now, lastToken, issued, keysClosed.
+// Everything below "node-local" is derived on each replica and never
+// snapshotted.
+type fsm struct {
+	g *group // node-side hooks; callbacks must not block
+
+	mu         sync.Mutex
+	locks      map[string]*lockState
+	now        int64 // max of proposers' clocks seen so far (Unix ns)
+	lastToken  uint64
+	issued     uint64
+	keysClosed bool
+	queued     int // waitEntries in all queues
+
+	restored atomic.Int64 // snapshots recovered, for tests
+
+	// node-local:
+	fresh []expiry // grants applied since the expiry driver last ran
+	heap  expiryHeap
+	cmd   command // decode scratch
+}
+
+func newFSM(g *group, firstToken uint64) *fsm {
+	return &fsm{g: g, locks: make(map[string]*lockState), lastToken: max(firstToken, 1) - 1}
+}
+
+// Update applies one batch. Malformed batches are skipped whole (they
+// cannot come from this code); Update never fails, since a failed Update
+// stops the replica.
+func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
+	now, count, b, err := readHeader(e.Cmd)
+	if err != nil {
+		return sm.Result{}, nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.now = max(f.now, now)
+	for range count {
+		if b, err = readCommand(b, &f.cmd); err != nil {
+			break
+		}
+		f.apply(&f.cmd)
+	}
+	return sm.Result{Value: uint64(count)}, nil
+}
+
+func (f *fsm) apply(c *command) {
+	switch c.kind {
+	case cmdAcquire:
+		f.acquire(c)
+	case cmdRelease:
+		r := engine.Result{Outcome: engine.NotHeld}
+		k := lockKey(c.tenant, c.key)
+		if l := f.locks[k]; l != nil && l.token == c.token {
+			r.Outcome = engine.Released
+			f.free(k, l)
+		}
+		if c.id != 0 {
+			f.g.result(k, c.node, c.id, r)
+		}
+	case cmdExpire:
+		k := lockKey(c.tenant, c.key)
+		if l := f.locks[k]; l != nil && l.token == c.token {
+			f.free(k, l)
+		}
+	}
+}
+
+func (f *fsm) acquire(c *command) {
+	k := lockKey(c.tenant, c.key)
+	l := f.locks[k]
+	if l == nil {
+		r := engine.Result{Outcome: engine.Granted}
+		switch {
+		case f.lastToken == math.MaxUint64:
+			r.Outcome = engine.TokenExhausted
+		case !f.admitKey():
+			r.Outcome = engine.Busy
+		default:
+			l = &lockState{}
+			f.locks[k] = l
+			f.grant(k, l, c.lease)
+			r.Token = l.token
+		}
+		f.g.result(k, c.node, c.id, r)
+		return
+	}
+	if c.waitUntil <= f.now {
+		f.g.result(k, c.node, c.id, engine.Result{Outcome: engine.TimedOut})
+		return
+	}
+	if len(l.queue) >= 64 && len(l.queue) == cap(l.queue) {
+		f.prune(l) // waiters that timed out stay queued until passed; bound them
+	}
+	l.queue = append(l.queue, waitEntry{node: c.node, id: c.id, waitUntil: c.waitUntil, enqueued: f.now, lease: c.lease})
+	f.queued++
+	f.g.result(k, c.node, c.id, engine.Result{Outcome: engine.Queued})
+}
+
+// admitKey is the keys admission gate (SPEC §8) on replicated state, so
+// every replica decides alike: closes at 90 % of the group's share of
+// MaxKeys, reopens below 75 %.
+func (f *fsm) admitKey() bool {
+	limit := f.g.maxKeys
+	n := len(f.locks)
+	if f.keysClosed {
+		if n >= limit-limit/4 {
+			return false
+		}
+		f.keysClosed = false
+	}
+	if n >= limit-limit/10 {
+		f.keysClosed = true
+		return false
+	}
+	return true
+}
+
+func (f *fsm) grant(k string, l *lockState, lease uint16) {
+	f.lastToken++
+	f.issued++
+	l.token = f.lastToken
+	l.lease = lease
+	l.granted = f.now
+	f.fresh = append(f.fresh, expiry{key: k, token: l.token, lease: time.Duration(lease) * time.Second})
+}
+
+// free hands the lock to the first waiter still within its wait, or
+// deletes the key.
+func (f *fsm) free(k string, l *lockState) {
+	for len(l.queue) > 0 {
+		w := l.queue[0]
+		l.queue[0] = waitEntry{}
+		l.queue = l.queue[1:]
+		f.queued--
+		switch {
+		case w.waitUntil <= f.now:
+			f.g.result(k, w.node, w.id, engine.Result{Outcome: engine.TimedOut})
+		case f.lastToken == math.MaxUint64:
+			f.g.result(k, w.node, w.id, engine.Result{Outcome: engine.TokenExhausted})
+		default:
+			f.grant(k, l, w.lease)
+			f.g.granted(k, w.node, w.id, engine.Result{
+				Outcome: engine.Granted, Token: l.token, Waited: time.Duration(f.now - w.enqueued),
+			})
+			return
+		}
+	}
+	delete(f.locks, k)
+}
+
+// prune drops waiters whose wait has ended (their node answered T already).
+func (f *fsm) prune(l *lockState) {
+	kept := l.queue[:0]
+	for _, w := range l.queue {
+		if w.waitUntil > f.now {
+			kept = append(kept, w)
+		} else {
+			f.queued--
+		}
+	}
+	clear(l.queue[len(kept):])
+	l.queue = kept
+}
+
+// Lookup answers a lock key (tenant 0x00 key) with its current token, 0
+// when free; used by tests and tools.
+func (f *fsm) Lookup(q any) (any, error) {
+	k, ok := q.(string)
+	if !ok {
+		return nil, errors.New("cluster: lookup wants a lock key")
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if l := f.locks[k]; l != nil {
+		return l.token, nil
+	}
+	return uint64(0), nil
+}
+
+const snapshotVersion = 1
+
+// SaveSnapshot writes the replicated state. IStateMachine snapshots block
+// Update for their duration; the state is a few dozen bytes per key.
+func (f *fsm) SaveSnapshot(w io.Writer, _ sm.ISnapshotFileCollection, stop <-chan struct{}) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	bw := bufio.NewWriterSize(w, 64<<10)
+	var b []byte
+	b = append(b, snapshotVersion)
+	b = binary.BigEndian.AppendUint64(b, uint64(f.now))
+	b = binary.BigEndian.AppendUint64(b, f.lastToken)
+	b = binary.BigEndian.AppendUint64(b, f.issued)
+	if f.keysClosed {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
+	}
+	b = binary.BigEndian.AppendUint64(b, uint64(len(f.locks)))
+	if _, err := bw.Write(b); err != nil {
+		return err
+	}
+	n := 0
+	for k, l := range f.locks {
+		if n++; n%4096 == 0 {
+			select {
+			case <-stop:
+				return sm.ErrSnapshotStopped
+			default:
+			}
+		}
+		b = b[:0]
+		b = binary.BigEndian.AppendUint16(b, uint16(len(k)))
+		b = append(b, k...)
+		b = binary.BigEndian.AppendUint64(b, l.token)
+		b = binary.BigEndian.AppendUint16(b, l.lease)
+		b = binary.BigEndian.AppendUint64(b, uint64(l.granted))
+		b = binary.BigEndian.AppendUint32(b, uint32(len(l.queue)))
+		for _, q := range l.queue {
+			b = binary.BigEndian.AppendUint64(b, q.node)
+			b = binary.BigEndian.AppendUint64(b, q.id)
+			b = binary.BigEndian.AppendUint64(b, uint64(q.waitUntil))
+			b = binary.BigEndian.AppendUint64(b, uint64(q.enqueued))
+			b = binary.BigEndian.AppendUint16(b, q.lease)
+		}
+		if _, err := bw.Write(b); err != nil {
+			return err
+		}
+	}
+	return bw.Flush()
+}
+
+// RecoverFromSnapshot replaces the state. Every held lock is handed to the
+// expiry driver with its full lease from now on this replica: a restored
+// replica may extend a lease, never shorten it.
+func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan struct{}) error {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var hdr [1 + 8 + 8 + 8 + 1 + 8]byte
+	if _, err := io.ReadFull(br, hdr[:]); err != nil {
+		return err
+	}
+	if hdr[0] != snapshotVersion {
+		return fmt.Errorf("cluster: snapshot version %d", hdr[0])
+	}
+	be := binary.BigEndian
+	locks := make(map[string]*lockState)
+	nLocks := be.Uint64(hdr[26:])
+	queued := 0
+	var fresh []expiry
+	var buf [8 + 8 + 8 + 8 + 2]byte
+	for i := uint64(0); i < nLocks; i++ {
+		if i%4096 == 4095 {
+			select {
+			case <-stop:
+				return sm.ErrSnapshotStopped
+			default:
+			}
+		}
+		if _, err := io.ReadFull(br, buf[:2]); err != nil {
+			return err
+		}
+		kb := make([]byte, be.Uint16(buf[:2]))
+		if _, err := io.ReadFull(br, kb); err != nil {
+			return err
+		}
+		if _, err := io.ReadFull(br, buf[:8+2+8+4]); err != nil {
+			return err
+		}
+		l := &lockState{token: be.Uint64(buf[:]), lease: be.Uint16(buf[8:]), granted: int64(be.Uint64(buf[10:]))}
+		nq := int(be.Uint32(buf[18:]))
+		for range nq {
+			if _, err := io.ReadFull(br, buf[:]); err != nil {
+				return err
+			}
+			l.queue = append(l.queue, waitEntry{
+				node: be.Uint64(buf[:]), id: be.Uint64(buf[8:]), waitUntil: int64(be.Uint64(buf[16:])),
+				enqueued: int64(be.Uint64(buf[24:])), lease: be.Uint16(buf[32:]),
+			})
+		}
+		queued += nq
+		k := string(kb)
+		locks[k] = l
+		fresh = append(fresh, expiry{key: k, token: l.token, lease: time.Duration(l.lease) * time.Second})
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.now = int64(be.Uint64(hdr[1:]))
+	f.lastToken = be.Uint64(hdr[9:])
+	f.issued = be.Uint64(hdr[17:])
+	f.keysClosed = hdr[25] == 1
+	f.locks = locks
+	f.queued = queued
+	f.heap = f.heap[:0]
+	f.fresh = fresh
+	f.restored.Add(1)
+	return nil
+}
+
+func (f *fsm) Close() error { return nil }
+
+// expiry is a lease end in a replica's expiry heap: due at at (this
+// process's monotonic clock), valid while key still holds token.
+type expiry struct {
+	at    time.Duration
+	key   string
+	token uint64
+	lease time.Duration // for fresh entries, before they get an at
+}
+
+// expiryHeap is a binary min-heap on at.
+type expiryHeap []expiry
+
+func (h *expiryHeap) push(e expiry) {
+	*h = append(*h, e)
+	s := *h
+	for i := len(s) - 1; i > 0; {
+		p := (i - 1) / 2
+		if s[p].at <= s[i].at {
+			break
+		}
+		s[p], s[i] = s[i], s[p]
+		i = p
+	}
+}
+
+func (h *expiryHeap) pop() expiry {
+	s := *h
+	e := s[0]
+	n := len(s) - 1
+	s[0] = s[n]
+	s[n] = expiry{}
+	s = s[:n]
+	*h = s
+	s.down(0)
+	return e
+}
+
+func (h expiryHeap) down(i int) {
+	for {
+		c := 2*i + 1
+		if c >= len(h) {
+			return
+		}
+		if c+1 < len(h) && h[c+1].at < h[c].at {
+			c++
+		}
+		if h[i].at <= h[c].at {
+			return
+		}
+		h[i], h[c] = h[c], h[i]
+		i = c
+	}
+}
+
+func (h expiryHeap) heapify() {
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
+}
+
+// valid reports whether e still names the key's current token.
+func (f *fsm) valid(e *expiry) bool {
+	l := f.locks[e.key]
+	return l != nil && l.token == e.token
+}
+
+// stampFresh gives the grants applied since the last call their deadline:
+// now + lease on this replica's clock, read after the apply, so no replica
+// ends a lease before the client's own bound (send instant + waited +
+// lease). Stale heap entries are compacted when they outnumber live locks.
+func (f *fsm) stampFresh(now time.Duration) {
+	for _, e := range f.fresh {
+		e.at = now + e.lease
+		f.heap.push(e)
+	}
+	clear(f.fresh)
+	f.fresh = f.fresh[:0]
+	if len(f.heap) > 64 && len(f.heap) > 2*len(f.locks) {
+		f.compact()
+	}
+}
+
+func (f *fsm) compact() {
+	kept := f.heap[:0]
+	for _, e := range f.heap {
+		if f.valid(&e) {
+			kept = append(kept, e)
+		}
+	}
+	clear(f.heap[len(kept):])
+	f.heap = kept
+	f.heap.heapify()
+}
+
+// rebuild is run when this replica becomes the group's leader: the heap
+// is rebuilt from the replicated lock table, keeping every deadline this
+// replica already knew (never shorter) and giving a lock it has no entry
+// for a full lease from now.
+func (f *fsm) rebuild(now time.Duration) {
+	known := make(map[string]time.Duration, len(f.heap))
+	for _, e := range f.heap {
+		if f.valid(&e) {
+			known[e.key] = max(known[e.key], e.at)
+		}
+	}
+	f.heap = f.heap[:0]
+	for k, l := range f.locks {
+		at, ok := known[k]
+		if !ok {
+			at = now + time.Duration(l.lease)*time.Second
+		}
+		f.heap = append(f.heap, expiry{at: at, key: k, token: l.token})
+	}
+	f.heap.heapify()
+}
+
+// due pops the valid entries due at now, re-arming each retry later in
+// case the expire proposal is lost (a later token makes it stale).
+func (f *fsm) due(now, retry time.Duration, out []expiry) []expiry {
+	for len(f.heap) > 0 && f.heap[0].at <= now {
+		e := f.heap.pop()
+		if !f.valid(&e) {
+			continue
+		}
+		out = append(out, e)
+		e.at = now + retry
+		f.heap.push(e)
+	}
+	return out
+}

@@ -1,0 +1,172 @@
+package cluster
+
+import (
+	"bytes"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+
+	sm "github.com/lni/dragonboat/v4/statemachine"
+)
+
+// detachedFSM is a state machine whose node is none of the proposers, so
+// its hooks deliver nothing.
+func detachedFSM() *fsm {
+	g := &group{n: &Node{cfg: Config{NodeID: 99}}, maxKeys: 1 << 20}
+	f := newFSM(g, 1)
+	g.fsm.Store(f)
+	return f
+}
+
+type fsmState struct {
+	Locks      map[string]lockState
+	Now        int64
+	LastToken  uint64
+	Issued     uint64
+	KeysClosed bool
+	Queued     int
+}
+
+func stateOf(f *fsm) fsmState {
+	st := fsmState{Locks: map[string]lockState{}, Now: f.now, LastToken: f.lastToken, Issued: f.issued, KeysClosed: f.keysClosed, Queued: f.queued}
+	for k, l := range f.locks {
+		c := *l
+		if len(c.queue) == 0 {
+			c.queue = nil
+		}
+		st.Locks[k] = c
+	}
+	return st
+}
+
+// randomBatches makes proposals as several nodes would: acquires with and
+// without waits, releases of current and stale tokens, expires.
+func randomBatches(seed uint64, n int) [][]byte {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	var out [][]byte
+	now := int64(1_000_000_000)
+	var tok uint64
+	for range n {
+		b := make([]byte, headerLen)
+		count := uint32(1 + rng.IntN(8))
+		for range count {
+			key := []byte(fmt.Sprintf("k%d", rng.IntN(5)))
+			switch rng.IntN(4) {
+			case 0, 1:
+				var until int64
+				if rng.IntN(2) == 0 {
+					until = now + int64(rng.IntN(3_000_000_000))
+				}
+				b = appendAcquire(b, uint64(1+rng.IntN(3)), rng.Uint64()|1, uint16(1+rng.IntN(30)), until, "t", key)
+			case 2:
+				tok += uint64(rng.IntN(3))
+				b = appendRelease(b, uint64(1+rng.IntN(3)), rng.Uint64(), tok, "t", key)
+			default:
+				b = appendExpire(b, uint64(rng.IntN(int(tok)+2)), "t", key)
+			}
+		}
+		// Proposers' clocks disagree a little: the state machine keeps the max.
+		now += int64(rng.IntN(200_000_000)) - 50_000_000
+		putHeader(b, now, count)
+		out = append(out, b)
+	}
+	return out
+}
+
+// Two replicas applying the same log end in the same state, and a
+// snapshot restores it exactly.
+func TestFSMDeterministicAndSnapshot(t *testing.T) {
+	batches := randomBatches(7, 2000)
+	a, b := detachedFSM(), detachedFSM()
+	for i, cmd := range batches {
+		for _, f := range []*fsm{a, b} {
+			if _, err := f.Update(sm.Entry{Index: uint64(i + 1), Cmd: cmd}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if !reflect.DeepEqual(stateOf(a), stateOf(b)) {
+		t.Fatal("replicas diverged")
+	}
+	if a.lastToken == 0 || len(a.locks) == 0 {
+		t.Fatalf("the workload did nothing: %+v", stateOf(a))
+	}
+	var buf bytes.Buffer
+	if err := a.SaveSnapshot(&buf, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	c := detachedFSM()
+	if err := c.RecoverFromSnapshot(&buf, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(stateOf(a), stateOf(c)) {
+		t.Fatalf("snapshot restore differs:\n%+v\n%+v", stateOf(a), stateOf(c))
+	}
+	if len(c.fresh) != len(c.locks) {
+		t.Fatalf("restored locks not handed to the expiry heap: %d of %d", len(c.fresh), len(c.locks))
+	}
+	// Continuing after the restore stays in step.
+	for i, cmd := range randomBatches(8, 200) {
+		for _, f := range []*fsm{a, c} {
+			if _, err := f.Update(sm.Entry{Index: uint64(3000 + i), Cmd: cmd}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if !reflect.DeepEqual(stateOf(a), stateOf(c)) {
+		t.Fatal("restored replica diverged afterwards")
+	}
+}
+
+// Malformed proposals are skipped, not fatal.
+func TestFSMSkipsMalformed(t *testing.T) {
+	f := detachedFSM()
+	for _, cmd := range [][]byte{nil, {9}, {batchVersion, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 'Z'}} {
+		if _, err := f.Update(sm.Entry{Cmd: cmd}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// The deadline heap: entries validated against the current token; a
+// leader's rebuild keeps known deadlines and never shortens them.
+func TestExpiryHeapValidatedByToken(t *testing.T) {
+	f := detachedFSM()
+	b := make([]byte, headerLen)
+	b = appendAcquire(b, 1, 1, 10, 0, "t", []byte("a"))
+	b = appendAcquire(b, 1, 2, 20, 0, "t", []byte("b"))
+	putHeader(b, 1, 2)
+	f.Update(sm.Entry{Cmd: b})
+	f.stampFresh(100)
+	if len(f.heap) != 2 || f.heap[0].at != 100+10e9 {
+		t.Fatalf("heap %+v", f.heap)
+	}
+	// Release a; its entry goes stale and is never reported due.
+	b = make([]byte, headerLen)
+	b = appendRelease(b, 1, 0, f.locks[lockKey([]byte("t"), []byte("a"))].token, "t", []byte("a"))
+	putHeader(b, 2, 1)
+	f.Update(sm.Entry{Cmd: b})
+	if due := f.due(100+15e9, 5e8, nil); len(due) != 0 {
+		t.Fatalf("stale entry reported due: %+v", due)
+	}
+	f.rebuild(100 + 15e9)
+	if len(f.heap) != 1 || f.heap[0].at != 100+20e9 {
+		t.Fatalf("rebuild changed a known deadline: %+v", f.heap)
+	}
+	due := f.due(100+20e9, 5e8, nil)
+	if len(due) != 1 || due[0].key != lockKey([]byte("t"), []byte("b")) {
+		t.Fatalf("due: %+v", due)
+	}
+	// Re-armed for a retry in case the expire proposal is lost.
+	if len(f.heap) != 1 || f.heap[0].at != 100+20e9+5e8 {
+		t.Fatalf("not re-armed: %+v", f.heap)
+	}
+	// An unknown lock (e.g. after a restore) gets a full lease from now.
+	g := detachedFSM()
+	g.locks["x"] = &lockState{token: 5, lease: 3}
+	g.rebuild(1000)
+	if g.heap[0].at != 1000+3e9 {
+		t.Fatalf("%+v", g.heap)
+	}
+}

@@ -1,0 +1,263 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/server"
+	"github.com/rs/zerolog"
+)
+
+// freePorts reserves n loopback ports by listening and closing.
+func freePorts(t testing.TB, n int) []int {
+	t.Helper()
+	var ls []net.Listener
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return ports
+}
+
+func testLogger() zerolog.Logger {
+	if os.Getenv("LOCKD_TEST_LOG") != "" {
+		return zerolog.New(zerolog.ConsoleWriter{Out: os.Stderr}).Level(zerolog.DebugLevel).With().Timestamp().Logger()
+	}
+	return zerolog.New(os.Stderr).Level(zerolog.Disabled)
+}
+
+// testCluster is n Nodes in this process on loopback.
+type testCluster struct {
+	t     testing.TB
+	cfgs  []Config
+	nodes []*Node // nil while stopped
+}
+
+func newTestCluster(t testing.TB, n int, tweak func(*Config)) *testCluster {
+	t.Helper()
+	ports := freePorts(t, n)
+	peers := make(map[uint64]string)
+	for i, p := range ports {
+		peers[uint64(i+1)] = fmt.Sprintf("127.0.0.1:%d", p)
+	}
+	tc := &testCluster{t: t, nodes: make([]*Node, n)}
+	for i := range n {
+		cfg := Config{
+			NodeID:         uint64(i + 1),
+			Peers:          peers,
+			DataDir:        t.TempDir(),
+			Groups:         4,
+			RTT:            10 * time.Millisecond,
+			ElectionRTT:    20,
+			ProposeTimeout: 3 * time.Second,
+			Logger:         testLogger(),
+		}
+		if tweak != nil {
+			tweak(&cfg)
+		}
+		tc.cfgs = append(tc.cfgs, cfg)
+	}
+	// Start them together: each NodeHost waits for its peers.
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() { defer wg.Done(); tc.nodes[i], errs[i] = Start(tc.cfgs[i]) }()
+	}
+	wg.Wait()
+	t.Cleanup(tc.closeAll)
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	tc.waitReady()
+	return tc
+}
+
+func (tc *testCluster) closeAll() {
+	for i, n := range tc.nodes {
+		if n != nil {
+			n.Close()
+			tc.nodes[i] = nil
+		}
+	}
+}
+
+func (tc *testCluster) waitReady() {
+	tc.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, n := range tc.nodes {
+		if n != nil {
+			if err := n.WaitReady(ctx); err != nil {
+				tc.t.Fatal(err)
+			}
+		}
+	}
+}
+
+// stop closes node id (1-based), like a crash that loses nothing fsynced.
+func (tc *testCluster) stop(id uint64) {
+	tc.nodes[id-1].Close()
+	tc.nodes[id-1] = nil
+}
+
+// restart starts node id again on its data dir.
+func (tc *testCluster) restart(id uint64) *Node {
+	tc.t.Helper()
+	n, err := Start(tc.cfgs[id-1])
+	if err != nil {
+		tc.t.Fatal(err)
+	}
+	tc.nodes[id-1] = n
+	return n
+}
+
+func (tc *testCluster) node(id uint64) *Node { return tc.nodes[id-1] }
+
+// leaderOf finds the leader of key's group as seen by a live node.
+func (tc *testCluster) leaderOf(key string) uint64 {
+	tc.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, n := range tc.nodes {
+			if n == nil {
+				continue
+			}
+			if l := n.Leader(n.GroupOf("default", []byte(key))); l != 0 && tc.nodes[l-1] != nil {
+				return l
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	tc.t.Fatalf("no live leader for %q", key)
+	return 0
+}
+
+// outcome is one resolution seen by a recorder.
+type outcome struct {
+	owner uint64
+	r     engine.Result
+	at    time.Time
+}
+
+// recorder is an engine.Waiter that records every resolution.
+type recorder struct {
+	mu  sync.Mutex
+	got map[uint64]outcome
+	ch  chan outcome
+}
+
+func newRecorder() *recorder {
+	return &recorder{got: make(map[uint64]outcome), ch: make(chan outcome, 1024)}
+}
+
+func (r *recorder) Resolve(owner uint64, res engine.Result) {
+	o := outcome{owner: owner, r: res, at: time.Now()}
+	r.mu.Lock()
+	if _, dup := r.got[owner]; dup {
+		r.mu.Unlock()
+		panic(fmt.Sprintf("owner %d resolved twice", owner))
+	}
+	r.got[owner] = o
+	r.mu.Unlock()
+	r.ch <- o
+}
+
+// wait blocks for owner's resolution.
+func (r *recorder) wait(t testing.TB, owner uint64, within time.Duration) engine.Result {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		r.mu.Lock()
+		o, ok := r.got[owner]
+		r.mu.Unlock()
+		if ok {
+			return o.r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("owner %d not resolved within %v", owner, within)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func (r *recorder) peek(owner uint64) (engine.Result, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	o, ok := r.got[owner]
+	return o.r, ok
+}
+
+// acquire runs an acquire on n through the Backend and returns its
+// outcome.
+func acquire(t testing.TB, n *Node, rec *recorder, owner uint64, key string, lease, wait time.Duration) engine.Result {
+	t.Helper()
+	startAcquire(t, n, rec, owner, key, lease, wait)
+	return rec.wait(t, owner, wait+10*time.Second)
+}
+
+func startAcquire(t testing.TB, n *Node, rec *recorder, owner uint64, key string, lease, wait time.Duration) server.Handle {
+	t.Helper()
+	r, h := n.Acquire(n.Namespace("default"), []byte(key), owner, lease, wait, rec)
+	if r.Outcome != engine.Queued {
+		rec.Resolve(owner, r)
+	}
+	n.Flush()
+	return h
+}
+
+func release(t testing.TB, n *Node, rec *recorder, owner uint64, key string, token uint64) engine.Result {
+	t.Helper()
+	r := n.Release(n.Namespace("default"), []byte(key), owner, token, rec)
+	if r.Outcome != engine.Queued {
+		return r
+	}
+	n.Flush()
+	return rec.wait(t, owner, 10*time.Second)
+}
+
+// queueLen is node's view of how many waiters key's replicated queue holds.
+func queueLen(n *Node, key string) int {
+	f := n.groups[n.GroupOf("default", []byte(key))].fsm.Load()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if l := f.locks[lockKey([]byte("default"), []byte(key))]; l != nil {
+		return len(l.queue)
+	}
+	return 0
+}
+
+func waitUntil(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// isQueued reports whether the request behind h is queued in its group.
+func isQueued(n *Node, h server.Handle) bool {
+	p := h.(*pending)
+	n.regMu.Lock()
+	defer n.regMu.Unlock()
+	return p.queued && !p.done
+}

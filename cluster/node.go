@@ -1,0 +1,1117 @@
+// Package cluster is lockd's cluster mode: the lock rules of SPEC §5 as
+// the deterministic state machine of G dragonboat v4 Raft groups, every
+// group replicated on every node, keys placed by a stable hash of tenant
+// and key. A Node is one process's NodeHost plus a server.Backend, so the
+// gnet server speaks the same wire protocol in both modes. docs/cluster.md
+// describes the design.
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lni/dragonboat/v4"
+	"github.com/lni/dragonboat/v4/config"
+	sm "github.com/lni/dragonboat/v4/statemachine"
+	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/server"
+	"github.com/rs/zerolog"
+)
+
+// Defaults of Config.
+const (
+	DefaultGroups             = 16
+	DefaultRTT                = 10 * time.Millisecond
+	DefaultElectionRTT        = 30
+	DefaultHeartbeatRTT       = 5
+	DefaultSnapshotEntries    = 10000
+	DefaultCompactionOverhead = 2000
+	DefaultMaxInMemLogSize    = 8 << 20
+	DefaultProposeTimeout     = 2 * time.Second
+	// expiryTick is how often the expiry driver looks at its heaps; a
+	// lease ends at most this much late on top of the apply lag.
+	expiryTick = 10 * time.Millisecond
+	// expireRetry re-arms a due lease whose expire proposal may be lost.
+	expireRetry  = 500 * time.Millisecond
+	deploymentID = 0x6c6f636b64 // "lockd"
+	// proposalsInFlight per group and node: enough to overlap one batch's
+	// commit with the next one's send, few enough that requests arriving
+	// meanwhile are batched (group commit).
+	proposalsInFlight = 2
+	pipelineMin       = 16
+)
+
+// Config configures one cluster node.
+type Config struct {
+	NodeID   uint64            // this node's replica id, a key of Peers
+	RaftAddr string            // this node's Raft address; must equal Peers[NodeID]
+	Peers    map[uint64]string // every node, itself included: 3 or 5
+	DataDir  string            // NodeHost directory; the same dir on restart rejoins
+	Groups   int               // Raft groups, fixed at bootstrap (default 16)
+
+	RTT                time.Duration // network round trip (default 10 ms)
+	ElectionRTT        uint64        // election timeout in RTTs (default 20)
+	HeartbeatRTT       uint64        // heartbeat interval in RTTs (default 2)
+	SnapshotEntries    uint64        // snapshot every N applied entries per group
+	CompactionOverhead uint64        // entries kept after a snapshot
+	MaxInMemLogSize    uint64        // per group; over it proposals get ErrSystemBusy
+	// ProposeTimeout bounds how long a request waits for its group to
+	// commit it before the answer is E unavailable (default 2 s).
+	ProposeTimeout time.Duration
+
+	MaxKeys     int // live keys, all groups (each group gets its share)
+	MaxWaiters  int // queued waiters on this node
+	MaxInflight int // acquires in flight on this node, pending in Raft included
+	// FirstToken starts every group's counter (default 1); the same on
+	// every node. For tests of token exhaustion.
+	FirstToken uint64
+
+	// ExecShards is dragonboat's number of step workers; every worker
+	// writes the Raft state of its groups with one fsync, so fewer
+	// workers batch more groups into one fsync (default 1). LogDBShards
+	// is the number of LogDB (Pebble) instances, each with its own WAL
+	// (default 1); it is fixed when the data dir is created.
+	ExecShards  uint64
+	LogDBShards uint64
+
+	// FS, when set, keeps the NodeHost's files there (vfs.NewMem in tests).
+	FS     config.IFS
+	Logger zerolog.Logger
+}
+
+func (c *Config) applyDefaults() error {
+	if c.Groups <= 0 {
+		c.Groups = DefaultGroups
+	}
+	if c.RTT <= 0 {
+		c.RTT = DefaultRTT
+	}
+	if c.ElectionRTT == 0 {
+		c.ElectionRTT = DefaultElectionRTT
+	}
+	if c.HeartbeatRTT == 0 {
+		c.HeartbeatRTT = DefaultHeartbeatRTT
+	}
+	if c.SnapshotEntries == 0 {
+		c.SnapshotEntries = DefaultSnapshotEntries
+	}
+	if c.CompactionOverhead == 0 {
+		c.CompactionOverhead = DefaultCompactionOverhead
+	}
+	if c.MaxInMemLogSize == 0 {
+		c.MaxInMemLogSize = DefaultMaxInMemLogSize
+	}
+	if c.ProposeTimeout <= 0 {
+		c.ProposeTimeout = DefaultProposeTimeout
+	}
+	if c.ExecShards == 0 {
+		c.ExecShards = 1
+	}
+	if c.LogDBShards == 0 {
+		c.LogDBShards = 1
+	}
+	if c.MaxKeys <= 0 {
+		c.MaxKeys = engine.DefaultMaxKeys
+	}
+	if c.MaxWaiters <= 0 {
+		c.MaxWaiters = engine.DefaultMaxWaiters
+	}
+	if c.MaxInflight <= 0 {
+		c.MaxInflight = engine.DefaultMaxInflight
+	}
+	switch {
+	case c.NodeID == 0:
+		return errors.New("cluster: --node-id must be >= 1")
+	case len(c.Peers) < 1:
+		return errors.New("cluster: --peers is empty")
+	case c.Peers[c.NodeID] == "":
+		return fmt.Errorf("cluster: --peers has no entry for node %d", c.NodeID)
+	case c.RaftAddr == "":
+		c.RaftAddr = c.Peers[c.NodeID]
+	case c.RaftAddr != c.Peers[c.NodeID]:
+		return fmt.Errorf("cluster: --raft-addr %s differs from --peers %d=%s", c.RaftAddr, c.NodeID, c.Peers[c.NodeID])
+	case c.DataDir == "":
+		return errors.New("cluster: --data-dir is required")
+	}
+	if c.DataDir == "" {
+		return errors.New("cluster: --data-dir is required")
+	}
+	return nil
+}
+
+// ParsePeers reads "1=host:port,2=host:port,…".
+func ParsePeers(s string) (map[uint64]string, error) {
+	peers := make(map[uint64]string)
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		id, addr, ok := strings.Cut(part, "=")
+		n, err := strconv.ParseUint(id, 10, 64)
+		if !ok || err != nil || n == 0 || addr == "" {
+			return nil, fmt.Errorf("cluster: peer %q is not N=HOST:PORT with N >= 1", part)
+		}
+		if _, dup := peers[n]; dup {
+			return nil, fmt.Errorf("cluster: peer %d given twice", n)
+		}
+		peers[n] = addr
+	}
+	if len(peers) == 0 {
+		return nil, errors.New("cluster: no peers")
+	}
+	return peers, nil
+}
+
+// Node is one cluster process: a NodeHost running every group, and the
+// server.Backend the gnet server talks to.
+type Node struct {
+	cfg    Config
+	log    zerolog.Logger
+	nh     *dragonboat.NodeHost
+	groups []*group
+	start  time.Time
+
+	idBase atomic.Uint64 // waiter/request ids: random base, then +1
+
+	regMu   sync.Mutex
+	reg     map[uint64]*pending
+	timers  pendingHeap
+	wakeReg chan struct{}
+
+	inflight *engine.AdmissionGate
+	waiters  *engine.AdmissionGate
+
+	nsMu    sync.RWMutex
+	nsByKey map[string]engine.Namespace
+	nsNames []string
+
+	shutting atomic.Bool
+	stats    nodeStats
+	// attemptTimeout bounds one Raft proposal attempt: about two election
+	// timeouts, so a proposal lost with a dead leader is sent again to
+	// the next one.
+	attemptTimeout time.Duration
+
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+}
+
+type nodeStats struct {
+	proposals       atomic.Uint64 // Raft proposals made
+	commands        atomic.Uint64 // commands carried by them
+	proposeRetries  atomic.Uint64
+	proposeFailures atomic.Uint64
+	unavailable     atomic.Uint64
+	orphanReleases  atomic.Uint64
+	expires         atomic.Uint64
+}
+
+var _ server.Backend = (*Node)(nil)
+
+// pending is a request of this node's connections awaiting its group.
+type pending struct {
+	id       uint64
+	w        engine.Waiter
+	owner    uint64
+	start    time.Duration // node clock at receipt
+	wait     time.Duration
+	deadline time.Duration // Unavailable (proposal) or TimedOut (queued) at this instant
+	release  bool
+	queued   bool // the state machine queued it
+	done     bool // resolved or cancelled
+}
+
+// timer is a pending request's deadline; stale once the request is done
+// or its deadline moved (queued requests get their wait's end).
+type timer struct {
+	at time.Duration
+	p  *pending
+}
+
+type pendingHeap []timer
+
+func (h *pendingHeap) push(p *pending) {
+	*h = append(*h, timer{p.deadline, p})
+	s := *h
+	for i := len(s) - 1; i > 0; {
+		q := (i - 1) / 2
+		if s[q].at <= s[i].at {
+			break
+		}
+		s[q], s[i] = s[i], s[q]
+		i = q
+	}
+}
+
+func (h *pendingHeap) pop() timer {
+	s := *h
+	p := s[0]
+	n := len(s) - 1
+	s[0] = s[n]
+	s[n] = timer{}
+	s = s[:n]
+	*h = s
+	for i := 0; ; {
+		c := 2*i + 1
+		if c >= len(s) {
+			break
+		}
+		if c+1 < len(s) && s[c+1].at < s[c].at {
+			c++
+		}
+		if s[i].at <= s[c].at {
+			break
+		}
+		s[i], s[c] = s[c], s[i]
+		i = c
+	}
+	return p
+}
+
+// group is this node's side of one Raft group.
+type group struct {
+	n       *Node
+	idx     int
+	shardID uint64
+	maxKeys int
+	fsm     atomic.Pointer[fsm]
+
+	mu    sync.Mutex
+	buf   []byte // header space + commands not yet proposed
+	count uint32
+	// orphans are grants to waiters gone from this node, to release.
+	orphans []expiry
+	dirty   atomic.Bool
+	kick    chan struct{}
+	// slots bounds this node's proposals in flight for the group: while
+	// they are all out, new commands gather into the next batch. A second
+	// proposal only goes out beside the first when pipelineMin commands
+	// wait; freed signals a slot coming back.
+	slots chan struct{}
+	freed chan struct{}
+
+	wasLeader bool // expiry driver only
+}
+
+// metaFile pins the group count and node id of a data dir.
+const metaFile = "lockd-cluster.json"
+
+type meta struct {
+	NodeID uint64 `json:"node_id"`
+	Groups int    `json:"groups"`
+}
+
+func checkMeta(cfg *Config) error {
+	if cfg.FS != nil {
+		return nil
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+		return fmt.Errorf("cluster: data dir: %w", err)
+	}
+	path := filepath.Join(cfg.DataDir, metaFile)
+	want := meta{NodeID: cfg.NodeID, Groups: cfg.Groups}
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		b, _ = json.Marshal(want)
+		return os.WriteFile(path, b, 0o640)
+	}
+	if err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
+	var have meta
+	if err := json.Unmarshal(b, &have); err != nil {
+		return fmt.Errorf("cluster: %s: %w", path, err)
+	}
+	if have != want {
+		return fmt.Errorf("cluster: %s was bootstrapped as node %d with %d groups; --node-id %d --groups %d cannot reuse it",
+			cfg.DataDir, have.NodeID, have.Groups, cfg.NodeID, cfg.Groups)
+	}
+	return nil
+}
+
+// Start creates the NodeHost and starts (or, with an existing data dir,
+// restarts) every group. It returns before leaders are elected; see
+// WaitReady.
+func Start(cfg Config) (*Node, error) {
+	if err := cfg.applyDefaults(); err != nil {
+		return nil, err
+	}
+	if err := checkMeta(&cfg); err != nil {
+		return nil, err
+	}
+	setupLogging(cfg.Logger)
+	n := &Node{
+		cfg:            cfg,
+		attemptTimeout: max(100*time.Millisecond, 2*time.Duration(cfg.ElectionRTT)*cfg.RTT),
+		log:            cfg.Logger,
+		start:          time.Now(),
+		reg:            make(map[uint64]*pending),
+		wakeReg:        make(chan struct{}, 1),
+		inflight:       engine.NewAdmissionGate(cfg.MaxInflight),
+		waiters:        engine.NewAdmissionGate(cfg.MaxWaiters),
+		nsByKey:        make(map[string]engine.Namespace),
+		nsNames:        []string{""},
+	}
+	var seed [8]byte
+	if _, err := rand.Read(seed[:]); err != nil {
+		return nil, err
+	}
+	// Ids must not repeat across restarts of this node (a replayed grant
+	// for an old id is released as an orphan), nor be 0.
+	n.idBase.Store(binary.BigEndian.Uint64(seed[:]) >> 1)
+
+	nhc := config.NodeHostConfig{
+		DeploymentID:   deploymentID,
+		NodeHostDir:    cfg.DataDir,
+		WALDir:         cfg.DataDir,
+		RTTMillisecond: uint64(max(cfg.RTT/time.Millisecond, 1)),
+		RaftAddress:    cfg.RaftAddr,
+		Expert:         config.ExpertConfig{LogDB: config.GetTinyMemLogDBConfig(), FS: cfg.FS},
+	}
+	nhc.Expert.LogDB.Shards = cfg.LogDBShards
+	nhc.Expert.Engine = config.GetDefaultEngineConfig()
+	nhc.Expert.Engine.ExecShards = cfg.ExecShards
+	nh, err := dragonboat.NewNodeHost(nhc)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: start NodeHost: %w", err)
+	}
+	n.nh = nh
+	members := make(map[uint64]dragonboat.Target, len(cfg.Peers))
+	for id, addr := range cfg.Peers {
+		members[id] = addr
+	}
+	perGroup := max(1, (cfg.MaxKeys+cfg.Groups-1)/cfg.Groups)
+	for i := range cfg.Groups {
+		g := &group{n: n, idx: i, shardID: uint64(i + 1), maxKeys: perGroup,
+			kick: make(chan struct{}, 1), slots: make(chan struct{}, proposalsInFlight), freed: make(chan struct{}, 1)}
+		g.buf = make([]byte, headerLen, 4096)
+		n.groups = append(n.groups, g)
+		rc := config.Config{
+			ReplicaID:          cfg.NodeID,
+			ShardID:            g.shardID,
+			CheckQuorum:        true,
+			ElectionRTT:        cfg.ElectionRTT,
+			HeartbeatRTT:       cfg.HeartbeatRTT,
+			SnapshotEntries:    cfg.SnapshotEntries,
+			CompactionOverhead: cfg.CompactionOverhead,
+			MaxInMemLogSize:    cfg.MaxInMemLogSize,
+		}
+		initial := members
+		if nh.HasNodeInfo(g.shardID, cfg.NodeID) {
+			initial = nil // a restart: membership comes from the log
+		}
+		create := func(uint64, uint64) sm.IStateMachine {
+			f := newFSM(g, cfg.FirstToken)
+			g.fsm.Store(f)
+			return f
+		}
+		if err := nh.StartReplica(initial, false, create, rc); err != nil {
+			nh.Close()
+			return nil, fmt.Errorf("cluster: start group %d: %w", g.shardID, err)
+		}
+	}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	for _, g := range n.groups {
+		n.wg.Add(1)
+		go func() { defer n.wg.Done(); g.proposeLoop(n.ctx) }()
+	}
+	n.wg.Add(2)
+	go func() { defer n.wg.Done(); n.expiryLoop(n.ctx) }()
+	go func() { defer n.wg.Done(); n.timerLoop(n.ctx) }()
+	n.log.Info().Uint64("node", cfg.NodeID).Str("raft", cfg.RaftAddr).Int("groups", cfg.Groups).
+		Str("data_dir", cfg.DataDir).Msg("cluster node started")
+	return n, nil
+}
+
+// Close stops the node's goroutines and its NodeHost. Call it after the
+// server using it is closed. Safe to call more than once.
+func (n *Node) Close() {
+	n.closeOnce.Do(func() {
+		n.cancel()
+		n.wg.Wait()
+		n.nh.Close()
+	})
+}
+
+// NodeHost exposes the dragonboat NodeHost, for tests and tools.
+func (n *Node) NodeHost() *dragonboat.NodeHost { return n.nh }
+
+// ID is this node's replica id.
+func (n *Node) ID() uint64 { return n.cfg.NodeID }
+
+// Groups is the number of Raft groups.
+func (n *Node) Groups() int { return len(n.groups) }
+
+// GroupOf is the group index (0-based; Raft shard id = index+1) of a key.
+func (n *Node) GroupOf(tenant string, key []byte) int { return groupOf(tenant, key, len(n.groups)) }
+
+// Leader reports this node's view of group idx's leader (0 when unknown).
+func (n *Node) Leader(idx int) uint64 {
+	id, _, ok, err := n.nh.GetLeaderID(uint64(idx + 1))
+	if err != nil || !ok {
+		return 0
+	}
+	return id
+}
+
+// WaitReady waits until every group has a known leader.
+func (n *Node) WaitReady(ctx context.Context) error {
+	for {
+		ready := true
+		for i := range n.groups {
+			if n.Leader(i) == 0 {
+				ready = false
+				break
+			}
+		}
+		if ready {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster: groups without a leader: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// Token is this replica's (possibly lagging) view of the current token of
+// a key, 0 when free. For tests and tools.
+func (n *Node) Token(tenant string, key []byte) uint64 {
+	f := n.groups[n.GroupOf(tenant, key)].fsm.Load()
+	if f == nil {
+		return 0
+	}
+	v, _ := f.Lookup(lockKey([]byte(tenant), key))
+	return v.(uint64)
+}
+
+func (n *Node) clock() time.Duration { return time.Since(n.start) }
+
+func (n *Node) nextID() uint64 { return n.idBase.Add(1) | 1<<63 }
+
+// ---- server.Backend ----
+
+// Namespace interns a tenant; commands carry the tenant's name, since
+// interned numbers are local to a process.
+func (n *Node) Namespace(tenant string) engine.Namespace {
+	n.nsMu.RLock()
+	ns, ok := n.nsByKey[tenant]
+	n.nsMu.RUnlock()
+	if ok {
+		return ns
+	}
+	n.nsMu.Lock()
+	defer n.nsMu.Unlock()
+	if ns, ok = n.nsByKey[tenant]; !ok {
+		ns = engine.Namespace(len(n.nsNames))
+		n.nsNames = append(n.nsNames, tenant)
+		n.nsByKey[tenant] = ns
+	}
+	return ns
+}
+
+func (n *Node) tenant(ns engine.Namespace) string {
+	n.nsMu.RLock()
+	defer n.nsMu.RUnlock()
+	return n.nsNames[ns]
+}
+
+// Acquire proposes the acquire to the key's group and answers Queued: the
+// outcome comes through w once the group applied it, or Unavailable when
+// it did not within ProposeTimeout (or the wait, if shorter).
+func (n *Node) Acquire(ns engine.Namespace, key []byte, owner uint64, lease, wait time.Duration, w engine.Waiter) (engine.Result, server.Handle) {
+	if n.shutting.Load() {
+		return engine.Result{Outcome: engine.ShuttingDown}, nil
+	}
+	if !n.inflight.Admit() {
+		return engine.Result{Outcome: engine.Busy}, nil
+	}
+	tenant := n.tenant(ns)
+	now := n.clock()
+	limit := n.cfg.ProposeTimeout
+	if wait > 0 && wait < limit {
+		limit = wait
+	}
+	p := &pending{id: n.nextID(), w: w, owner: owner, start: now, wait: wait, deadline: now + limit}
+	if !n.register(p) {
+		n.inflight.Leave()
+		return engine.Result{Outcome: engine.ShuttingDown}, nil
+	}
+	var waitUntil int64
+	if wait > 0 {
+		waitUntil = time.Now().Add(wait).UnixNano()
+	}
+	g := n.groups[groupOf(tenant, key, len(n.groups))]
+	g.mu.Lock()
+	g.buf = appendAcquire(g.buf, n.cfg.NodeID, p.id, uint16(lease/time.Second), waitUntil, tenant, key)
+	g.count++
+	g.mu.Unlock()
+	g.dirty.Store(true)
+	return engine.Result{Outcome: engine.Queued}, p
+}
+
+// AsyncRelease: releases are answered through the Waiter once applied.
+func (n *Node) AsyncRelease() bool { return true }
+
+// Release proposes the release; the answer comes through w. A nil w is
+// the server releasing an orphaned grant: nobody is told.
+func (n *Node) Release(ns engine.Namespace, key []byte, owner, token uint64, w engine.Waiter) engine.Result {
+	tenant := n.tenant(ns)
+	var id uint64
+	if w != nil {
+		now := n.clock()
+		p := &pending{id: n.nextID(), w: w, owner: owner, start: now, deadline: now + n.cfg.ProposeTimeout, release: true}
+		n.register(p)
+		id = p.id
+	}
+	g := n.groups[groupOf(tenant, key, len(n.groups))]
+	g.enqueueRelease(id, token, tenant, key)
+	if w == nil {
+		g.propose()
+	}
+	return engine.Result{Outcome: engine.Queued}
+}
+
+func (g *group) enqueueRelease(id, token uint64, tenant string, key []byte) {
+	g.mu.Lock()
+	g.buf = appendRelease(g.buf, g.n.cfg.NodeID, id, token, tenant, key)
+	g.count++
+	g.mu.Unlock()
+	g.dirty.Store(true)
+}
+
+// Cancel drops a waiter whose connection closed. Its replicated queue
+// entry stays; if it is ever granted, this node releases the grant.
+func (n *Node) Cancel(h server.Handle) {
+	p, ok := h.(*pending)
+	if !ok || p == nil {
+		return
+	}
+	n.regMu.Lock()
+	n.finishLocked(p)
+	n.regMu.Unlock()
+}
+
+// Flush proposes what this event-loop batch queued: one proposal per
+// touched group (group commit).
+func (n *Node) Flush() {
+	for _, g := range n.groups {
+		if g.dirty.Load() {
+			g.propose()
+		}
+	}
+}
+
+// Stats sums the replicated tables of this replica (keys, tokens) and the
+// node's own gates (waiters, in-flight).
+func (n *Node) Stats() engine.Stats {
+	var st engine.Stats
+	for _, g := range n.groups {
+		f := g.fsm.Load()
+		if f == nil {
+			continue
+		}
+		f.mu.Lock()
+		st.Keys += len(f.locks)
+		st.TokensIssued += f.issued
+		st.LastToken = max(st.LastToken, f.lastToken)
+		f.mu.Unlock()
+	}
+	st.HeldLocks = st.Keys
+	st.WaitersGate, st.InflightGate = n.waiters.Stats(), n.inflight.Stats()
+	st.Waiters, st.Inflight = st.WaitersGate.Count, st.InflightGate.Count
+	st.KeysGate = engine.GateStats{Open: true, Limit: n.cfg.MaxKeys, Count: st.Keys}
+	return st
+}
+
+// ClusterStats are counters for benchmarks and tests.
+type ClusterStats struct {
+	Proposals, Commands, ProposeRetries, ProposeFailures, Unavailable, OrphanReleases, Expires uint64
+}
+
+// ClusterStats returns the node's Raft-side counters.
+func (n *Node) ClusterStats() ClusterStats {
+	s := &n.stats
+	return ClusterStats{
+		Proposals: s.proposals.Load(), Commands: s.commands.Load(), ProposeRetries: s.proposeRetries.Load(),
+		ProposeFailures: s.proposeFailures.Load(), Unavailable: s.unavailable.Load(),
+		OrphanReleases: s.orphanReleases.Load(), Expires: s.expires.Load(),
+	}
+}
+
+// Shutdown answers every queued or pending acquire ShuttingDown. Locks
+// stay in the cluster; pending releases are still answered.
+func (n *Node) Shutdown() {
+	var done []*pending
+	n.regMu.Lock()
+	n.shutting.Store(true)
+	for _, p := range n.reg {
+		if !p.release && n.finishLocked(p) {
+			done = append(done, p)
+		}
+	}
+	n.regMu.Unlock()
+	for _, p := range done {
+		p.w.Resolve(p.owner, engine.Result{Outcome: engine.ShuttingDown})
+	}
+}
+
+// Run returns when ctx is done: the node's goroutines run from Start to
+// Close.
+func (n *Node) Run(ctx context.Context) { <-ctx.Done() }
+
+// ---- local requests ----
+
+// register adds p; an acquire is refused once Shutdown ran, checked under
+// the lock Shutdown takes, so that no acquire escapes its sweep.
+func (n *Node) register(p *pending) bool {
+	n.regMu.Lock()
+	if !p.release && n.shutting.Load() {
+		n.regMu.Unlock()
+		return false
+	}
+	n.reg[p.id] = p
+	wake := len(n.timers) == 0 || p.deadline < n.timers[0].at
+	n.timers.push(p)
+	n.regMu.Unlock()
+	if wake {
+		select {
+		case n.wakeReg <- struct{}{}:
+		default:
+		}
+	}
+	return true
+}
+
+// finishLocked retires p, giving back its gates; false if it was already.
+func (n *Node) finishLocked(p *pending) bool {
+	if p.done {
+		return false
+	}
+	p.done = true
+	delete(n.reg, p.id)
+	if !p.release {
+		n.inflight.Leave()
+		if p.queued {
+			n.waiters.Leave()
+		}
+	}
+	return true
+}
+
+// timerLoop answers requests whose deadline passed: Unavailable while the
+// group has not applied them, TimedOut once queued.
+func (n *Node) timerLoop(ctx context.Context) {
+	tm := time.NewTimer(time.Hour)
+	defer tm.Stop()
+	var due []*pending
+	for {
+		now := n.clock()
+		next := time.Hour
+		n.regMu.Lock()
+		for len(n.timers) > 0 {
+			t := n.timers[0]
+			if t.p.done || t.p.deadline != t.at {
+				n.timers.pop()
+				continue
+			}
+			if t.at > now {
+				next = t.at - now
+				break
+			}
+			n.timers.pop()
+			p := t.p
+			n.finishLocked(p)
+			due = append(due, p)
+		}
+		n.regMu.Unlock()
+		for i, p := range due {
+			r := engine.Result{Outcome: engine.TimedOut}
+			if !p.queued {
+				r.Outcome = engine.Unavailable
+				n.stats.unavailable.Add(1)
+			}
+			p.w.Resolve(p.owner, r)
+			due[i] = nil
+		}
+		due = due[:0]
+		tm.Reset(next)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tm.C:
+		case <-n.wakeReg:
+		}
+	}
+}
+
+// result is called by g's state machine for every command outcome; only
+// the node that owns id acts on it.
+func (g *group) result(key string, node, id uint64, r engine.Result) {
+	n := g.n
+	if node != n.cfg.NodeID || id == 0 {
+		return
+	}
+	n.regMu.Lock()
+	p := n.reg[id]
+	if p == nil {
+		n.regMu.Unlock()
+		if r.Outcome == engine.Granted {
+			// Answered already (unavailable, cancelled, or a duplicate of
+			// a retried proposal): nobody will use this grant.
+			g.orphan(key, r.Token)
+		}
+		return
+	}
+	if r.Outcome == engine.Queued {
+		if p.queued { // a retried proposal applied twice; its grant will be released
+			n.regMu.Unlock()
+			return
+		}
+		if !n.waiters.Admit() {
+			// The replicated entry stays; a grant for it will be released.
+			n.finishLocked(p)
+			n.regMu.Unlock()
+			p.w.Resolve(p.owner, engine.Result{Outcome: engine.Busy})
+			return
+		}
+		p.queued = true
+		p.deadline = p.start + p.wait
+		n.timers.push(p)
+		n.regMu.Unlock()
+		select {
+		case n.wakeReg <- struct{}{}:
+		default:
+		}
+		return
+	}
+	n.finishLocked(p)
+	n.regMu.Unlock()
+	if r.Outcome == engine.Granted {
+		r.Waited = 0 // an immediate grant: the lease starts at apply, after receipt
+	}
+	p.w.Resolve(p.owner, r)
+}
+
+// granted is called by g's state machine when a queued waiter gets the
+// lock. The owning node delivers it, or releases it when the waiter is
+// gone (timed out here, cancelled, answered unavailable, or from a
+// previous run of this node).
+func (g *group) granted(key string, node, id uint64, r engine.Result) {
+	n := g.n
+	if node != n.cfg.NodeID {
+		return
+	}
+	n.regMu.Lock()
+	p := n.reg[id]
+	if p != nil {
+		n.finishLocked(p)
+	}
+	n.regMu.Unlock()
+	if p == nil {
+		g.orphan(key, r.Token)
+		return
+	}
+	// waited_ms must not overstate the wait: take the smaller of the
+	// replicated estimate and this node's own elapsed time.
+	r.Waited = max(0, min(r.Waited, n.clock()-p.start))
+	p.w.Resolve(p.owner, r)
+}
+
+// orphan queues the release of a grant nobody waits for. It runs inside
+// Update, so it only queues; the proposer drops the ones no longer
+// current before proposing (a restarted node replaying its log finds
+// many such historical grants).
+func (g *group) orphan(key string, token uint64) {
+	g.mu.Lock()
+	g.orphans = append(g.orphans, expiry{key: key, token: token})
+	g.mu.Unlock()
+	g.propose()
+}
+
+// releaseOrphans turns the queued orphans still holding their lock into
+// release commands.
+func (g *group) releaseOrphans() {
+	g.mu.Lock()
+	orphans := g.orphans
+	g.orphans = nil
+	g.mu.Unlock()
+	if len(orphans) == 0 {
+		return
+	}
+	f := g.fsm.Load()
+	kept := orphans[:0]
+	f.mu.Lock()
+	for _, o := range orphans {
+		if f.valid(&o) {
+			kept = append(kept, o)
+		}
+	}
+	f.mu.Unlock()
+	if len(kept) == 0 {
+		return
+	}
+	g.n.stats.orphanReleases.Add(uint64(len(kept)))
+	g.mu.Lock()
+	for _, o := range kept {
+		tenant, key := splitLockKey(o.key)
+		g.buf = appendRelease(g.buf, g.n.cfg.NodeID, 0, o.token, tenant, key)
+		g.count++
+	}
+	g.mu.Unlock()
+}
+
+// ---- proposals ----
+
+func (g *group) pending() uint32 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.count
+}
+
+// freeSlot gives back a proposal slot and tells the proposer.
+func (g *group) freeSlot() {
+	<-g.slots
+	select {
+	case g.freed <- struct{}{}:
+	default:
+	}
+}
+
+// propose wakes the group's proposer.
+func (g *group) propose() {
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+}
+
+// take swaps out the commands gathered so far as one stamped proposal.
+func (g *group) take() []byte {
+	g.dirty.Store(false)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.count == 0 {
+		return nil
+	}
+	b := g.buf
+	putHeader(b, time.Now().UnixNano(), g.count)
+	g.buf = make([]byte, headerLen, max(4096, min(len(b), 1<<20)))
+	g.count = 0
+	return b
+}
+
+// proposeLoop turns whatever accumulated since the last proposal into the
+// next one. Proposals are asynchronous, so while one is in flight the next
+// batch gathers: one Raft entry carries many requests under load.
+func (g *group) proposeLoop(ctx context.Context) {
+	n := g.n
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-g.kick:
+		case <-g.freed: // commands held back while a proposal was out
+		}
+		g.releaseOrphans()
+		for {
+			select {
+			case g.slots <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			if len(g.slots) > 1 && g.pending() < pipelineMin {
+				// One proposal is out and few commands wait: let them
+				// gather until it completes (or more arrive).
+				<-g.slots
+				select {
+				case <-g.freed:
+					continue
+				case <-g.kick:
+					g.releaseOrphans()
+					continue
+				case <-ctx.Done():
+					return
+				}
+			}
+			b := g.take()
+			if b == nil {
+				<-g.slots // nothing to do: no signal, or this loop would spin
+				break
+			}
+			if !g.send(ctx, b, time.Now().Add(n.cfg.ProposeTimeout)) {
+				g.freeSlot()
+			}
+		}
+	}
+}
+
+// send proposes b until it is applied or deadline passes, retrying when
+// the group did not take it (busy, no leader yet, dropped) and when an
+// attempt timed out (e.g. it was forwarded to a leader that just died).
+// Retrying a proposal that may also have been applied is safe: every
+// command is idempotent in effect. A duplicate release or expire names a
+// token that can never be current again; a duplicate acquire's second
+// outcome finds its request already answered, and if it is a grant the
+// node releases it as an orphan. Same for a batch that applies after its
+// requests were answered E unavailable.
+//
+// It reports whether a watcher took over b (and the group's slot, which
+// it frees when b's fate is known).
+func (g *group) send(ctx context.Context, b []byte, deadline time.Time) bool {
+	n := g.n
+	for {
+		left := time.Until(deadline)
+		if left <= 0 || ctx.Err() != nil {
+			n.stats.proposeFailures.Add(1)
+			return false
+		}
+		rs, err := n.nh.Propose(n.nh.GetNoOPSession(g.shardID), b, min(left, n.attemptTimeout))
+		if err == nil {
+			n.stats.proposals.Add(1)
+			n.stats.commands.Add(uint64(binaryCount(b)))
+			go g.watch(ctx, rs, b, deadline)
+			return true
+		}
+		if !dragonboat.IsTempError(err) {
+			n.stats.proposeFailures.Add(1)
+			n.log.Warn().Err(err).Uint64("group", g.shardID).Msg("proposal refused")
+			return false
+		}
+		n.stats.proposeRetries.Add(1)
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func binaryCount(b []byte) uint32 { return binary.BigEndian.Uint32(b[9:]) }
+
+// watch waits for a proposal's fate and sends it again when it was
+// dropped or timed out.
+func (g *group) watch(ctx context.Context, rs *dragonboat.RequestState, b []byte, deadline time.Time) {
+	var r dragonboat.RequestResult
+	select {
+	case r = <-rs.ResultC():
+	case <-ctx.Done():
+		g.freeSlot()
+		return
+	}
+	rs.Release()
+	if r.Dropped() || r.Timeout() {
+		g.n.stats.proposeRetries.Add(1)
+		time.Sleep(5 * time.Millisecond)
+		if g.send(ctx, b, deadline) {
+			return // the new watcher owns the slot
+		}
+	}
+	g.freeSlot()
+}
+
+// ---- lease expiry ----
+
+// expiryLoop drives lease expiry. Every replica keeps a deadline heap per
+// group (grants are stamped with this process's clock after they apply);
+// only the leader acts on it, proposing an expire for each due entry that
+// still names the key's current token. A replica that becomes leader
+// rebuilds its heap from the replicated table, keeping what it knew.
+func (n *Node) expiryLoop(ctx context.Context) {
+	t := time.NewTicker(expiryTick)
+	defer t.Stop()
+	var due []expiry
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for i, g := range n.groups {
+			f := g.fsm.Load()
+			if f == nil {
+				continue
+			}
+			leader := n.Leader(i) == n.cfg.NodeID
+			now := n.clock()
+			f.mu.Lock()
+			f.stampFresh(now)
+			if leader && !g.wasLeader {
+				f.rebuild(now)
+			}
+			if leader {
+				due = f.due(now, expireRetry, due[:0])
+			}
+			f.mu.Unlock()
+			g.wasLeader = leader
+			if len(due) == 0 {
+				continue
+			}
+			g.mu.Lock()
+			for _, e := range due {
+				tenant, key := splitLockKey(e.key)
+				g.buf = appendExpire(g.buf, e.token, tenant, key)
+				g.count++
+			}
+			g.mu.Unlock()
+			n.stats.expires.Add(uint64(len(due)))
+			clear(due)
+			g.propose()
+		}
+	}
+}
+
+// PeerList formats peers as the --peers flag does, sorted by id.
+func PeerList(peers map[uint64]string) string {
+	ids := make([]uint64, 0, len(peers))
+	for id := range peers {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		parts[i] = fmt.Sprintf("%d=%s", id, peers[id])
+	}
+	return strings.Join(parts, ",")
+}
+
+// WritePrometheus adds cluster series to the server's /metrics.
+func (n *Node) WritePrometheus(w io.Writer) {
+	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
+	p("# HELP lockd_cluster_group_leader This node's view of each group's leader (0 unknown).\n# TYPE lockd_cluster_group_leader gauge\n")
+	for i := range n.groups {
+		p("lockd_cluster_group_leader{group=\"%d\"} %d\n", i+1, n.Leader(i))
+	}
+	p("# HELP lockd_cluster_node_id This node's id.\n# TYPE lockd_cluster_node_id gauge\nlockd_cluster_node_id %d\n", n.cfg.NodeID)
+	s := n.ClusterStats()
+	for _, c := range []struct {
+		name, help string
+		v          uint64
+	}{
+		{"lockd_cluster_proposals_total", "Raft proposals made by this node (one per group per batch).", s.Proposals},
+		{"lockd_cluster_proposed_commands_total", "Commands carried by those proposals.", s.Commands},
+		{"lockd_cluster_propose_retries_total", "Proposals retried because the group certainly did not take them.", s.ProposeRetries},
+		{"lockd_cluster_propose_failures_total", "Proposals given up (the requests were answered E unavailable).", s.ProposeFailures},
+		{"lockd_cluster_unavailable_total", "Requests answered E unavailable.", s.Unavailable},
+		{"lockd_cluster_orphan_releases_total", "Grants to waiters gone from this node, released by the node.", s.OrphanReleases},
+		{"lockd_cluster_expires_total", "Lease expiries proposed by this node as a group leader.", s.Expires},
+	} {
+		p("# HELP %s %s\n# TYPE %s counter\n%s %d\n", c.name, c.help, c.name, c.name, c.v)
+	}
+}

@@ -1,0 +1,303 @@
+package cluster
+
+import (
+	"bufio"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lockd/lockd/codec"
+)
+
+// proc is one lockd process of the multi-process test.
+type proc struct {
+	id     uint64
+	args   []string
+	listen string
+	admin  string
+	log    string
+	cmd    *exec.Cmd
+	done   chan struct{}
+}
+
+func (p *proc) start(t *testing.T, bin string) {
+	t.Helper()
+	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, p.args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		t.Fatal(err)
+	}
+	p.cmd, p.done = cmd, make(chan struct{})
+	go func() { _ = cmd.Wait(); f.Close(); close(p.done) }()
+}
+
+func (p *proc) kill9() {
+	if p.cmd != nil {
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		<-p.done
+		p.cmd = nil
+	}
+}
+
+func (p *proc) alive() bool { return p.cmd != nil }
+
+// leaderView reads the process's view of group g's leader from /metrics.
+func (p *proc) leaderView(g int) uint64 {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get("http://" + p.admin + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	want := fmt.Sprintf("lockd_cluster_group_leader{group=\"%d\"} ", g+1)
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), want); ok {
+			id, _ := strconv.ParseUint(rest, 10, 64)
+			return id
+		}
+	}
+	return 0
+}
+
+// interval is one client's claim on a key: from receiving A until it sent
+// its release, or until its lease's conservative end when it abandoned it.
+type interval struct {
+	key        string
+	token      uint64
+	start, end time.Time
+	abandoned  bool
+}
+
+// TestProcessesKillLeader runs 3 lockd processes under continuous lock
+// traffic, kills -9 the leader of one group and restarts it, three times,
+// then checks the recorded history: no two clients held a key at once
+// (judged by grant and valid-until instants) and tokens never went back.
+func TestProcessesKillLeader(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test skipped in -short mode")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "lockd")
+	build := exec.Command("go", "build", "-o", bin, "../cmd/lockd")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build lockd: %v\n%s", err, out)
+	}
+	const groups = 4
+	ports := freePorts(t, 9)
+	var peers []string
+	for i := range 3 {
+		peers = append(peers, fmt.Sprintf("%d=127.0.0.1:%d", i+1, ports[i]))
+	}
+	procs := make([]*proc, 3)
+	for i := range 3 {
+		p := &proc{
+			id:     uint64(i + 1),
+			listen: fmt.Sprintf("127.0.0.1:%d", ports[3+i]),
+			admin:  fmt.Sprintf("127.0.0.1:%d", ports[6+i]),
+			log:    filepath.Join(dir, fmt.Sprintf("node%d.log", i+1)),
+		}
+		p.args = []string{"serve", "--cluster", "--node-id", strconv.Itoa(i + 1),
+			"--raft-addr", fmt.Sprintf("127.0.0.1:%d", ports[i]), "--peers", strings.Join(peers, ","),
+			"--data-dir", filepath.Join(dir, fmt.Sprintf("data%d", i+1)), "--groups", strconv.Itoa(groups),
+			"--listen", p.listen, "--admin", p.admin, "--log-level", "warn", "--propose-timeout", "2s"}
+		procs[i] = p
+	}
+	t.Cleanup(func() {
+		for _, p := range procs {
+			p.kill9()
+		}
+		if t.Failed() {
+			for _, p := range procs {
+				b, _ := os.ReadFile(p.log)
+				t.Logf("--- node %d log (tail) ---\n%s", p.id, tail(string(b), 3000))
+			}
+		}
+	})
+	for _, p := range procs {
+		p.start(t, bin)
+	}
+	const key0 = "proc/0"
+	g0 := groupOf("default", []byte(key0), groups)
+	leaderOf := func() uint64 {
+		deadline := time.Now().Add(20 * time.Second)
+		for time.Now().Before(deadline) {
+			for _, p := range procs {
+				if p.alive() {
+					if l := p.leaderView(g0); l != 0 && procs[l-1].alive() {
+						return l
+					}
+				}
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Fatal("no leader for the watched group")
+		return 0
+	}
+	leaderOf()
+
+	keys := []string{key0, "proc/1", "proc/2", "proc/3", "proc/4", "proc/5"}
+	var (
+		mu      sync.Mutex
+		history []interval
+		stats   = map[byte]int{}
+		stop    = make(chan struct{})
+		wg      sync.WaitGroup
+	)
+	const lease = 1 // seconds
+	const margin = 20 * time.Millisecond
+	worker := func(w int) {
+		defer wg.Done()
+		rng := rand.New(rand.NewPCG(uint64(w), 7))
+		var c *wire
+		owner := uint64(0)
+		defer func() {
+			if c != nil {
+				c.close()
+			}
+		}()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if c == nil {
+				var err error
+				if c, err = dialWire(procs[rng.IntN(3)].listen); err != nil {
+					c = nil
+					time.Sleep(20 * time.Millisecond)
+					continue
+				}
+			}
+			key := keys[rng.IntN(len(keys))]
+			owner++
+			sent := time.Now()
+			if c.send(codec.AppendAcquire(nil, owner, lease, 2, key)) != nil {
+				c.close()
+				c = nil
+				continue
+			}
+			r, err := c.read(5 * time.Second)
+			if err != nil {
+				c.close() // indeterminate: the server side releases or the lease ends
+				c = nil
+				continue
+			}
+			got := time.Now()
+			mu.Lock()
+			stats[r.Op]++
+			mu.Unlock()
+			if r.Op != codec.OpAcquired {
+				continue
+			}
+			validUntil := sent.Add(time.Duration(r.WaitedMs)*time.Millisecond + lease*time.Second - margin)
+			iv := interval{key: key, token: r.Token, start: got}
+			if rng.IntN(8) == 0 {
+				// Abandon it: the claim lasts until the lease's end.
+				iv.end, iv.abandoned = validUntil, true
+				mu.Lock()
+				history = append(history, iv)
+				mu.Unlock()
+				continue
+			}
+			time.Sleep(time.Duration(2+rng.IntN(10)) * time.Millisecond)
+			iv.end = time.Now()
+			if iv.end.After(validUntil) {
+				iv.end = validUntil // it stopped trusting the lock there
+			}
+			mu.Lock()
+			history = append(history, iv)
+			mu.Unlock()
+			owner++
+			if c.send(codec.AppendRelease(nil, owner, r.Token, key)) != nil {
+				c.close()
+				c = nil
+				continue
+			}
+			if _, err := c.read(5 * time.Second); err != nil {
+				c.close()
+				c = nil
+			}
+		}
+	}
+	const workers = 6
+	for w := range workers {
+		wg.Add(1)
+		go worker(w)
+	}
+	for round := range 3 {
+		time.Sleep(3 * time.Second)
+		l := leaderOf()
+		t.Logf("round %d: kill -9 node %d, leader of group %d", round, l, g0+1)
+		procs[l-1].kill9()
+		time.Sleep(2 * time.Second)
+		procs[l-1].start(t, bin)
+	}
+	time.Sleep(3 * time.Second)
+	close(stop)
+	wg.Wait()
+
+	// The checker.
+	byKey := map[string][]interval{}
+	for _, iv := range history {
+		byKey[iv.key] = append(byKey[iv.key], iv)
+	}
+	total := 0
+	for key, ivs := range byKey {
+		sort.Slice(ivs, func(i, j int) bool { return ivs[i].start.Before(ivs[j].start) })
+		var prev interval
+		for i, iv := range ivs {
+			total++
+			if i > 0 {
+				if iv.token <= prev.token {
+					t.Errorf("%s: token went back: %d granted after %d", key, iv.token, prev.token)
+				}
+				if iv.start.Before(prev.end) {
+					t.Errorf("%s: token %d granted %v before token %d's claim ended (abandoned %v)",
+						key, iv.token, prev.end.Sub(iv.start), prev.token, prev.abandoned)
+				}
+			}
+			if i == 0 || iv.end.After(prev.end) {
+				prev = iv
+			} else {
+				prev.token = iv.token
+			}
+		}
+	}
+	t.Logf("history: %d grants checked; responses %v", total, fmtStats(stats))
+	if total < 50 {
+		t.Fatalf("only %d grants in the whole run", total)
+	}
+}
+
+func fmtStats(m map[byte]int) string {
+	var parts []string
+	for op, n := range m {
+		parts = append(parts, fmt.Sprintf("%c=%d", op, n))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, " ")
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
