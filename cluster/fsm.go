@@ -53,7 +53,7 @@ type fsm struct {
 
 	// node-local:
 	fresh []expiry // grants applied since the expiry driver last ran
-	heap  expiryHeap
+	heap  engine.DeadlineHeap[expiry]
 	cmd   command // decode scratch
 }
 
@@ -335,68 +335,16 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 
 func (f *fsm) Close() error { return nil }
 
-// expiry is a lease end in a replica's expiry heap: due at at (this
-// process's monotonic clock), valid while key still holds token.
+// expiry is a lease end in a replica's expiry heap, due at an instant of
+// this process's monotonic clock, valid while key still holds token.
 type expiry struct {
-	at    time.Duration
 	key   string
 	token uint64
-	lease time.Duration // for fresh entries, before they get an at
-}
-
-// expiryHeap is a binary min-heap on at.
-type expiryHeap []expiry
-
-func (h *expiryHeap) push(e expiry) {
-	*h = append(*h, e)
-	s := *h
-	for i := len(s) - 1; i > 0; {
-		p := (i - 1) / 2
-		if s[p].at <= s[i].at {
-			break
-		}
-		s[p], s[i] = s[i], s[p]
-		i = p
-	}
-}
-
-func (h *expiryHeap) pop() expiry {
-	s := *h
-	e := s[0]
-	n := len(s) - 1
-	s[0] = s[n]
-	s[n] = expiry{}
-	s = s[:n]
-	*h = s
-	s.down(0)
-	return e
-}
-
-func (h expiryHeap) down(i int) {
-	for {
-		c := 2*i + 1
-		if c >= len(h) {
-			return
-		}
-		if c+1 < len(h) && h[c+1].at < h[c].at {
-			c++
-		}
-		if h[i].at <= h[c].at {
-			return
-		}
-		h[i], h[c] = h[c], h[i]
-		i = c
-	}
-}
-
-func (h expiryHeap) heapify() {
-	for i := len(h)/2 - 1; i >= 0; i-- {
-		h.down(i)
-	}
+	lease time.Duration // for fresh entries, before they are pushed
 }
 
 // valid reports whether e still names the key's current token.
-func (f *fsm) valid(e *expiry) bool {
+func (f *fsm) valid(e expiry) bool {
 	l := f.locks[e.key]
 	return l != nil && l.token == e.token
 }
@@ -407,26 +355,13 @@ func (f *fsm) valid(e *expiry) bool {
 // lease). Stale heap entries are compacted when they outnumber live locks.
 func (f *fsm) stampFresh(now time.Duration) {
 	for _, e := range f.fresh {
-		e.at = now + e.lease
-		f.heap.push(e)
+		f.heap.Push(now+e.lease, e)
 	}
 	clear(f.fresh)
 	f.fresh = f.fresh[:0]
 	if len(f.heap) > 64 && len(f.heap) > 2*len(f.locks) {
-		f.compact()
+		f.heap.Retain(f.valid)
 	}
-}
-
-func (f *fsm) compact() {
-	kept := f.heap[:0]
-	for _, e := range f.heap {
-		if f.valid(&e) {
-			kept = append(kept, e)
-		}
-	}
-	clear(f.heap[len(kept):])
-	f.heap = kept
-	f.heap.heapify()
 }
 
 // rebuild is run when this replica becomes the group's leader: the heap
@@ -435,9 +370,9 @@ func (f *fsm) compact() {
 // for a full lease from now.
 func (f *fsm) rebuild(now time.Duration) {
 	known := make(map[string]time.Duration, len(f.heap))
-	for _, e := range f.heap {
-		if f.valid(&e) {
-			known[e.key] = max(known[e.key], e.at)
+	for _, d := range f.heap {
+		if f.valid(d.Item) {
+			known[d.Item.key] = max(known[d.Item.key], d.At)
 		}
 	}
 	f.heap = f.heap[:0]
@@ -446,22 +381,21 @@ func (f *fsm) rebuild(now time.Duration) {
 		if !ok {
 			at = now + time.Duration(l.lease)*time.Second
 		}
-		f.heap = append(f.heap, expiry{at: at, key: k, token: l.token})
+		f.heap = append(f.heap, engine.Deadline[expiry]{At: at, Item: expiry{key: k, token: l.token}})
 	}
-	f.heap.heapify()
+	f.heap.Init()
 }
 
 // due pops the valid entries due at now, re-arming each retry later in
 // case the expire proposal is lost (a later token makes it stale).
 func (f *fsm) due(now, retry time.Duration, out []expiry) []expiry {
-	for len(f.heap) > 0 && f.heap[0].at <= now {
-		e := f.heap.pop()
-		if !f.valid(&e) {
+	for at, ok := f.heap.Next(); ok && at <= now; at, ok = f.heap.Next() {
+		e := f.heap.Pop().Item
+		if !f.valid(e) {
 			continue
 		}
 		out = append(out, e)
-		e.at = now + retry
-		f.heap.push(e)
+		f.heap.Push(now+retry, e)
 	}
 	return out
 }

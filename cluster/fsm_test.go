@@ -139,7 +139,7 @@ func TestExpiryHeapValidatedByToken(t *testing.T) {
 	putHeader(b, 1, 2)
 	f.Update(sm.Entry{Cmd: b})
 	f.stampFresh(100)
-	if len(f.heap) != 2 || f.heap[0].at != 100+10e9 {
+	if len(f.heap) != 2 || f.heap[0].At != 100+10e9 {
 		t.Fatalf("heap %+v", f.heap)
 	}
 	// Release a; its entry goes stale and is never reported due.
@@ -151,7 +151,7 @@ func TestExpiryHeapValidatedByToken(t *testing.T) {
 		t.Fatalf("stale entry reported due: %+v", due)
 	}
 	f.rebuild(100 + 15e9)
-	if len(f.heap) != 1 || f.heap[0].at != 100+20e9 {
+	if len(f.heap) != 1 || f.heap[0].At != 100+20e9 {
 		t.Fatalf("rebuild changed a known deadline: %+v", f.heap)
 	}
 	due := f.due(100+20e9, 5e8, nil)
@@ -159,14 +159,14 @@ func TestExpiryHeapValidatedByToken(t *testing.T) {
 		t.Fatalf("due: %+v", due)
 	}
 	// Re-armed for a retry in case the expire proposal is lost.
-	if len(f.heap) != 1 || f.heap[0].at != 100+20e9+5e8 {
+	if len(f.heap) != 1 || f.heap[0].At != 100+20e9+5e8 {
 		t.Fatalf("not re-armed: %+v", f.heap)
 	}
 	// An unknown lock (e.g. after a restore) gets a full lease from now.
 	g := detachedFSM()
 	g.locks["x"] = &lockState{token: 5, lease: 3}
 	g.rebuild(1000)
-	if g.heap[0].at != 1000+3e9 {
+	if g.heap[0].At != 1000+3e9 {
 		t.Fatalf("%+v", g.heap)
 	}
 }

@@ -189,15 +189,13 @@ type Node struct {
 
 	regMu   sync.Mutex
 	reg     map[uint64]*pending
-	timers  pendingHeap
+	timers  engine.DeadlineHeap[*pending] // stale once done or re-armed
 	wakeReg chan struct{}
 
 	inflight *engine.AdmissionGate
 	waiters  *engine.AdmissionGate
 
-	nsMu    sync.RWMutex
-	nsByKey map[string]engine.Namespace
-	nsNames []string
+	tenants engine.Tenants // commands carry names: Namespaces are local to a process
 
 	shutting atomic.Bool
 	stats    nodeStats
@@ -235,53 +233,6 @@ type pending struct {
 	release  bool
 	queued   bool // the state machine queued it
 	done     bool // resolved or cancelled
-}
-
-// timer is a pending request's deadline; stale once the request is done
-// or its deadline moved (queued requests get their wait's end).
-type timer struct {
-	at time.Duration
-	p  *pending
-}
-
-type pendingHeap []timer
-
-func (h *pendingHeap) push(p *pending) {
-	*h = append(*h, timer{p.deadline, p})
-	s := *h
-	for i := len(s) - 1; i > 0; {
-		q := (i - 1) / 2
-		if s[q].at <= s[i].at {
-			break
-		}
-		s[q], s[i] = s[i], s[q]
-		i = q
-	}
-}
-
-func (h *pendingHeap) pop() timer {
-	s := *h
-	p := s[0]
-	n := len(s) - 1
-	s[0] = s[n]
-	s[n] = timer{}
-	s = s[:n]
-	*h = s
-	for i := 0; ; {
-		c := 2*i + 1
-		if c >= len(s) {
-			break
-		}
-		if c+1 < len(s) && s[c+1].at < s[c].at {
-			c++
-		}
-		if s[i].at <= s[c].at {
-			break
-		}
-		s[i], s[c] = s[c], s[i]
-		i = c
-	}
-	return p
 }
 
 // group is this node's side of one Raft group.
@@ -365,8 +316,6 @@ func Start(cfg Config) (*Node, error) {
 		wakeReg:        make(chan struct{}, 1),
 		inflight:       engine.NewAdmissionGate(cfg.MaxInflight),
 		waiters:        engine.NewAdmissionGate(cfg.MaxWaiters),
-		nsByKey:        make(map[string]engine.Namespace),
-		nsNames:        []string{""},
 	}
 	var seed [8]byte
 	if _, err := rand.Read(seed[:]); err != nil {
@@ -510,28 +459,9 @@ func (n *Node) nextID() uint64 { return n.idBase.Add(1) | 1<<63 }
 
 // Namespace interns a tenant; commands carry the tenant's name, since
 // interned numbers are local to a process.
-func (n *Node) Namespace(tenant string) engine.Namespace {
-	n.nsMu.RLock()
-	ns, ok := n.nsByKey[tenant]
-	n.nsMu.RUnlock()
-	if ok {
-		return ns
-	}
-	n.nsMu.Lock()
-	defer n.nsMu.Unlock()
-	if ns, ok = n.nsByKey[tenant]; !ok {
-		ns = engine.Namespace(len(n.nsNames))
-		n.nsNames = append(n.nsNames, tenant)
-		n.nsByKey[tenant] = ns
-	}
-	return ns
-}
+func (n *Node) Namespace(tenant string) engine.Namespace { return n.tenants.Intern(tenant) }
 
-func (n *Node) tenant(ns engine.Namespace) string {
-	n.nsMu.RLock()
-	defer n.nsMu.RUnlock()
-	return n.nsNames[ns]
-}
+func (n *Node) tenant(ns engine.Namespace) string { return n.tenants.Name(ns) }
 
 // Acquire proposes the acquire to the key's group and answers Queued: the
 // outcome comes through w once the group applied it, or Unavailable when
@@ -688,8 +618,9 @@ func (n *Node) register(p *pending) bool {
 		return false
 	}
 	n.reg[p.id] = p
-	wake := len(n.timers) == 0 || p.deadline < n.timers[0].at
-	n.timers.push(p)
+	next, ok := n.timers.Next()
+	wake := !ok || p.deadline < next
+	n.timers.Push(p.deadline, p)
 	n.regMu.Unlock()
 	if wake {
 		select {
@@ -726,18 +657,17 @@ func (n *Node) timerLoop(ctx context.Context) {
 		now := n.clock()
 		next := time.Hour
 		n.regMu.Lock()
-		for len(n.timers) > 0 {
-			t := n.timers[0]
-			if t.p.done || t.p.deadline != t.at {
-				n.timers.pop()
+		for at, ok := n.timers.Next(); ok; at, ok = n.timers.Next() {
+			p := n.timers[0].Item
+			if p.done || p.deadline != at {
+				n.timers.Pop()
 				continue
 			}
-			if t.at > now {
-				next = t.at - now
+			if at > now {
+				next = at - now
 				break
 			}
-			n.timers.pop()
-			p := t.p
+			n.timers.Pop()
 			n.finishLocked(p)
 			due = append(due, p)
 		}
@@ -794,7 +724,7 @@ func (g *group) result(key string, node, id uint64, r engine.Result) {
 		}
 		p.queued = true
 		p.deadline = p.start + p.wait
-		n.timers.push(p)
+		n.timers.Push(p.deadline, p)
 		n.regMu.Unlock()
 		select {
 		case n.wakeReg <- struct{}{}:
@@ -860,7 +790,7 @@ func (g *group) releaseOrphans() {
 	kept := orphans[:0]
 	f.mu.Lock()
 	for _, o := range orphans {
-		if f.valid(&o) {
+		if f.valid(o) {
 			kept = append(kept, o)
 		}
 	}

@@ -124,8 +124,7 @@ type Engine struct {
 	nextTick atomic.Int64
 	wake     chan struct{}
 
-	nsMu       sync.RWMutex
-	namespaces map[string]Namespace
+	tenants Tenants
 }
 
 type entryKey struct {
@@ -149,7 +148,7 @@ type entry struct {
 type shard struct {
 	mu        sync.Mutex
 	entries   map[entryKey]*entry
-	timers    timerHeap
+	timers    DeadlineHeap[timer]
 	lastToken uint64 // the last token issued; tokens start at Config.FirstToken
 	issued    uint64
 	free      int      // free entries kept for reuse
@@ -183,7 +182,6 @@ func New(cfg Config) *Engine {
 		keys:         NewAdmissionGate(maxKeys),
 		waiters:      NewAdmissionGate(orDefault(cfg.MaxWaiters, DefaultMaxWaiters)),
 		wake:         make(chan struct{}, 1),
-		namespaces:   make(map[string]Namespace),
 	}
 	e.nextTick.Store(int64(noDeadline))
 	// lastToken is one below the next token; FirstToken 0 would make it
@@ -197,20 +195,46 @@ func New(cfg Config) *Engine {
 }
 
 // Namespace interns tenant: the same tenant always gets the same Namespace.
-func (e *Engine) Namespace(tenant string) Namespace {
-	e.nsMu.RLock()
-	ns, ok := e.namespaces[tenant]
-	e.nsMu.RUnlock()
+func (e *Engine) Namespace(tenant string) Namespace { return e.tenants.Intern(tenant) }
+
+// Tenants interns tenant names as Namespaces and maps them back. It is
+// safe for concurrent use, and the zero value is ready; Namespace 0 is
+// never issued.
+type Tenants struct {
+	mu     sync.RWMutex
+	byName map[string]Namespace
+	names  []string // names[ns-1] is the tenant of ns
+}
+
+// Intern returns tenant's Namespace, issuing one the first time.
+func (t *Tenants) Intern(tenant string) Namespace {
+	t.mu.RLock()
+	ns, ok := t.byName[tenant]
+	t.mu.RUnlock()
 	if ok {
 		return ns
 	}
-	e.nsMu.Lock()
-	defer e.nsMu.Unlock()
-	if ns, ok = e.namespaces[tenant]; !ok {
-		ns = Namespace(len(e.namespaces) + 1)
-		e.namespaces[tenant] = ns
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if ns, ok = t.byName[tenant]; !ok {
+		if t.byName == nil {
+			t.byName = make(map[string]Namespace)
+		}
+		t.names = append(t.names, tenant)
+		ns = Namespace(len(t.names))
+		t.byName[tenant] = ns
 	}
 	return ns
+}
+
+// Name returns the tenant of ns, or "" for a Namespace never issued.
+func (t *Tenants) Name(ns Namespace) string {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if ns == 0 || int(ns) > len(t.names) {
+		return ""
+	}
+	return t.names[ns-1]
 }
 
 // shardFor places (ns, key) by mixing eight bytes at a time with
@@ -311,7 +335,7 @@ func (e *Engine) acquireLocked(s *shard, ns Namespace, key []byte, owner uint64,
 	}
 	ent.tail = wt
 	s.waiting++
-	e.schedule(s, timer{at: wt.deadline, wait: wt})
+	e.schedule(s, wt.deadline, timer{wait: wt})
 	e.armLease(s, ent)
 	return Result{Outcome: Queued}, wt
 }

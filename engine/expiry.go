@@ -12,17 +12,16 @@ const SweepInterval = 5 * time.Second
 // noDeadline is what Tick returns when nothing is scheduled.
 const noDeadline = time.Duration(math.MaxInt64)
 
-// timer is a deadline in a shard's heap: the end of a waiter's wait (wait
-// set), or the lease end of entry's token. It is checked when it comes due
-// and dropped if it no longer applies.
+// timer is an item of a shard's DeadlineHeap: the end of a waiter's wait
+// (wait set), or the lease end of entry's token. It is checked when it
+// comes due and dropped if it no longer applies.
 type timer struct {
-	at    time.Duration
 	wait  *Wait
 	entry *entry
 	token uint64
 }
 
-func (t *timer) live() bool {
+func (t timer) live() bool {
 	if t.wait != nil {
 		return t.wait.entry != nil
 	}
@@ -31,88 +30,26 @@ func (t *timer) live() bool {
 	return t.entry.token == t.token && t.entry.head != nil
 }
 
-// timerHeap is a binary min-heap on at, typed to avoid container/heap's
-// boxing.
-type timerHeap []timer
-
-func (h *timerHeap) push(t timer) {
-	*h = append(*h, t)
-	h.up(len(*h) - 1)
-}
-
-func (h *timerHeap) pop() timer {
-	old := *h
-	t := old[0]
-	n := len(old) - 1
-	old[0] = old[n]
-	old[n] = timer{} // drop references for the GC
-	*h = old[:n]
-	h.down(0)
-	return t
-}
-
-func (h timerHeap) up(i int) {
-	for i > 0 {
-		p := (i - 1) / 2
-		if h[p].at <= h[i].at {
-			return
-		}
-		h[p], h[i] = h[i], h[p]
-		i = p
-	}
-}
-
-func (h timerHeap) down(i int) {
-	for {
-		c := 2*i + 1
-		if c >= len(h) {
-			return
-		}
-		if c+1 < len(h) && h[c+1].at < h[c].at {
-			c++
-		}
-		if h[i].at <= h[c].at {
-			return
-		}
-		h[i], h[c] = h[c], h[i]
-		i = c
-	}
-}
-
 // minCompact is the heap size below which stale timers are not worth
 // collecting before they come due.
 const minCompact = 64
 
 // schedule adds t to the shard's heap and wakes Run if t is earlier than
 // what it sleeps for.
-func (e *Engine) schedule(s *shard, t timer) {
+func (e *Engine) schedule(s *shard, at time.Duration, t timer) {
 	// Cancelled and early-granted waiters leave stale timers that would
 	// otherwise pile up for up to a full wait. Live timers number at most
 	// 2*waiting (one per waiter, one per key with waiters), so past 4*waiting
 	// at least half are stale and one pass over them pays for itself.
 	if len(s.timers) >= minCompact && len(s.timers) > 4*s.waiting {
-		s.compactTimers()
+		s.timers.Retain(timer.live)
 	}
-	s.timers.push(t)
-	if int64(t.at) < e.nextTick.Load() {
+	s.timers.Push(at, t)
+	if int64(at) < e.nextTick.Load() {
 		select {
 		case e.wake <- struct{}{}:
 		default:
 		}
-	}
-}
-
-func (s *shard) compactTimers() {
-	kept := s.timers[:0]
-	for _, t := range s.timers {
-		if t.live() {
-			kept = append(kept, t)
-		}
-	}
-	clear(s.timers[len(kept):])
-	s.timers = kept
-	for i := len(kept)/2 - 1; i >= 0; i-- {
-		kept.down(i)
 	}
 }
 
@@ -123,7 +60,7 @@ func (e *Engine) armLease(s *shard, ent *entry) {
 		return
 	}
 	ent.armedToken = ent.token
-	e.schedule(s, timer{at: ent.leaseEnd, entry: ent, token: ent.token})
+	e.schedule(s, ent.leaseEnd, timer{entry: ent, token: ent.token})
 }
 
 // Tick processes everything due at Clock.Now(): lease ends of keys with
@@ -146,8 +83,8 @@ func (e *Engine) tick() time.Duration {
 		s := &e.shards[i]
 		s.mu.Lock()
 		now := e.clock.Now()
-		for len(s.timers) > 0 && s.timers[0].at <= now {
-			t := s.timers.pop()
+		for at, ok := s.timers.Next(); ok && at <= now; at, ok = s.timers.Next() {
+			t := s.timers.Pop().Item
 			if !t.live() {
 				continue
 			}
@@ -158,8 +95,8 @@ func (e *Engine) tick() time.Duration {
 				e.handoff(s, t.entry, now)
 			}
 		}
-		if len(s.timers) > 0 {
-			next = min(next, s.timers[0].at)
+		if at, ok := s.timers.Next(); ok {
+			next = min(next, at)
 		}
 		s.mu.Unlock()
 	}
@@ -221,8 +158,8 @@ func (e *Engine) Shutdown() {
 	for i := range e.shards {
 		s := &e.shards[i]
 		s.mu.Lock()
-		for _, t := range s.timers {
-			if t.wait != nil && t.wait.entry != nil {
+		for _, d := range s.timers {
+			if t := d.Item; t.wait != nil && t.wait.entry != nil {
 				e.unqueue(s, t.wait)
 				e.resolve(t.wait, Result{Outcome: ShuttingDown})
 			}
