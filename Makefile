@@ -12,7 +12,7 @@ FUZZ_TARGETS := \
 	./server:FuzzServerFrameLoop \
 	./server:FuzzReliabilityServerAnswers
 
-.PHONY: help build test bench fuzz reliability run clean
+.PHONY: help build test bench fuzz reliability run cluster clean
 
 help:
 	@echo "make build   build bin/lockd, bin/lockctl, bin/lockbench"
@@ -20,6 +20,7 @@ help:
 	@echo "make bench   Go benchmarks with -benchmem"
 	@echo "make fuzz    each fuzz target for FUZZTIME (default $(FUZZTIME))"
 	@echo "make reliability  the hostile-client, overload and model-check suite, figures in the log"
+	@echo "make cluster  start a 3-node cluster on loopback (clients 127.0.0.1:7431-7433)"
 	@echo "make run     run the server in single mode on 127.0.0.1:7420"
 
 build:
@@ -47,6 +48,9 @@ reliability:
 
 run:
 	$(GO) run ./cmd/lockd serve
+
+cluster:
+	./cluster/local-cluster.sh
 
 clean:
 	rm -rf $(BIN)

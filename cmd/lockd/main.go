@@ -10,11 +10,11 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/lockd/lockd/cluster"
+	"github.com/lockd/lockd/cmd/internal/envflag"
 	"github.com/lockd/lockd/engine"
 	"github.com/lockd/lockd/server"
 	"github.com/rs/zerolog"
@@ -89,13 +89,8 @@ type serveOptions struct {
 	clusterCfg cluster.Config
 }
 
-// parseServeFlags reads flags, with LOCKD_<NAME> environment variables as
-// their defaults.
-func parseServeFlags(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (server.Config, string, string, error) {
-	o, err := parseServeOptions(args, lookupEnv, stderr)
-	return o.server, o.logLevel, o.authFile, err
-}
-
+// parseServeOptions reads flags, with LOCKD_<NAME> environment variables
+// as their defaults.
 func parseServeOptions(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (serveOptions, error) {
 	var o serveOptions
 	cfg := &o.server
@@ -128,17 +123,8 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool), std
 	fs.IntVar(&rttMs, "rtt-ms", int(cluster.DefaultRTT/time.Millisecond), "cluster: network round trip in ms (election timeout is 30-60 RTTs, heartbeat every 5)")
 	fs.DurationVar(&cc.ProposeTimeout, "propose-timeout", cluster.DefaultProposeTimeout, "cluster: answer E unavailable when a group has not committed a request in this time")
 
-	var envErr error
-	fs.VisitAll(func(f *flag.Flag) {
-		name := "LOCKD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := lookupEnv(name); ok && envErr == nil {
-			if err := fs.Set(f.Name, v); err != nil {
-				envErr = fmt.Errorf("%s=%q: %w", name, v, err)
-			}
-		}
-	})
-	if envErr != nil {
-		return o, envErr
+	if err := envflag.Apply(fs, lookupEnv); err != nil {
+		return o, err
 	}
 	if err := fs.Parse(args); err != nil {
 		return o, err

@@ -20,23 +20,24 @@ import (
 func TestFlagsFromEnvironment(t *testing.T) {
 	env := map[string]string{"LOCKD_MAX_KEYS": "77", "LOCKD_LISTEN": "127.0.0.1:9000", "LOCKD_INSECURE_NO_AUTH": "true"}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	cfg, level, _, err := parseServeFlags([]string{"--listen", "127.0.0.1:9001", "--log-level", "warn"}, lookup, io.Discard)
+	o, err := parseServeOptions([]string{"--listen", "127.0.0.1:9001", "--log-level", "warn"}, lookup, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg, level := o.server, o.logLevel
 	if cfg.Engine.MaxKeys != 77 || !cfg.InsecureNoAuth {
 		t.Fatalf("environment not applied: %+v", cfg)
 	}
 	if cfg.Listen != "127.0.0.1:9001" || level != "warn" {
 		t.Fatalf("a command-line flag must win over the environment: %q %q", cfg.Listen, level)
 	}
-	if _, _, _, err := parseServeFlags(nil, func(k string) (string, bool) {
+	if _, err := parseServeOptions(nil, func(k string) (string, bool) {
 		return "lots", k == "LOCKD_MAX_CONNS"
 	}, io.Discard); err == nil || !strings.Contains(err.Error(), "LOCKD_MAX_CONNS") {
 		t.Fatalf("a bad environment value must name its variable: %v", err)
 	}
-	defaults, _, _, err := parseServeFlags(nil, func(string) (string, bool) { return "", false }, io.Discard)
-	if err != nil || defaults.Listen != "127.0.0.1:7420" || defaults.Admin != "127.0.0.1:7421" {
+	defaults, err := parseServeOptions(nil, func(string) (string, bool) { return "", false }, io.Discard)
+	if err != nil || defaults.server.Listen != "127.0.0.1:7420" || defaults.server.Admin != "127.0.0.1:7421" {
 		t.Fatalf("defaults: %+v %v", defaults, err)
 	}
 }
