@@ -1,0 +1,321 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lockd/lockd/codec"
+)
+
+// rawTarget drives lockd with bare protocol frames (--raw): pipelined
+// connections shared by the callers, answers matched by owner. It has none
+// of the client's rules — no deadline per call, no delivery gate, no
+// compensation — so the difference to the client target is the client's
+// own cost.
+type rawTarget struct {
+	conns  []*rawConn
+	lease  uint16
+	owners atomic.Uint64
+	wg     sync.WaitGroup
+}
+
+// rawConn is one connection. Callers append frames to out; whoever finds
+// no write in progress writes everything queued, so concurrent frames leave
+// in one write without a writer goroutine.
+type rawConn struct {
+	nc net.Conn
+
+	mu       sync.Mutex
+	pending  map[uint64]*rawCaller
+	out      []byte
+	spare    []byte
+	flushing bool
+	err      error // set once the connection failed
+}
+
+func openRaw(ctx context.Context, addr string, opts TargetOptions) (*rawTarget, error) {
+	t := &rawTarget{lease: uint16(min(wholeSeconds(opts.Lease), codec.MaxLeaseSeconds))}
+	for range opts.Conns {
+		nc, leftover, err := rawDial(ctx, addr, opts.Tenant, opts.Secret)
+		if err != nil {
+			t.Close()
+			return nil, err
+		}
+		rc := &rawConn{nc: nc, pending: make(map[uint64]*rawCaller)}
+		t.conns = append(t.conns, rc)
+		t.wg.Go(func() { rc.readLoop(leftover) })
+	}
+	return t, nil
+}
+
+// rawDial connects and runs the handshake of SPEC §7. It returns the bytes
+// read past the handshake.
+func rawDial(ctx context.Context, addr, tenant string, secret []byte) (net.Conn, []byte, error) {
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	nc.SetDeadline(time.Now().Add(answerSlack))
+	buf := make([]byte, 0, 4*codec.MaxFrame)
+	var greeting codec.Response
+	if buf, err = readResponse(nc, buf, &greeting); err != nil {
+		nc.Close()
+		return nil, nil, fmt.Errorf("greeting from %s: %w", addr, err)
+	}
+	authRequired := greeting.Flags&codec.GreetingAuthRequired != 0
+	if authRequired && len(secret) == 0 {
+		nc.Close()
+		return nil, nil, fmt.Errorf("%s requires authentication: give a tenant and its secret", addr)
+	}
+	if authRequired || tenant != "" {
+		var clientNonce [codec.NonceLen]byte
+		rand.Read(clientNonce[:])
+		mac := codec.ClientMAC(secret, greeting.ServerNonce, clientNonce, []byte(tenant))
+		var welcome codec.Response
+		if _, err = nc.Write(codec.AppendHello(nil, clientNonce, mac, tenant)); err == nil {
+			buf, err = readResponse(nc, buf, &welcome)
+		}
+		if err == nil && welcome.Op != codec.OpWelcome {
+			err = fmt.Errorf("answered HELLO with %q %v", welcome.Op, welcome.Reason)
+		}
+		if err != nil {
+			nc.Close()
+			return nil, nil, fmt.Errorf("handshake with %s: %w", addr, err)
+		}
+	}
+	nc.SetDeadline(time.Time{})
+	return nc, buf, nil
+}
+
+// readResponse reads until buf starts with a whole frame, decodes it, and
+// returns the bytes after it.
+func readResponse(nc net.Conn, buf []byte, resp *codec.Response) ([]byte, error) {
+	for {
+		n, err := codec.DecodeResponse(buf, resp)
+		if err == nil {
+			return append(buf[:0], buf[n:]...), nil
+		}
+		if !errors.Is(err, codec.ErrIncomplete) || len(buf) == cap(buf) {
+			return nil, fmt.Errorf("undecodable frame: %w", err)
+		}
+		m, err := nc.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+m]
+		if err != nil && m == 0 {
+			return nil, err
+		}
+	}
+}
+
+func (t *rawTarget) Kind() string { return SchemeLockd + "-raw" }
+
+func (t *rawTarget) NewCaller(_ context.Context, id int) (Caller, error) {
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	return &rawCaller{
+		t:     t,
+		conn:  t.conns[id%len(t.conns)],
+		done:  make(chan struct{}, 1),
+		timer: timer,
+	}, nil
+}
+
+func (t *rawTarget) Close() error {
+	for _, rc := range t.conns {
+		rc.nc.Close()
+	}
+	t.wg.Wait()
+	return nil
+}
+
+func (rc *rawConn) readLoop(buf []byte) {
+	buf = append(make([]byte, 0, 64<<10), buf...)
+	var resp codec.Response
+	for {
+		start := 0
+		for {
+			n, err := codec.DecodeResponse(buf[start:], &resp)
+			if errors.Is(err, codec.ErrIncomplete) {
+				break
+			}
+			if err != nil {
+				rc.fail(fmt.Errorf("undecodable frame from the server: %w", err))
+				return
+			}
+			start += n
+			rc.deliver(&resp)
+		}
+		buf = buf[:copy(buf, buf[start:])]
+		n, err := rc.nc.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err != nil && n == 0 {
+			rc.fail(err)
+			return
+		}
+	}
+}
+
+func (rc *rawConn) deliver(resp *codec.Response) {
+	rc.mu.Lock()
+	c := rc.pending[resp.Owner]
+	delete(rc.pending, resp.Owner)
+	rc.mu.Unlock()
+	if c == nil {
+		return // an answer to a request its caller gave up on
+	}
+	c.answer, c.token, c.reason = resp.Op, resp.Token, resp.Reason
+	c.done <- struct{}{}
+}
+
+// fail ends every pending request with err and refuses new ones.
+func (rc *rawConn) fail(err error) {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	rc.err = err
+	for owner, c := range rc.pending {
+		delete(rc.pending, owner)
+		c.answer = 0
+		c.done <- struct{}{}
+	}
+}
+
+// send queues a frame for c and writes whatever is queued unless another
+// caller is already writing. After it returns nil, c.done is signalled
+// exactly once: by the answer, or by the failure of the connection.
+func (rc *rawConn) send(c *rawCaller, owner uint64, frame []byte) error {
+	rc.mu.Lock()
+	if rc.err != nil {
+		err := rc.err
+		rc.mu.Unlock()
+		return err
+	}
+	rc.pending[owner] = c
+	rc.out = append(rc.out, frame...)
+	if rc.flushing {
+		rc.mu.Unlock()
+		return nil
+	}
+	rc.flushing = true
+	for len(rc.out) > 0 {
+		batch := rc.out
+		rc.out, rc.spare = rc.spare[:0], batch
+		rc.mu.Unlock()
+		_, err := rc.nc.Write(batch)
+		rc.mu.Lock()
+		if err != nil {
+			// Closing makes the reader fail every pending request, this
+			// one included, so its caller still gets exactly one signal.
+			rc.nc.Close()
+			rc.out = rc.out[:0]
+			break
+		}
+	}
+	rc.flushing = false
+	rc.mu.Unlock()
+	return nil
+}
+
+// forget withdraws a request whose caller stops waiting; it reports false
+// when the answer came meanwhile and is already signalled.
+func (rc *rawConn) forget(owner uint64) bool {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	if _, ok := rc.pending[owner]; ok {
+		delete(rc.pending, owner)
+		return true
+	}
+	return false
+}
+
+type rawCaller struct {
+	t     *rawTarget
+	conn  *rawConn
+	frame []byte
+	done  chan struct{}
+	timer *time.Timer
+
+	// Set by the reader before it signals done.
+	answer byte
+	token  uint64
+	reason codec.Reason
+
+	key  string
+	held uint64 // the token of the lock held, 0 when none
+}
+
+func (c *rawCaller) Acquire(ctx context.Context, key string, wait time.Duration) (Outcome, error) {
+	waitSeconds := min(wholeSeconds(wait), codec.MaxWaitSeconds)
+	owner := c.t.owners.Add(1)
+	c.frame = codec.AppendAcquire(c.frame[:0], owner, c.t.lease, uint8(waitSeconds), key)
+	if err := c.exchange(ctx, owner, time.Duration(waitSeconds)*time.Second); err != nil {
+		return Failed, err
+	}
+	switch c.answer {
+	case codec.OpAcquired:
+		c.key, c.held = key, c.token
+		return Acquired, nil
+	case codec.OpTimeout:
+		return TimedOut, nil
+	case codec.OpBusy:
+		return Busy, nil
+	}
+	return Failed, c.answerError()
+}
+
+func (c *rawCaller) Release(ctx context.Context) (Outcome, error) {
+	owner := c.t.owners.Add(1)
+	c.frame = codec.AppendRelease(c.frame[:0], owner, c.held, c.key)
+	c.held = 0
+	if err := c.exchange(ctx, owner, 0); err != nil {
+		return Failed, err
+	}
+	switch c.answer {
+	case codec.OpReleased:
+		return Released, nil
+	case codec.OpNotHeld:
+		return NotHeld, nil
+	}
+	return Failed, c.answerError()
+}
+
+func (c *rawCaller) answerError() error {
+	if c.answer == codec.OpError {
+		return fmt.Errorf("server answered E %v", c.reason)
+	}
+	if c.answer == 0 {
+		return errors.New("connection lost before the answer")
+	}
+	return fmt.Errorf("unexpected answer %q", c.answer)
+}
+
+// exchange sends c.frame and waits for its answer, for at most the wait
+// the server was given plus answerSlack.
+func (c *rawCaller) exchange(ctx context.Context, owner uint64, wait time.Duration) error {
+	if err := c.conn.send(c, owner, c.frame); err != nil {
+		return err
+	}
+	c.timer.Reset(wait + answerSlack)
+	defer c.timer.Stop()
+	var cause error
+	select {
+	case <-c.done:
+		return nil
+	case <-c.timer.C:
+		cause = errors.New("no answer in time")
+	case <-ctx.Done():
+		cause = context.Cause(ctx)
+	}
+	if !c.conn.forget(owner) {
+		<-c.done // answered meanwhile: keep the channel empty for the next call
+		return nil
+	}
+	return cause
+}
+
+func (c *rawCaller) Close() error { return nil }

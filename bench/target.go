@@ -1,0 +1,116 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+)
+
+// Target is one lock service under test. The workloads see only this
+// interface, so the same load reaches lockd, Redis and etcd.
+type Target interface {
+	// Kind names the implementation: "lockd", "lockd-raw", "redis" or
+	// "etcd".
+	Kind() string
+	// NewCaller returns the state of one concurrent caller. Workloads
+	// create every caller before the clock starts.
+	NewCaller(ctx context.Context, id int) (Caller, error)
+	Close() error
+}
+
+// Caller takes and gives back one lock at a time, as one thread of an
+// application would. It is used by one goroutine only.
+type Caller interface {
+	// Acquire tries to take key, waiting at most wait for it (zero: one
+	// immediate attempt). Only Acquired means the caller now holds it; any
+	// other outcome leaves nothing held. err explains a Failed outcome.
+	Acquire(ctx context.Context, key string, wait time.Duration) (Outcome, error)
+	// Release gives back the lock of the last Acquired; it answers
+	// Released, NotHeld or Failed.
+	Release(ctx context.Context) (Outcome, error)
+	Close() error
+}
+
+// answerSlack is how long a caller waits for an answer beyond the wait it
+// asked the server for, before it counts the request as failed: loopback
+// answers take microseconds, so only a stuck server or connection reaches
+// it.
+const answerSlack = 5 * time.Second
+
+// TargetOptions are the settings every target shares.
+type TargetOptions struct {
+	// Conns is the number of connections (lockd sessions, Redis
+	// connections, etcd clients) the callers share.
+	Conns int
+	// Lease is how long a lock lives without a release.
+	Lease time.Duration
+	// MaxInFlight is the most requests the callers may have outstanding at
+	// once, so that a target can size its client-side queues and refuse
+	// nothing a server would have taken.
+	MaxInFlight int
+	// Raw drives lockd with bare protocol frames instead of the client.
+	Raw bool
+	// Tenant and Secret authenticate to lockd when its auth is on.
+	Tenant string
+	Secret []byte
+	// RedisRetry is the mean pause between the SET NX attempts of a Redis
+	// caller that waits for a held lock.
+	RedisRetry time.Duration
+}
+
+// Scheme prefixes of --target.
+const (
+	SchemeLockd = "lockd"
+	SchemeRedis = "redis"
+	SchemeEtcd  = "etcd"
+)
+
+// TargetSpec is a parsed --target: a scheme and a loopback or remote
+// address.
+type TargetSpec struct {
+	Scheme string
+	Addr   string
+}
+
+func (s TargetSpec) String() string { return s.Scheme + "://" + s.Addr }
+
+// ParseTarget parses "lockd://HOST:PORT", "redis://HOST:PORT" or
+// "etcd://HOST:PORT"; a bare HOST:PORT means lockd.
+func ParseTarget(s string) (TargetSpec, error) {
+	scheme, addr, found := strings.Cut(s, "://")
+	if !found {
+		scheme, addr = SchemeLockd, s
+	}
+	switch scheme {
+	case SchemeLockd, SchemeRedis, SchemeEtcd:
+	default:
+		return TargetSpec{}, fmt.Errorf("target %q: scheme must be lockd, redis or etcd", s)
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return TargetSpec{}, fmt.Errorf("target %q: %w", s, err)
+	}
+	return TargetSpec{Scheme: scheme, Addr: addr}, nil
+}
+
+// Open connects to the target the spec names.
+func Open(ctx context.Context, spec TargetSpec, opts TargetOptions) (Target, error) {
+	opts.Conns = max(opts.Conns, 1)
+	switch spec.Scheme {
+	case SchemeRedis:
+		return openRedis(ctx, spec.Addr, opts)
+	case SchemeEtcd:
+		return openEtcd(ctx, spec.Addr, opts)
+	}
+	if opts.Raw {
+		return openRaw(ctx, spec.Addr, opts)
+	}
+	return openLockd(ctx, spec.Addr, opts)
+}
+
+// wholeSeconds rounds d up to whole seconds, the unit of lockd's lease and
+// wait fields and of an etcd lease's TTL.
+func wholeSeconds(d time.Duration) int64 {
+	return int64((d + time.Second - 1) / time.Second)
+}

@@ -1,0 +1,518 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	mrand "math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// Workload names.
+const (
+	Uncontended = "uncontended"
+	Contended   = "contended"
+	Admission   = "admission"
+)
+
+// Workloads lists the workloads in the order a full run takes them.
+var Workloads = []string{Uncontended, Contended, Admission}
+
+// Defaults of a Config's zero fields.
+const (
+	DefaultUncontendedKeys = 1_000_000
+	DefaultContendedKeys   = 4
+	DefaultWait            = 5 * time.Second
+	DefaultAdmissionLimit  = 2000
+	DefaultAdmissionRate   = 1000
+	DefaultAdmissionWait   = time.Second
+)
+
+// DefaultAdmissionLoads are the admission phases' offered loads, as
+// fractions of the limit: unloaded, comfortably open, past the 90 % close
+// threshold, and back below the 75 % reopen threshold.
+var DefaultAdmissionLoads = []float64{0, 0.5, 1.3, 0.5}
+
+// maxCallerCycles bounds every caller's loop in count, whatever the clock
+// does; the run's duration bounds it in time.
+const maxCallerCycles = 1 << 26
+
+// Config is one run of one workload.
+type Config struct {
+	Workload string
+	Duration time.Duration
+	// Callers is the number of concurrent callers. Closed loop: each calls
+	// again as soon as its cycle ends. Open loop: the most cycles in
+	// flight; an arrival that finds them all busy and the queue full is
+	// dropped, and counted.
+	Callers int
+	// Rate, when > 0, runs open loop: cycles start at this fixed rate per
+	// second, and their latency is measured from the scheduled start, so a
+	// slow answer cannot hide the arrivals it delayed.
+	Rate float64
+	// Keys is the key space: uncontended draws keys at random from Keys
+	// keys, contended from Keys hot keys.
+	Keys int
+	// Wait is how long a contended acquire may queue.
+	Wait time.Duration
+	// Hold is the time between a grant and its release.
+	Hold      time.Duration
+	Admission AdmissionConfig
+	// ServerPID, when not 0, is the process of the target's server on
+	// this machine, whose CPU time the result then reports.
+	ServerPID int
+	// Progress, when not nil, gets a line every ProgressEvery.
+	Progress      io.Writer
+	ProgressEvery time.Duration
+}
+
+// AdmissionConfig shapes the admission workload: a pressure stream of
+// acquires that queue behind a held key fills the server's in-flight gate
+// phase by phase, while a probe stream of uncontended cycles at Config.Rate
+// measures what callers see.
+type AdmissionConfig struct {
+	// Limit is the server's in-flight limit (lockd --max-inflight).
+	Limit int
+	// Wait is how long each pressure acquire queues: with a pressure rate
+	// of load*Limit/Wait, load*Limit acquires are queued at once.
+	Wait time.Duration
+	// Loads are the phases' offered pressure, as fractions of Limit.
+	Loads []float64
+}
+
+func (cfg *Config) applyDefaults() error {
+	if cfg.Duration <= 0 {
+		return errors.New("duration must be positive")
+	}
+	cfg.Callers = max(cfg.Callers, 1)
+	if cfg.Wait <= 0 {
+		cfg.Wait = DefaultWait
+	}
+	switch cfg.Workload {
+	case Uncontended:
+		if cfg.Keys <= 0 {
+			cfg.Keys = DefaultUncontendedKeys
+		}
+	case Contended:
+		if cfg.Keys <= 0 {
+			cfg.Keys = DefaultContendedKeys
+		}
+	case Admission:
+		if cfg.Keys <= 0 {
+			cfg.Keys = DefaultUncontendedKeys
+		}
+		if cfg.Rate <= 0 {
+			cfg.Rate = DefaultAdmissionRate
+		}
+		a := &cfg.Admission
+		if a.Limit <= 0 {
+			a.Limit = DefaultAdmissionLimit
+		}
+		if a.Wait <= 0 {
+			a.Wait = DefaultAdmissionWait
+		}
+		a.Wait = time.Duration(wholeSeconds(a.Wait)) * time.Second // as the wire carries it
+		if len(a.Loads) == 0 {
+			a.Loads = DefaultAdmissionLoads
+		}
+		for _, l := range a.Loads {
+			if !(l >= 0 && l <= 10) {
+				return fmt.Errorf("admission load %v is not a fraction of the limit between 0 and 10", l)
+			}
+		}
+		if phase := cfg.Duration / time.Duration(len(a.Loads)); phase < 3*a.Wait/2 {
+			return fmt.Errorf("admission needs phases of at least 1.5 × the pressure wait %v to fill the gate: use --duration ≥ %v",
+				a.Wait, time.Duration(len(a.Loads))*3*a.Wait/2)
+		}
+	default:
+		return fmt.Errorf("unknown workload %q (want %s, %s or %s)", cfg.Workload, Uncontended, Contended, Admission)
+	}
+	if cfg.ProgressEvery <= 0 {
+		cfg.ProgressEvery = time.Second
+	}
+	return nil
+}
+
+// pressurePool is how many pressure acquires the admission workload can
+// have outstanding: every acquire the highest load offers at once.
+func (a AdmissionConfig) pressurePool() int {
+	peak := 0.0
+	for _, l := range a.Loads {
+		peak = max(peak, l)
+	}
+	return int(math.Ceil(peak*float64(a.Limit))) + 1
+}
+
+// Run connects to the target, runs one workload, and closes the
+// connection. Its time is bounded by cfg.Duration plus the longest wait
+// any request may still be in.
+func Run(ctx context.Context, spec TargetSpec, opts TargetOptions, cfg Config) (*Result, error) {
+	if err := cfg.applyDefaults(); err != nil {
+		return nil, err
+	}
+	opts.MaxInFlight = cfg.Callers
+	if cfg.Workload == Admission && spec.Scheme != SchemeLockd {
+		return nil, fmt.Errorf("the admission workload needs a lockd target: %s has no admission gate", spec.Scheme)
+	}
+	target, err := Open(ctx, spec, opts)
+	if err != nil {
+		return nil, err
+	}
+	defer target.Close()
+	r := &run{cfg: cfg, target: target, keyPrefix: runKeyPrefix(cfg.Workload)}
+
+	if cfg.Workload == Admission {
+		// The pressure only fills the gate; it is not what is measured, so
+		// it goes in bare frames whatever the probes use. Through the
+		// client, a queued acquire whose wait runs out would close its
+		// session (see docs/performance.md) and take the probes on that
+		// session with it.
+		pool := cfg.Admission.pressurePool()
+		pressureOpts := opts
+		pressureOpts.Raw = true
+		pressureOpts.MaxInFlight = pool
+		// Below the server's default per-connection in-flight limit.
+		pressureOpts.Conns = max(opts.Conns, pool/2048+1)
+		// The blocker must hold its key for the whole run: if its lease
+		// lapsed, the pressure would be granted instead of queued.
+		pressureOpts.Lease = max(opts.Lease, cfg.Duration+cfg.Admission.Wait+answerSlack)
+		if r.pressure, err = Open(ctx, spec, pressureOpts); err != nil {
+			return nil, err
+		}
+		defer r.pressure.Close()
+	}
+	res, err := r.execute(ctx)
+	if err != nil {
+		return nil, err
+	}
+	res.Target, res.Kind, res.Conns = spec.String(), target.Kind(), opts.Conns
+	return res, nil
+}
+
+// runKeyPrefix makes a run's keys its own, so that runs against one
+// long-lived server never meet each other's locks.
+func runKeyPrefix(workload string) string {
+	var b [4]byte
+	rand.Read(b[:])
+	return "lb/" + hex.EncodeToString(b[:]) + "/" + workload[:1] + "/"
+}
+
+type run struct {
+	cfg    Config
+	target Target
+	// pressure carries the admission workload's pressure stream and its
+	// blocker.
+	pressure  Target
+	keyPrefix string
+	rec       *recorder
+	lag       Histogram // of the open loop's arrivals
+	start     time.Time
+	end       time.Time
+}
+
+// Series of the admission workload: one per phase and stream.
+const (
+	probeStream    = 0
+	pressureStream = 1
+	streams        = 2
+)
+
+func (r *run) execute(ctx context.Context) (*Result, error) {
+	cfg := r.cfg
+	series := 1
+	var callers, pressure []Caller
+	defer func() {
+		for _, c := range append(callers, pressure...) {
+			c.Close()
+		}
+	}()
+	var err error
+	if callers, err = newCallers(ctx, r.target, cfg.Callers); err != nil {
+		return nil, err
+	}
+	if cfg.Workload == Admission {
+		series = streams * len(cfg.Admission.Loads)
+		// One more than the pool: the blocker.
+		if pressure, err = newCallers(ctx, r.pressure, cfg.Admission.pressurePool()+1); err != nil {
+			return nil, err
+		}
+	}
+
+	// Bound everything: a request still waiting after the run and its
+	// longest wait is abandoned and counted as failed.
+	longest := max(cfg.Wait, cfg.Admission.Wait) + answerSlack
+	ctx, cancel := context.WithTimeout(ctx, cfg.Duration+longest+answerSlack)
+	defer cancel()
+
+	if err := r.warmUp(ctx, callers); err != nil {
+		return nil, err
+	}
+	cpu := r.startCPU()
+	r.start = time.Now()
+	r.end = r.start.Add(cfg.Duration)
+	r.rec = newRecorder(r.start, series, cfg.Duration+longest, cfg.Rate > 0)
+	stopProgress := r.startProgress()
+	switch {
+	case cfg.Workload == Admission:
+		err = r.admission(ctx, callers, pressure[1:], pressure[0])
+	case cfg.Rate > 0:
+		r.openLoop(ctx, callers)
+	default:
+		r.closedLoop(ctx, callers)
+	}
+	elapsed := time.Since(r.start)
+	benchCPU, serverCPU := cpu.stop()
+	stopProgress()
+	if err != nil {
+		return nil, err
+	}
+	res := r.result(elapsed)
+	res.BenchCPUS, res.ServerCPUS = benchCPU.Seconds(), serverCPU.Seconds()
+	return res, nil
+}
+
+// warmUp runs one unrecorded lock cycle per caller before the clock
+// starts, so that connections, sessions and first uses are paid for
+// outside the measurement; it also proves the target answers.
+func (r *run) warmUp(ctx context.Context, callers []Caller) error {
+	errs := make([]error, len(callers))
+	var wg sync.WaitGroup
+	for i, c := range callers {
+		wg.Go(func() {
+			key := r.keyPrefix + "warm/" + strconv.Itoa(i)
+			if out, err := c.Acquire(ctx, key, 0); out != Acquired {
+				errs[i] = fmt.Errorf("warm-up acquire of %q: %v %v", key, out, err)
+				return
+			}
+			if out, err := c.Release(ctx); !out.endsCycle() {
+				errs[i] = fmt.Errorf("warm-up release of %q: %v %v", key, out, err)
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func newCallers(ctx context.Context, target Target, n int) ([]Caller, error) {
+	callers := make([]Caller, 0, n)
+	for i := range n {
+		c, err := target.NewCaller(ctx, i)
+		if err != nil {
+			for _, c := range callers {
+				c.Close()
+			}
+			return nil, err
+		}
+		callers = append(callers, c)
+	}
+	return callers, nil
+}
+
+// pickKey draws the key of the next cycle.
+func (r *run) pickKey(rng *mrand.Rand) string {
+	return r.keyPrefix + strconv.Itoa(rng.IntN(r.cfg.Keys))
+}
+
+// wait is the wait of the workload's cycles: uncontended cycles try once.
+func (r *run) wait() time.Duration {
+	if r.cfg.Workload == Contended {
+		return r.cfg.Wait
+	}
+	return 0
+}
+
+// cycle runs one lock cycle: acquire, hold, release. The acquire's latency
+// counts from scheduled, the instant the cycle was due.
+func (r *run) cycle(ctx context.Context, c Caller, worker, series int, key string, wait time.Duration, scheduled time.Time) {
+	sent := time.Now()
+	out, err := c.Acquire(ctx, key, wait)
+	r.rec.record(worker, series, out, scheduled, sent, time.Now(), err)
+	if out != Acquired {
+		return
+	}
+	if r.cfg.Hold > 0 {
+		time.Sleep(r.cfg.Hold)
+	}
+	sent = time.Now()
+	out, err = c.Release(ctx)
+	r.rec.record(worker, series, out, sent, sent, time.Now(), err)
+	if out.endsCycle() {
+		r.rec.cycles.Add(1)
+	}
+}
+
+func (r *run) newRand(worker int) *mrand.Rand {
+	return mrand.New(mrand.NewPCG(uint64(r.start.UnixNano()), uint64(worker)))
+}
+
+// closedLoop runs every caller back to back until the run ends.
+func (r *run) closedLoop(ctx context.Context, callers []Caller) {
+	var wg sync.WaitGroup
+	for i, c := range callers {
+		wg.Go(func() {
+			rng := r.newRand(i)
+			for range maxCallerCycles {
+				now := time.Now()
+				if !now.Before(r.end) || ctx.Err() != nil {
+					return
+				}
+				r.cycle(ctx, c, i, 0, r.pickKey(rng), r.wait(), now)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// arrival is one scheduled request of an open loop.
+type arrival struct {
+	at    time.Time
+	phase int
+}
+
+// openLoop starts cycles at the fixed rate; callers work them off.
+func (r *run) openLoop(ctx context.Context, callers []Caller) {
+	arrivals := make(chan arrival, len(callers))
+	var wg sync.WaitGroup
+	for i, c := range callers {
+		wg.Go(func() {
+			rng := r.newRand(i)
+			for a := range arrivals {
+				r.cycle(ctx, c, i, 0, r.pickKey(rng), r.wait(), a.at)
+			}
+		})
+	}
+	r.schedule(ctx, func(time.Duration) (float64, int, time.Duration) { return r.cfg.Rate, 0, r.cfg.Duration }, arrivals, &r.lag)
+	wg.Wait()
+}
+
+// rateFunc gives the arrival rate at an instant of the run, the phase the
+// instant belongs to, and when that phase ends.
+type rateFunc func(at time.Duration) (rate float64, phase int, phaseEnd time.Duration)
+
+// schedule sends arrivals at the rates rateAt gives, then closes out.
+// Arrivals are due at fixed instants from the start, whatever the answers
+// do; one that finds out full is dropped and counted rather than delayed.
+//
+// lag records how late each arrival was sent: the latency of a cycle
+// counts from its scheduled instant, so this part of it is the load
+// generator's own (timer granularity, a CPU shared with the server).
+func (r *run) schedule(ctx context.Context, rateAt rateFunc, out chan<- arrival, lag *Histogram) {
+	defer close(out)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	next := time.Duration(0)
+	for next < r.cfg.Duration {
+		rate, phase, phaseEnd := rateAt(next)
+		if rate <= 0 {
+			next = phaseEnd
+			continue
+		}
+		at := r.start.Add(next)
+		if d := time.Until(at); d > 0 {
+			timer.Reset(d)
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				return
+			}
+		}
+		lag.Record(time.Since(at))
+		select {
+		case out <- arrival{at: at, phase: phase}:
+		default:
+			r.rec.drops.Add(1)
+		}
+		next += time.Duration(float64(time.Second) / rate)
+	}
+}
+
+// admission runs the admission workload: a blocker holds the hot key, the
+// pressure stream queues behind it at each phase's load, the probe stream
+// runs uncontended cycles at Config.Rate throughout.
+func (r *run) admission(ctx context.Context, probes, pressure []Caller, blocker Caller) error {
+	a := r.cfg.Admission
+	hotKey := r.keyPrefix + "hot"
+	if out, err := blocker.Acquire(ctx, hotKey, 0); out != Acquired {
+		return fmt.Errorf("admission: the blocker could not take %q: %v %v", hotKey, out, err)
+	}
+	defer blocker.Release(context.WithoutCancel(ctx))
+	phaseLen := r.cfg.Duration / time.Duration(len(a.Loads))
+	phaseAt := func(at time.Duration) (int, time.Duration) {
+		p := min(int(at/phaseLen), len(a.Loads)-1)
+		return p, time.Duration(p+1) * phaseLen
+	}
+
+	var wg sync.WaitGroup
+	probeArrivals := make(chan arrival, len(probes))
+	for i, c := range probes {
+		wg.Go(func() {
+			rng := r.newRand(i)
+			for arr := range probeArrivals {
+				r.cycle(ctx, c, i, streams*arr.phase+probeStream, r.pickKey(rng), 0, arr.at)
+			}
+		})
+	}
+	pressureArrivals := make(chan arrival, len(pressure))
+	for i, c := range pressure {
+		worker := len(probes) + i
+		wg.Go(func() {
+			for arr := range pressureArrivals {
+				// A grant would only come if the blocker's lease ran out;
+				// cycle releases it at once.
+				r.cycle(ctx, c, worker, streams*arr.phase+pressureStream, hotKey, a.Wait, arr.at)
+			}
+		})
+	}
+	var pressureLag Histogram
+	wg.Go(func() {
+		r.schedule(ctx, func(at time.Duration) (float64, int, time.Duration) {
+			p, end := phaseAt(at)
+			return a.Loads[p] * float64(a.Limit) / a.Wait.Seconds(), p, end
+		}, pressureArrivals, &pressureLag)
+	})
+	r.schedule(ctx, func(at time.Duration) (float64, int, time.Duration) {
+		p, end := phaseAt(at)
+		return r.cfg.Rate, p, end
+	}, probeArrivals, &r.lag)
+	wg.Wait()
+	r.lag.Merge(&pressureLag)
+	return nil
+}
+
+// startProgress prints a line every ProgressEvery until the returned
+// function is called.
+func (r *run) startProgress() (stop func()) {
+	if r.cfg.Progress == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(r.cfg.ProgressEvery)
+		defer tick.Stop()
+		var lastCycles uint64
+		last := r.start
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-tick.C:
+				cycles := r.rec.cycles.Load()
+				rate := float64(cycles-lastCycles) / now.Sub(last).Seconds()
+				lastCycles, last = cycles, now
+				fmt.Fprintf(r.cfg.Progress, "  %5.1fs  %s  cycles %d (%.0f/s)  A %d  T %d  B %d  R %d  N %d  errors %d  drops %d\n",
+					now.Sub(r.start).Seconds(), r.cfg.Workload, cycles, rate,
+					r.rec.totals[Acquired].Load(), r.rec.totals[TimedOut].Load(), r.rec.totals[Busy].Load(),
+					r.rec.totals[Released].Load(), r.rec.totals[NotHeld].Load(), r.rec.totals[Failed].Load(),
+					r.rec.drops.Load())
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}

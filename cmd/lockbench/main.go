@@ -1,0 +1,296 @@
+// Command lockbench is lockd's benchmark harness: it runs the workloads of
+// package bench against lockd (and, in the same command, against Redis and
+// etcd), prints per-outcome latency percentiles and lock cycles per second
+// side by side, and writes a JSON file for CI and an HTML report. It owns
+// flags and output only; the measuring is bench's.
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/lockd/lockd/bench"
+)
+
+const usage = `usage: lockbench [flags]
+
+Runs each --workload against each --target, for each --callers and --rate
+value, and prints the results side by side.
+
+  lockbench --target lockd://127.0.0.1:7420 --workload uncontended
+  lockbench --target lockd://127.0.0.1:7420,redis://127.0.0.1:6379,etcd://127.0.0.1:2379 \
+            --workload uncontended,contended --callers 64,256 --json out.json --report out/
+  lockbench --target inproc --workload admission --duration 20s
+
+--target inproc starts a lockd in this process for each run (with
+--admission-limit as its in-flight limit for the admission workload).
+
+`
+
+// inprocTarget is the --target value that starts an in-process lockd.
+const inprocTarget = "inproc"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		os.Exit(0)
+	case errors.As(err, new(usageError)):
+		fmt.Fprintln(os.Stderr, "lockbench:", err)
+		os.Exit(2)
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "lockbench:", err)
+		os.Exit(1)
+	}
+}
+
+type usageError struct{ error }
+
+// options are the parsed flags.
+type options struct {
+	targets    []string
+	serverPIDs []int // by target; 0 when unknown
+	workloads  []string
+	callers    []int
+	rates      []float64
+	duration   time.Duration
+	keys       int
+	wait       time.Duration
+	hold       time.Duration
+	target     bench.TargetOptions
+	admission  bench.AdmissionConfig
+	jsonPath   string
+	reportDir  string
+	progress   time.Duration
+	check      bool
+	secretFile string
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("lockbench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
+	targets := fs.String("target", "lockd://127.0.0.1:7420", "comma-separated targets: lockd://HOST:PORT, redis://HOST:PORT, etcd://HOST:PORT, or inproc")
+	workloads := fs.String("workload", bench.Uncontended, "comma-separated workloads: uncontended, contended, admission, or all")
+	callers := fs.String("callers", "64", "comma-separated numbers of concurrent callers (open loop: the most cycles in flight)")
+	rates := fs.String("rate", "0", "comma-separated arrival rates per second for open loop; 0 runs closed loop")
+	pids := fs.String("server-pids", "", "comma-separated pids of the targets' server processes, in --target order (0: unknown), to report their CPU time per lock cycle")
+	loads := fs.String("admission-loads", joinFloats(bench.DefaultAdmissionLoads), "admission phases' offered load, as fractions of --admission-limit")
+	fs.DurationVar(&o.duration, "duration", 10*time.Second, "length of each run")
+	fs.IntVar(&o.target.Conns, "conns", 4, "connections per target (lockd sessions, Redis connections, etcd clients)")
+	fs.IntVar(&o.keys, "keys", 0, fmt.Sprintf("key space (0: %d for uncontended and admission probes, %d hot keys for contended)", bench.DefaultUncontendedKeys, bench.DefaultContendedKeys))
+	fs.DurationVar(&o.wait, "wait", bench.DefaultWait, "how long a contended acquire may wait")
+	fs.DurationVar(&o.hold, "hold", 0, "time a lock is held before its release")
+	fs.DurationVar(&o.target.Lease, "lease", 30*time.Second, "lease of every lock")
+	fs.BoolVar(&o.target.Raw, "raw", false, "drive lockd with bare protocol frames instead of the official client")
+	fs.StringVar(&o.target.Tenant, "tenant", "", "lockd tenant, with --secret-file when the server requires auth")
+	fs.StringVar(&o.secretFile, "secret-file", "", "file holding the tenant's secret in hex")
+	fs.DurationVar(&o.target.RedisRetry, "redis-retry", time.Millisecond, "mean pause between a waiting Redis caller's SET NX attempts")
+	fs.IntVar(&o.admission.Limit, "admission-limit", bench.DefaultAdmissionLimit, "the server's in-flight limit (lockd --max-inflight) for the admission workload")
+	fs.DurationVar(&o.admission.Wait, "admission-wait", bench.DefaultAdmissionWait, "wait of the admission pressure acquires (whole seconds)")
+	fs.StringVar(&o.jsonPath, "json", "", "write the results as JSON to this file")
+	fs.StringVar(&o.reportDir, "report", "", "write an HTML report with charts into this directory")
+	fs.DurationVar(&o.progress, "progress", time.Second, "interval of the progress line on stderr; 0 for none")
+	fs.BoolVar(&o.check, "check", false, "exit non-zero unless every run is sane: cycles done, no errors, percentiles in order (never a speed threshold)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, usageError{fmt.Errorf("unexpected arguments %q", fs.Args())}
+	}
+	var err error
+	o.targets = splitList(*targets)
+	o.workloads = splitList(*workloads)
+	if len(o.workloads) == 1 && o.workloads[0] == "all" {
+		o.workloads = bench.Workloads
+	}
+	if o.callers, err = parseList(*callers, strconv.Atoi); err != nil {
+		return nil, usageError{fmt.Errorf("--callers: %w", err)}
+	}
+	if o.rates, err = parseList(*rates, parseFloat); err != nil {
+		return nil, usageError{fmt.Errorf("--rate: %w", err)}
+	}
+	if o.admission.Loads, err = parseList(*loads, parseFloat); err != nil {
+		return nil, usageError{fmt.Errorf("--admission-loads: %w", err)}
+	}
+	if *pids != "" {
+		if o.serverPIDs, err = parseList(*pids, strconv.Atoi); err != nil {
+			return nil, usageError{fmt.Errorf("--server-pids: %w", err)}
+		}
+		if len(o.serverPIDs) != len(o.targets) {
+			return nil, usageError{fmt.Errorf("--server-pids has %d pids for %d targets", len(o.serverPIDs), len(o.targets))}
+		}
+	}
+	for _, t := range o.targets {
+		if t == inprocTarget {
+			continue
+		}
+		if _, err := bench.ParseTarget(t); err != nil {
+			return nil, usageError{err}
+		}
+	}
+	if o.secretFile != "" {
+		data, err := os.ReadFile(o.secretFile)
+		if err != nil {
+			return nil, err
+		}
+		if o.target.Secret, err = hex.DecodeString(strings.TrimSpace(string(data))); err != nil {
+			return nil, fmt.Errorf("--secret-file: %w", err)
+		}
+	}
+	return o, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func parseList[T any](s string, parse func(string) (T, error)) ([]T, error) {
+	var out []T
+	for _, f := range splitList(s) {
+		v, err := parse(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, v)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("empty list")
+	}
+	return out, nil
+}
+
+func parseFloat(s string) (float64, error) { return strconv.ParseFloat(s, 64) }
+
+func joinFloats(fs []float64) string {
+	parts := make([]string, len(fs))
+	for i, f := range fs {
+		parts[i] = strconv.FormatFloat(f, 'g', -1, 64)
+	}
+	return strings.Join(parts, ",")
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	started := time.Now()
+	var results []*bench.Result
+	for _, workload := range o.workloads {
+		for _, callers := range o.callers {
+			for _, rate := range o.rates {
+				for i, target := range o.targets {
+					if ctx.Err() != nil {
+						return ctx.Err()
+					}
+					serverPID := 0
+					if o.serverPIDs != nil {
+						serverPID = o.serverPIDs[i]
+					}
+					res, err := runOne(ctx, o, target, serverPID, workload, callers, rate, stderr)
+					if err != nil {
+						return fmt.Errorf("%s %s: %w", target, workload, err)
+					}
+					if res != nil {
+						results = append(results, res)
+					}
+				}
+			}
+		}
+	}
+
+	bench.WriteTable(stdout, results)
+	bench.WriteComparison(stdout, results)
+	rep := bench.NewReport("lockbench "+strings.Join(args, " "), started, results)
+	if o.jsonPath != "" {
+		if err := rep.WriteJSON(o.jsonPath); err != nil {
+			return err
+		}
+	}
+	if o.reportDir != "" {
+		path, err := rep.WriteHTML(o.reportDir)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "\nreport: %s\n", path)
+	}
+	if o.check {
+		if err := bench.Check(results); err != nil {
+			return fmt.Errorf("check failed:\n%w", err)
+		}
+		fmt.Fprintf(stdout, "check passed (%d runs)\n", len(results))
+	}
+	return nil
+}
+
+// runOne runs one workload against one target; it returns nil, nil for a
+// combination that cannot run (admission against a peer without a gate).
+func runOne(ctx context.Context, o *options, target string, serverPID int, workload string, callers int, rate float64, stderr io.Writer) (*bench.Result, error) {
+	cfg := bench.Config{
+		Workload:      workload,
+		Duration:      o.duration,
+		Callers:       callers,
+		Rate:          rate,
+		Keys:          o.keys,
+		Wait:          o.wait,
+		Hold:          o.hold,
+		Admission:     o.admission,
+		ServerPID:     serverPID,
+		ProgressEvery: o.progress,
+	}
+	if o.progress > 0 {
+		cfg.Progress = stderr
+	}
+	label := target
+	var spec bench.TargetSpec
+	if target == inprocTarget {
+		limit := 0
+		if workload == bench.Admission {
+			limit = o.admission.Limit
+		}
+		srv, err := bench.StartServer(limit)
+		if err != nil {
+			return nil, err
+		}
+		defer srv.Close()
+		spec = bench.TargetSpec{Scheme: bench.SchemeLockd, Addr: srv.Addr()}
+		label = "inproc " + spec.String()
+	} else {
+		spec, _ = bench.ParseTarget(target) // checked by parseFlags
+	}
+	if workload == bench.Admission && spec.Scheme != bench.SchemeLockd {
+		fmt.Fprintf(stderr, "skipping admission against %s: it has no admission gate\n", target)
+		return nil, nil
+	}
+	fmt.Fprintf(stderr, "%s: %s for %v, callers %d", label, workload, o.duration, callers)
+	if rate > 0 || workload == bench.Admission {
+		fmt.Fprintf(stderr, ", open loop")
+	}
+	fmt.Fprintln(stderr)
+	res, err := bench.Run(ctx, spec, o.target, cfg)
+	if err != nil {
+		return nil, err
+	}
+	res.Target = label
+	return res, nil
+}

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/lockd/lockd/bench"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// --target inproc runs the server on gnet, whose shared worker pool
+		// outlives any one server by design.
+		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
+		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"),
+		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*goWorker).run.func1"),
+	)
+}
+
+func runCommand(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err = run(context.Background(), args, &out, &errOut)
+	return out.String(), errOut.String(), err
+}
+
+// The CI smoke, shortened: every lockd-only workload against an
+// in-process server, with the JSON file, the report and the check.
+func TestSmokeAgainstAnInProcessServer(t *testing.T) {
+	dir := t.TempDir()
+	jsonPath := filepath.Join(dir, "out.json")
+	stdout, stderr, err := runCommand(t, "--target", "inproc", "--workload", "uncontended,contended",
+		"--duration", "1s", "--callers", "4", "--json", jsonPath, "--report", dir, "--check")
+	if err != nil {
+		t.Fatalf("%v\nstdout:\n%s\nstderr:\n%s", err, stdout, stderr)
+	}
+	for _, want := range []string{"uncontended  closed loop  callers 4", "contended  closed loop", "check passed (2 runs)", bench.ReportFile} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, stdout)
+		}
+	}
+	if !strings.Contains(stderr, "cycles") {
+		t.Errorf("no progress line on stderr:\n%s", stderr)
+	}
+	data, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep bench.Report
+	if err := json.Unmarshal(data, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Runs) != 2 || rep.CyclesPerS <= 0 || rep.CyclesPerS != rep.Runs[0].CyclesPerS {
+		t.Fatalf("report: %d runs, cycles_per_s %v", len(rep.Runs), rep.CyclesPerS)
+	}
+	if !strings.HasPrefix(rep.Runs[0].Target, "inproc lockd://127.0.0.1:") {
+		t.Fatalf("target label %q", rep.Runs[0].Target)
+	}
+	if _, err := os.Stat(filepath.Join(dir, bench.ReportFile)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAdmissionSkipsTargetsWithoutAGate(t *testing.T) {
+	stdout, stderr, err := runCommand(t, "--target", "redis://127.0.0.1:1", "--workload", "admission", "--duration", "6s", "--progress", "0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stderr, "skipping admission against redis://127.0.0.1:1") || strings.Contains(stdout, "cycles") {
+		t.Fatalf("stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	}
+}
+
+func TestFlagErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"--target", "http://127.0.0.1:80"},
+		{"--callers", "many"},
+		{"--rate", ""},
+		{"--admission-loads", "0,x"},
+		{"--target", "inproc,redis://127.0.0.1:1", "--server-pids", "1"},
+		{"extra"},
+	} {
+		_, _, err := runCommand(t, args...)
+		if !errors.As(err, new(usageError)) {
+			t.Errorf("%q: error %v, want a usage error", args, err)
+		}
+	}
+	if _, _, err := runCommand(t, "--help"); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("--help: %v", err)
+	}
+	if _, _, err := runCommand(t, "--workload", "bogus", "--target", "inproc", "--duration", "1s"); err == nil || !strings.Contains(err.Error(), "unknown workload") {
+		t.Errorf("unknown workload: %v", err)
+	}
+}
+
+func TestSecretFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "secret")
+	os.WriteFile(path, []byte("00ff10\n"), 0o600)
+	o, err := parseFlags([]string{"--secret-file", path, "--tenant", "t1"}, new(bytes.Buffer))
+	if err != nil || !bytes.Equal(o.target.Secret, []byte{0, 0xff, 0x10}) || o.target.Tenant != "t1" {
+		t.Fatalf("%v %+v", err, o)
+	}
+	os.WriteFile(path, []byte("not hex"), 0o600)
+	if _, err := parseFlags([]string{"--secret-file", path}, new(bytes.Buffer)); err == nil {
+		t.Fatal("a secret that is not hex was accepted")
+	}
+}
+
+func TestAllWorkloads(t *testing.T) {
+	o, err := parseFlags([]string{"--workload", "all", "--callers", "16,64", "--rate", "0,1000"}, new(bytes.Buffer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(o.workloads, ",") != "uncontended,contended,admission" || len(o.callers) != 2 || len(o.rates) != 2 {
+		t.Fatalf("%+v", o)
+	}
+}
