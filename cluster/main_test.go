@@ -3,6 +3,7 @@ package cluster
 import (
 	"testing"
 
+	"github.com/lockd/lockd/server/servertest"
 	"go.uber.org/goleak"
 )
 
@@ -11,9 +12,5 @@ import (
 // worker pool (started when gnet is loaded, as in the server tests) is
 // ignored.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"),
-		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*goWorker).run.func1"),
-	)
+	goleak.VerifyTestMain(m, servertest.IgnoreGnetWorkers()...)
 }

@@ -10,17 +10,13 @@ import (
 
 	"github.com/lockd/lockd/codec"
 	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/server/servertest"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// gnet's shared worker pool outlives any one engine by design.
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"),
-		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*goWorker).run.func1"),
-	)
+	goleak.VerifyTestMain(m, servertest.IgnoreGnetWorkers()...)
 }
 
 // ioTimeout bounds every read a test makes, so a broken server fails the

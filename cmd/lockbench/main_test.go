@@ -12,17 +12,12 @@ import (
 	"testing"
 
 	"github.com/lockd/lockd/bench"
+	"github.com/lockd/lockd/server/servertest"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// --target inproc runs the server on gnet, whose shared worker pool
-		// outlives any one server by design.
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"),
-		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*goWorker).run.func1"),
-	)
+	goleak.VerifyTestMain(m, servertest.IgnoreGnetWorkers()...)
 }
 
 func runCommand(t *testing.T, args ...string) (stdout, stderr string, err error) {

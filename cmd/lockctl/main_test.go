@@ -19,16 +19,12 @@ import (
 	"github.com/lockd/lockd/client"
 	"github.com/lockd/lockd/engine"
 	"github.com/lockd/lockd/server"
+	"github.com/lockd/lockd/server/servertest"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// gnet's shared worker pool outlives any one server by design.
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).purgeStaleWorkers"),
-		goleak.IgnoreTopFunction("github.com/panjf2000/ants/v2.(*poolCommon).ticktock"),
-		goleak.IgnoreAnyFunction("github.com/panjf2000/ants/v2.(*goWorker).run.func1"),
-	)
+	goleak.VerifyTestMain(m, servertest.IgnoreGnetWorkers()...)
 }
 
 func startServer(t *testing.T, auth map[string][]byte) string {
