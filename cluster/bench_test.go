@@ -26,7 +26,10 @@ func BenchmarkClusterLockCycles(b *testing.B) {
 
 func benchCycles(b *testing.B, conns int) {
 	tc := newTestCluster(b, 3, func(c *Config) {
-		c.Groups = 16
+		c.Groups = DefaultGroups
+		if v, err := strconv.Atoi(os.Getenv("LOCKD_BENCH_GROUPS")); err == nil {
+			c.Groups = v
+		}
 		if v, err := strconv.Atoi(os.Getenv("LOCKD_BENCH_EXEC_SHARDS")); err == nil {
 			c.ExecShards = uint64(v)
 		}

@@ -7,12 +7,12 @@
 #
 # State lives in $LOCKD_CLUSTER_DIR (default .lockd-cluster/): running the
 # script again restarts the same cluster with its locks and tokens. Remove
-# the directory to start from scratch. LOCKD_GROUPS (default 16) is fixed when a
+# the directory to start from scratch. LOCKD_GROUPS (default 3) is fixed when a
 # data dir is first used.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${LOCKD_CLUSTER_DIR:-.lockd-cluster}
-NGROUPS=${LOCKD_GROUPS:-16}
+NGROUPS=${LOCKD_GROUPS:-3}
 GO=${GO:-go}
 mkdir -p bin "$DIR"
 "$GO" build -o bin/lockd ./cmd/lockd
