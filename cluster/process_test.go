@@ -2,8 +2,10 @@ package cluster
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -28,6 +30,9 @@ type proc struct {
 	log    string
 	cmd    *exec.Cmd
 	done   chan struct{}
+	// dial reaches listen and admin; nil means from the test's own network
+	// namespace (the partition test dials into the node's namespace).
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 func (p *proc) start(t *testing.T, bin string) {
@@ -56,23 +61,38 @@ func (p *proc) kill9() {
 
 func (p *proc) alive() bool { return p.cmd != nil }
 
-// leaderView reads the process's view of group g's leader from /metrics.
-func (p *proc) leaderView(g int) uint64 {
-	c := http.Client{Timeout: time.Second}
+// connect opens a protocol connection to the process's client port.
+func (p *proc) connect() (*wire, error) {
+	if p.dial == nil {
+		return dialWire(p.listen)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	nc, err := p.dial(ctx, "tcp", p.listen)
+	if err != nil {
+		return nil, err
+	}
+	return newWire(nc)
+}
+
+// leaderView reads the process's view of group g's leader from /metrics
+// (0 while it knows none).
+func (p *proc) leaderView(g int) (uint64, error) {
+	// No keep-alive: no idle connection (and its goroutines) outlives the call.
+	c := http.Client{Timeout: time.Second, Transport: &http.Transport{DialContext: p.dial, DisableKeepAlives: true}}
 	resp, err := c.Get("http://" + p.admin + "/metrics")
 	if err != nil {
-		return 0
+		return 0, err
 	}
 	defer resp.Body.Close()
 	want := fmt.Sprintf("lockd_cluster_group_leader{group=\"%d\"} ", g+1)
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
 		if rest, ok := strings.CutPrefix(sc.Text(), want); ok {
-			id, _ := strconv.ParseUint(rest, 10, 64)
-			return id
+			return strconv.ParseUint(rest, 10, 64)
 		}
 	}
-	return 0
+	return 0, fmt.Errorf("node %d: no %s in /metrics", p.id, strings.TrimSpace(want))
 }
 
 // interval is one client's claim on a key: from receiving A until it sent
@@ -84,40 +104,20 @@ type interval struct {
 	abandoned  bool
 }
 
-// TestProcessesKillLeader runs 3 lockd processes under continuous lock
-// traffic, kills -9 the leader of one group and restarts it, three times,
-// then checks the recorded history: no two clients held a key at once
-// (judged by grant and valid-until instants) and tokens never went back.
-func TestProcessesKillLeader(t *testing.T) {
-	if testing.Short() {
-		t.Skip("multi-process test skipped in -short mode")
-	}
-	dir := t.TempDir()
+// buildLockd builds the lockd binary into dir.
+func buildLockd(t *testing.T, dir string) string {
+	t.Helper()
 	bin := filepath.Join(dir, "lockd")
 	build := exec.Command("go", "build", "-o", bin, "../cmd/lockd")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build lockd: %v\n%s", err, out)
 	}
-	const groups = 4
-	ports := freePorts(t, 9)
-	var peers []string
-	for i := range 3 {
-		peers = append(peers, fmt.Sprintf("%d=127.0.0.1:%d", i+1, ports[i]))
-	}
-	procs := make([]*proc, 3)
-	for i := range 3 {
-		p := &proc{
-			id:     uint64(i + 1),
-			listen: fmt.Sprintf("127.0.0.1:%d", ports[3+i]),
-			admin:  fmt.Sprintf("127.0.0.1:%d", ports[6+i]),
-			log:    filepath.Join(dir, fmt.Sprintf("node%d.log", i+1)),
-		}
-		p.args = []string{"serve", "--cluster", "--node-id", strconv.Itoa(i + 1),
-			"--raft-addr", fmt.Sprintf("127.0.0.1:%d", ports[i]), "--peers", strings.Join(peers, ","),
-			"--data-dir", filepath.Join(dir, fmt.Sprintf("data%d", i+1)), "--groups", strconv.Itoa(groups),
-			"--listen", p.listen, "--admin", p.admin, "--log-level", "warn", "--propose-timeout", "2s"}
-		procs[i] = p
-	}
+	return bin
+}
+
+// killOnCleanup kills every process at the end of the test and, if it
+// failed, logs the tail of each process's log.
+func killOnCleanup(t *testing.T, procs []*proc) {
 	t.Cleanup(func() {
 		for _, p := range procs {
 			p.kill9()
@@ -129,133 +129,156 @@ func TestProcessesKillLeader(t *testing.T) {
 			}
 		}
 	})
-	for _, p := range procs {
-		p.start(t, bin)
-	}
-	const key0 = "proc/0"
-	g0 := groupOf("default", []byte(key0), groups)
-	leaderOf := func() uint64 {
-		deadline := time.Now().Add(20 * time.Second)
-		for time.Now().Before(deadline) {
-			for _, p := range procs {
-				if p.alive() {
-					if l := p.leaderView(g0); l != 0 && procs[l-1].alive() {
-						return l
-					}
-				}
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		t.Fatal("no leader for the watched group")
-		return 0
-	}
-	leaderOf()
+}
 
-	keys := []string{key0, "proc/1", "proc/2", "proc/3", "proc/4", "proc/5"}
-	var (
-		mu      sync.Mutex
-		history []interval
-		stats   = map[byte]int{}
-		stop    = make(chan struct{})
-		wg      sync.WaitGroup
-	)
-	const lease = 1 // seconds
-	const margin = 20 * time.Millisecond
-	worker := func(w int) {
-		defer wg.Done()
-		rng := rand.New(rand.NewPCG(uint64(w), 7))
-		var c *wire
-		owner := uint64(0)
-		defer func() {
-			if c != nil {
-				c.close()
-			}
-		}()
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if c == nil {
-				var err error
-				if c, err = dialWire(procs[rng.IntN(3)].listen); err != nil {
-					c = nil
-					time.Sleep(20 * time.Millisecond)
-					continue
+// groupLeader returns the leader of group g as seen by a running process,
+// waiting up to 20 s for one that is itself running.
+func groupLeader(t *testing.T, procs []*proc, g int) uint64 {
+	t.Helper()
+	var lastErr error // why the last view failed, for the failure message
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, p := range procs {
+			if p.alive() {
+				l, err := p.leaderView(g)
+				if err != nil {
+					lastErr = err
+				} else if l != 0 && procs[l-1].alive() {
+					return l
 				}
 			}
-			key := keys[rng.IntN(len(keys))]
-			owner++
-			sent := time.Now()
-			if c.send(codec.AppendAcquire(nil, owner, lease, 2, key)) != nil {
-				c.close()
-				c = nil
-				continue
-			}
-			r, err := c.read(5 * time.Second)
-			if err != nil {
-				c.close() // indeterminate: the server side releases or the lease ends
-				c = nil
-				continue
-			}
-			got := time.Now()
-			mu.Lock()
-			stats[r.Op]++
-			mu.Unlock()
-			if r.Op != codec.OpAcquired {
-				continue
-			}
-			validUntil := sent.Add(time.Duration(r.WaitedMs)*time.Millisecond + lease*time.Second - margin)
-			iv := interval{key: key, token: r.Token, start: got}
-			if rng.IntN(8) == 0 {
-				// Abandon it: the claim lasts until the lease's end.
-				iv.end, iv.abandoned = validUntil, true
-				mu.Lock()
-				history = append(history, iv)
-				mu.Unlock()
-				continue
-			}
-			time.Sleep(time.Duration(2+rng.IntN(10)) * time.Millisecond)
-			iv.end = time.Now()
-			if iv.end.After(validUntil) {
-				iv.end = validUntil // it stopped trusting the lock there
-			}
-			mu.Lock()
-			history = append(history, iv)
-			mu.Unlock()
-			owner++
-			if c.send(codec.AppendRelease(nil, owner, r.Token, key)) != nil {
-				c.close()
-				c = nil
-				continue
-			}
-			if _, err := c.read(5 * time.Second); err != nil {
-				c.close()
-				c = nil
-			}
 		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	const workers = 6
+	t.Fatalf("no leader for group %d (last /metrics error: %v)", g+1, lastErr)
+	return 0
+}
+
+// Lock traffic of the multi-process tests: 1 s leases, and a claim ends
+// this much before the client's validity bound, for clock drift.
+const (
+	trafficLease  = 1 // seconds
+	trafficMargin = 20 * time.Millisecond
+)
+
+// lockTraffic is continuous lock traffic over the wire from worker
+// goroutines, each connected to a random process, and what it recorded:
+// every claim, every answer by op and every E by reason.
+type lockTraffic struct {
+	procs []*proc
+	keys  []string
+
+	mu      sync.Mutex
+	history []interval
+	stats   map[byte]int
+	errors  map[codec.Reason]int
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+func startLockTraffic(procs []*proc, keys []string, workers int) *lockTraffic {
+	lt := &lockTraffic{procs: procs, keys: keys, stats: map[byte]int{},
+		errors: map[codec.Reason]int{}, stop: make(chan struct{})}
 	for w := range workers {
-		wg.Add(1)
-		go worker(w)
+		lt.wg.Add(1)
+		go lt.worker(w)
 	}
-	for round := range 3 {
-		time.Sleep(3 * time.Second)
-		l := leaderOf()
-		t.Logf("round %d: kill -9 node %d, leader of group %d", round, l, g0+1)
-		procs[l-1].kill9()
-		time.Sleep(2 * time.Second)
-		procs[l-1].start(t, bin)
-	}
-	time.Sleep(3 * time.Second)
-	close(stop)
-	wg.Wait()
+	return lt
+}
 
-	// The checker.
+// finish stops the workers and waits for them.
+func (lt *lockTraffic) finish() {
+	close(lt.stop)
+	lt.wg.Wait()
+}
+
+func (lt *lockTraffic) worker(w int) {
+	defer lt.wg.Done()
+	rng := rand.New(rand.NewPCG(uint64(w), 7))
+	var c *wire
+	owner := uint64(0)
+	defer func() {
+		if c != nil {
+			c.close()
+		}
+	}()
+	for {
+		select {
+		case <-lt.stop:
+			return
+		default:
+		}
+		if c == nil {
+			var err error
+			if c, err = lt.procs[rng.IntN(len(lt.procs))].connect(); err != nil {
+				c = nil
+				time.Sleep(20 * time.Millisecond)
+				continue
+			}
+		}
+		key := lt.keys[rng.IntN(len(lt.keys))]
+		owner++
+		sent := time.Now()
+		if c.send(codec.AppendAcquire(nil, owner, trafficLease, 2, key)) != nil {
+			c.close()
+			c = nil
+			continue
+		}
+		r, err := c.read(5 * time.Second)
+		if err != nil {
+			c.close() // indeterminate: the server side releases or the lease ends
+			c = nil
+			continue
+		}
+		got := time.Now()
+		lt.mu.Lock()
+		lt.stats[r.Op]++
+		if r.Op == codec.OpError {
+			lt.errors[r.Reason]++
+		}
+		lt.mu.Unlock()
+		if r.Op != codec.OpAcquired {
+			continue
+		}
+		validUntil := sent.Add(time.Duration(r.WaitedMs)*time.Millisecond + trafficLease*time.Second - trafficMargin)
+		iv := interval{key: key, token: r.Token, start: got}
+		if rng.IntN(8) == 0 {
+			// Abandon it: the claim lasts until the lease's end.
+			iv.end, iv.abandoned = validUntil, true
+			lt.mu.Lock()
+			lt.history = append(lt.history, iv)
+			lt.mu.Unlock()
+			continue
+		}
+		time.Sleep(time.Duration(2+rng.IntN(10)) * time.Millisecond)
+		iv.end = time.Now()
+		if iv.end.After(validUntil) {
+			iv.end = validUntil // it stopped trusting the lock there
+		}
+		lt.mu.Lock()
+		lt.history = append(lt.history, iv)
+		lt.mu.Unlock()
+		owner++
+		if c.send(codec.AppendRelease(nil, owner, r.Token, key)) != nil {
+			c.close()
+			c = nil
+			continue
+		}
+		if _, err := c.read(5 * time.Second); err != nil {
+			c.close()
+			c = nil
+		}
+	}
+}
+
+// checkHistory checks the recorded claims (after finish): per key, no claim
+// began before the previous one ended, and tokens strictly increased. It
+// returns the number of claims checked.
+func (lt *lockTraffic) checkHistory(t *testing.T) int {
+	t.Helper()
 	byKey := map[string][]interval{}
-	for _, iv := range history {
+	for _, iv := range lt.history {
 		byKey[iv.key] = append(byKey[iv.key], iv)
 	}
 	total := 0
@@ -280,7 +303,61 @@ func TestProcessesKillLeader(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("history: %d grants checked; responses %v", total, fmtStats(stats))
+	return total
+}
+
+// TestProcessesKillLeader runs 3 lockd processes under continuous lock
+// traffic, kills -9 the leader of one group and restarts it, three times,
+// then checks the recorded history: no two clients held a key at once
+// (judged by grant and valid-until instants) and tokens never went back.
+func TestProcessesKillLeader(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test skipped in -short mode")
+	}
+	dir := t.TempDir()
+	bin := buildLockd(t, dir)
+	const groups = 4
+	ports := freePorts(t, 9)
+	var peers []string
+	for i := range 3 {
+		peers = append(peers, fmt.Sprintf("%d=127.0.0.1:%d", i+1, ports[i]))
+	}
+	procs := make([]*proc, 3)
+	for i := range 3 {
+		p := &proc{
+			id:     uint64(i + 1),
+			listen: fmt.Sprintf("127.0.0.1:%d", ports[3+i]),
+			admin:  fmt.Sprintf("127.0.0.1:%d", ports[6+i]),
+			log:    filepath.Join(dir, fmt.Sprintf("node%d.log", i+1)),
+		}
+		p.args = []string{"serve", "--cluster", "--node-id", strconv.Itoa(i + 1),
+			"--raft-addr", fmt.Sprintf("127.0.0.1:%d", ports[i]), "--peers", strings.Join(peers, ","),
+			"--data-dir", filepath.Join(dir, fmt.Sprintf("data%d", i+1)), "--groups", strconv.Itoa(groups),
+			"--listen", p.listen, "--admin", p.admin, "--log-level", "warn", "--propose-timeout", "2s"}
+		procs[i] = p
+	}
+	killOnCleanup(t, procs)
+	for _, p := range procs {
+		p.start(t, bin)
+	}
+	const key0 = "proc/0"
+	g0 := groupOf("default", []byte(key0), groups)
+	groupLeader(t, procs, g0)
+
+	traffic := startLockTraffic(procs, []string{key0, "proc/1", "proc/2", "proc/3", "proc/4", "proc/5"}, 6)
+	for round := range 3 {
+		time.Sleep(3 * time.Second)
+		l := groupLeader(t, procs, g0)
+		t.Logf("round %d: kill -9 node %d, leader of group %d", round, l, g0+1)
+		procs[l-1].kill9()
+		time.Sleep(2 * time.Second)
+		procs[l-1].start(t, bin)
+	}
+	time.Sleep(3 * time.Second)
+	traffic.finish()
+
+	total := traffic.checkHistory(t)
+	t.Logf("history: %d grants checked; responses %v", total, fmtStats(traffic.stats))
 	if total < 50 {
 		t.Fatalf("only %d grants in the whole run", total)
 	}

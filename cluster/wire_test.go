@@ -22,6 +22,11 @@ func dialWire(addr string) (*wire, error) {
 	if err != nil {
 		return nil, err
 	}
+	return newWire(nc)
+}
+
+// newWire reads the greeting on a fresh connection; it closes nc on error.
+func newWire(nc net.Conn) (*wire, error) {
 	w := &wire{nc: nc}
 	g, err := w.read(5 * time.Second)
 	if err != nil {
