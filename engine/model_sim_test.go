@@ -293,72 +293,35 @@ func (m *model) addHold(c *modelClient, h modelHold) error {
 }
 
 func (m *model) acquire(c *modelClient) error {
-	k, ns, key := m.pickKey()
-	lease := time.Duration(1+m.rng.IntN(6)) * time.Second
-	wait := time.Duration(0)
-	if m.rng.IntN(3) > 0 {
-		wait = time.Duration(1+m.rng.IntN(8)) * time.Second
-	}
-	m.nextOwner++
-	owner := m.nextOwner
+	a := m.drawAcquire()
 	m.counts.acquires++
-	m.waitsOf[owner] = modelWait{client: c, key: k, lease: lease} // if it queues
-	r, h := m.e.Acquire(ns, key, owner, lease, wait, m)
-	m.record(2, owner, uint64(r.Outcome), r.Token)
+	m.waitsOf[a.owner] = modelWait{client: c, key: a.k, lease: a.lease} // if it queues
+	r, h := m.e.Acquire(a.ns, a.key, a.owner, a.lease, a.wait, m)
+	m.record(2, a.owner, uint64(r.Outcome), r.Token)
 	if r.Outcome != Queued {
-		delete(m.waitsOf, owner)
+		delete(m.waitsOf, a.owner)
 	}
-	// A due handoff runs inside Acquire, before the answer.
-	if err := m.absorb(); err != nil {
-		return err
-	}
-	l := m.lock(k)
 	now := m.clock.Now()
-	if (h != nil) != (r.Outcome == Queued) {
-		return fmt.Errorf("acquire %v: handle %v with %v", k, h, r.Outcome)
+	if err := m.checkAcquire(a, r, h); err != nil {
+		return err
 	}
 	switch r.Outcome {
 	case Granted:
-		if len(l.queue) > 0 {
-			return fmt.Errorf("acquire %v granted past %d waiters", k, len(l.queue))
-		}
-		if r.Waited != 0 {
-			return fmt.Errorf("immediate grant waited %v", r.Waited)
-		}
-		if err := m.granted(k, r, lease); err != nil {
-			return err
-		}
 		// The immediate grant comes after any resolution the call made.
 		if err := m.settle(); err != nil {
 			return err
 		}
 		m.counts.granted++
-		return m.addHold(c, modelHold{k, r.Token, now + lease})
+		return m.addHold(c, modelHold{a.k, r.Token, now + a.lease})
 	case Queued:
-		if !m.held(l) || wait == 0 {
-			return fmt.Errorf("acquire %v (wait %v) queued on a lock that is not held", k, wait)
-		}
 		m.counts.queued++
-		w := &simWaiter{owner: owner, key: k, arrived: now, deadline: now + wait, lease: lease, handle: h}
-		l.queue = append(l.queue, w)
-		m.pending = append(m.pending, w)
-		c.waits[owner] = true
-		return nil
+		c.waits[a.owner] = true
 	case TimedOut:
-		if !m.held(l) || wait != 0 {
-			return fmt.Errorf("acquire %v (wait %v) timed out on a lock that is not held", k, wait)
-		}
 		m.counts.timedOut++
-		return nil
 	case Busy:
-		if !m.limited {
-			return fmt.Errorf("acquire %v busy without limits", k)
-		}
-		m.refused++
 		m.counts.busy++
-		return nil
 	}
-	return fmt.Errorf("acquire %v: unexpected %v", k, r.Outcome)
+	return nil
 }
 
 // releaseOne releases one of c's holds with its own token.

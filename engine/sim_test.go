@@ -147,22 +147,40 @@ func (s *sim) held(l *simLock) bool {
 	return l.token != 0 && !l.released && s.clock.Now() < l.validUntil
 }
 
-func (s *sim) acquire() error {
+// simAcquire is one randomly drawn acquire.
+type simAcquire struct {
+	k           simKey
+	ns          Namespace
+	key         []byte
+	owner       uint64
+	lease, wait time.Duration
+}
+
+func (s *sim) drawAcquire() simAcquire {
 	k, ns, key := s.pickKey()
-	lease := time.Duration(1+s.rng.IntN(6)) * time.Second
-	wait := time.Duration(0)
+	a := simAcquire{k: k, ns: ns, key: key, lease: time.Duration(1+s.rng.IntN(6)) * time.Second}
 	if s.rng.IntN(3) > 0 {
-		wait = time.Duration(1+s.rng.IntN(8)) * time.Second
+		a.wait = time.Duration(1+s.rng.IntN(8)) * time.Second
 	}
 	s.nextOwner++
-	owner := s.nextOwner
-	r, h := s.e.Acquire(ns, key, owner, lease, wait, s)
+	a.owner = s.nextOwner
+	return a
+}
+
+func (s *sim) acquire() error {
+	a := s.drawAcquire()
+	r, h := s.e.Acquire(a.ns, a.key, a.owner, a.lease, a.wait, s)
+	return s.checkAcquire(a, r, h)
+}
+
+// checkAcquire checks the engine's immediate answer to a against the lock
+// model, recording a grant or a queued waiter.
+func (s *sim) checkAcquire(a simAcquire, r Result, h *Wait) error {
 	// A due handoff runs inside Acquire, before the answer.
 	if err := s.absorb(); err != nil {
 		return err
 	}
-	l := s.lock(k)
-	now := s.clock.Now()
+	k, l, now := a.k, s.lock(a.k), s.clock.Now()
 	if (h != nil) != (r.Outcome == Queued) {
 		return fmt.Errorf("acquire %v: handle %v with %v", k, h, r.Outcome)
 	}
@@ -174,18 +192,18 @@ func (s *sim) acquire() error {
 		if r.Waited != 0 {
 			return fmt.Errorf("immediate grant waited %v", r.Waited)
 		}
-		return s.granted(k, r, lease)
+		return s.granted(k, r, a.lease)
 	case Queued:
-		if !s.held(l) || wait == 0 {
-			return fmt.Errorf("acquire %v (wait %v) queued on a lock that is not held", k, wait)
+		if !s.held(l) || a.wait == 0 {
+			return fmt.Errorf("acquire %v (wait %v) queued on a lock that is not held", k, a.wait)
 		}
-		w := &simWaiter{owner: owner, key: k, arrived: now, deadline: now + wait, lease: lease, handle: h}
+		w := &simWaiter{owner: a.owner, key: k, arrived: now, deadline: now + a.wait, lease: a.lease, handle: h}
 		l.queue = append(l.queue, w)
 		s.pending = append(s.pending, w)
 		return nil
 	case TimedOut:
-		if !s.held(l) || wait != 0 {
-			return fmt.Errorf("acquire %v (wait %v) timed out on a lock that is not held", k, wait)
+		if !s.held(l) || a.wait != 0 {
+			return fmt.Errorf("acquire %v (wait %v) timed out on a lock that is not held", k, a.wait)
 		}
 		return nil
 	case Busy:
