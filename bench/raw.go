@@ -25,18 +25,14 @@ type rawTarget struct {
 	wg     sync.WaitGroup
 }
 
-// rawConn is one connection. Callers append frames to out; whoever finds
-// no write in progress writes everything queued, so concurrent frames leave
-// in one write without a writer goroutine.
+// rawConn is one pipelined connection.
 type rawConn struct {
 	nc net.Conn
 
-	mu       sync.Mutex
-	pending  map[uint64]*rawCaller
-	out      []byte
-	spare    []byte
-	flushing bool
-	err      error // set once the connection failed
+	mu      sync.Mutex
+	pending map[uint64]*rawCaller
+	w       coalescingWriter
+	err     error // set once the connection failed
 }
 
 func openRaw(ctx context.Context, addr string, opts TargetOptions) (*rawTarget, error) {
@@ -47,7 +43,7 @@ func openRaw(ctx context.Context, addr string, opts TargetOptions) (*rawTarget, 
 			t.Close()
 			return nil, err
 		}
-		rc := &rawConn{nc: nc, pending: make(map[uint64]*rawCaller)}
+		rc := &rawConn{nc: nc, pending: make(map[uint64]*rawCaller), w: coalescingWriter{nc: nc}}
 		t.conns = append(t.conns, rc)
 		t.wg.Go(func() { rc.readLoop(leftover) })
 	}
@@ -196,27 +192,7 @@ func (rc *rawConn) send(c *rawCaller, owner uint64, frame []byte) error {
 		return err
 	}
 	rc.pending[owner] = c
-	rc.out = append(rc.out, frame...)
-	if rc.flushing {
-		rc.mu.Unlock()
-		return nil
-	}
-	rc.flushing = true
-	for len(rc.out) > 0 {
-		batch := rc.out
-		rc.out, rc.spare = rc.spare[:0], batch
-		rc.mu.Unlock()
-		_, err := rc.nc.Write(batch)
-		rc.mu.Lock()
-		if err != nil {
-			// Closing makes the reader fail every pending request, this
-			// one included, so its caller still gets exactly one signal.
-			rc.nc.Close()
-			rc.out = rc.out[:0]
-			break
-		}
-	}
-	rc.flushing = false
+	rc.w.queue(&rc.mu, frame)
 	rc.mu.Unlock()
 	return nil
 }

@@ -47,17 +47,14 @@ func newRespCall() *respCall {
 	return &respCall{done: make(chan struct{}, 1), timer: timer}
 }
 
-// respConn is one pipelined connection. Like rawConn, the caller that
-// finds no write in progress writes everything queued.
+// respConn is one pipelined connection.
 type respConn struct {
 	nc net.Conn
 
-	mu       sync.Mutex
-	out      []byte
-	spare    []byte
-	flushing bool
-	calls    callQueue
-	err      error // set once the connection failed
+	mu    sync.Mutex
+	w     coalescingWriter
+	calls callQueue
+	err   error // set once the connection failed
 }
 
 func dialResp(ctx context.Context, addr string) (*respConn, error) {
@@ -66,7 +63,7 @@ func dialResp(ctx context.Context, addr string) (*respConn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &respConn{nc: nc}, nil
+	return &respConn{nc: nc, w: coalescingWriter{nc: nc}}, nil
 }
 
 // do sends the command cmd and waits for its reply into call.
@@ -78,23 +75,7 @@ func (rc *respConn) do(ctx context.Context, cmd []byte, call *respCall) error {
 		return err
 	}
 	rc.calls.push(call)
-	rc.out = append(rc.out, cmd...)
-	if !rc.flushing {
-		rc.flushing = true
-		for len(rc.out) > 0 {
-			batch := rc.out
-			rc.out, rc.spare = rc.spare[:0], batch
-			rc.mu.Unlock()
-			_, err := rc.nc.Write(batch)
-			rc.mu.Lock()
-			if err != nil {
-				rc.nc.Close() // the reader fails every queued call
-				rc.out = rc.out[:0]
-				break
-			}
-		}
-		rc.flushing = false
-	}
+	rc.w.queue(&rc.mu, cmd)
 	rc.mu.Unlock()
 
 	call.timer.Reset(answerSlack)
