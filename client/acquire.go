@@ -102,14 +102,14 @@ func (c *Client) gate(ctx context.Context, req *request, p acquireParams) (Ticke
 	span := time.Duration(req.waitedMs)*time.Millisecond + p.lease()
 	validUntil := req.sentAt.Add(span - driftMargin(span))
 	if !now.Before(req.deadline) || ctx.Err() != nil {
-		c.compensate(req.key, req.granted, now)
-		return Ticket{}, fmt.Errorf("%w: %q was granted (token %d) but the call had ended; released as compensation",
-			ErrIndeterminate, req.key, req.granted)
+		fate := c.compensate(req.key, req.granted, now)
+		return Ticket{}, fmt.Errorf("%w: %q was granted (token %d) but the call had ended; %s",
+			ErrIndeterminate, req.key, req.granted, fate)
 	}
 	if left := validUntil.Sub(now); left < p.budget {
-		c.compensate(req.key, req.granted, now)
-		return Ticket{}, fmt.Errorf("%w: %q was granted (token %d) with %v of validity left, below the work budget %v; released as compensation",
-			ErrIndeterminate, req.key, req.granted, left, p.budget)
+		fate := c.compensate(req.key, req.granted, now)
+		return Ticket{}, fmt.Errorf("%w: %q was granted (token %d) with %v of validity left, below the work budget %v; %s",
+			ErrIndeterminate, req.key, req.granted, left, p.budget, fate)
 	}
 	return Ticket{c: c, key: req.key, token: req.granted, validUntil: validUntil}, nil
 }
@@ -168,7 +168,13 @@ func (c *Client) release(ctx context.Context, key string, token uint64, deadline
 		c.watches.end(key, token)
 		return ErrNotHeld
 	case outRejected:
-		return reasonError(req.reason)
+		// A refusal means the release did not happen — unless an earlier
+		// attempt may have got through, or the server could not say
+		// (unavailable: its proposal may still apply).
+		if req.mayHaveLeft || req.reason == codec.Unavailable {
+			return fmt.Errorf("%w: release of %q token %d: last answer %v", ErrIndeterminate, key, token, reasonError(req.reason))
+		}
+		return fmt.Errorf("release of %q token %d: %w", key, token, reasonError(req.reason))
 	case outUnsent, outExpired:
 		return fmt.Errorf("%w: release of %q token %d: the deadline came before it was sent", ErrIndeterminate, key, token)
 	}
@@ -182,19 +188,21 @@ type compensation struct {
 }
 
 // compensate queues the release of a grant the caller will never see. The
-// queue is bounded: when it is full, the lock is left to its lease.
-func (c *Client) compensate(key string, token uint64, now time.Time) {
+// queue is bounded: when it is full, the lock is left to its lease. It
+// says which, for the caller's error.
+func (c *Client) compensate(key string, token uint64, now time.Time) string {
 	c.compMu.Lock()
 	defer c.compMu.Unlock()
 	if !c.compClosed {
 		select {
 		case c.compQueue <- compensation{key: key, token: token, deadline: now.Add(IODeadline)}:
 			c.stats.compensationsQueued.Add(1)
-			return
+			return "its release is queued as compensation"
 		default:
 		}
 	}
 	c.stats.dropped.Add(1)
+	return "the compensation queue was full: it is left to its lease"
 }
 
 func (c *Client) runCompensations() {

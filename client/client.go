@@ -36,6 +36,13 @@ const (
 	maxPickRounds = 1024
 	reconnectMin  = 50 * time.Millisecond
 	reconnectMax  = 2 * time.Second
+	// releaseBackoffMin and releaseBackoffMax space the retries of a
+	// release that every session was too full to take, or that a draining
+	// or leaderless server refused: such a refusal comes back at once, and
+	// retrying at once would spend the release's 5 s in a few
+	// milliseconds.
+	releaseBackoffMin = 20 * time.Millisecond
+	releaseBackoffMax = 500 * time.Millisecond
 )
 
 // Config configures Dial.
@@ -165,8 +172,10 @@ type Stats struct {
 	CompensationsDropped uint64
 }
 
-// Dial connects the pool and returns once at least one session is ready;
-// the others keep dialling in the background. It fails if no address can
+// Dial connects the pool: it tries every session once (each through the
+// addresses in turn, each address bounded by DialTimeout) and returns
+// when at least one is ready; the others keep redialling in the
+// background. It fails if no address can
 // be reached, or on any authentication failure: a server that cannot prove
 // the secret is not to be used through another session either.
 func Dial(ctx context.Context, cfg Config) (*Client, error) {
@@ -318,8 +327,12 @@ func (c *Client) nextOwner() (uint64, error) {
 // deadline of the call: the deadline the call's duration gives, or the
 // context's if that is earlier.
 func (c *Client) newRequest(ctx context.Context, kind opKind, owner uint64, key string, now, deadline time.Time) *request {
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
+	// Rebased on now, so that the one deadline of the call is monotonic
+	// even when the context's deadline carries only a wall-clock reading.
+	if d, ok := ctx.Deadline(); ok {
+		if left := d.Sub(now); left < deadline.Sub(now) {
+			deadline = now.Add(left)
+		}
 	}
 	req := c.requests.Get().(*request)
 	req.kind, req.owner, req.key, req.deadline = kind, owner, key, deadline
@@ -347,6 +360,12 @@ var errClientClosing = errors.New("session closed by Client.Close")
 // become ready if none is. Waiting is the local queue of SPEC §6: its end
 // at the deadline is certainly unsent.
 func (c *Client) pick(ctx context.Context, req *request, limit int) (*session, error) {
+	// A context already done must not reach a writer: once taken, the
+	// request could only end by closing a session other calls share.
+	if ctx.Err() != nil {
+		req.expired = true
+		return nil, context.Cause(ctx)
+	}
 	n := uint64(len(c.slots))
 	for range maxPickRounds {
 		ready := c.ready.Load()
@@ -396,15 +415,19 @@ func (c *Client) await(ctx context.Context, s *session, req *request) outcome {
 }
 
 // exchange runs req until it has an outcome no retry may change. A
-// certainly-unsent attempt moves to another session with the same owner;
-// a lost one is retried only for releases (retrySent), which a repeat
-// cannot turn into a second grant, as are releases a draining or
-// leaderless server refused. pick's error means the last attempt was never
-// enqueued.
+// certainly-unsent attempt moves to another session with the same owner.
+// A release (retrySent) is also retried when it may have been lost — a
+// repeat cannot turn into a second grant — and, after a backoff, when
+// every session was full or a draining or leaderless server refused it.
+// pick's error means the last attempt was never enqueued.
 func (c *Client) exchange(ctx context.Context, req *request, limit int, retrySent bool) (outcome, error) {
 	out := outNone
+	backoff := releaseBackoffMin
 	for range maxAttempts {
 		s, err := c.pick(ctx, req, limit)
+		if retrySent && errors.Is(err, errPoolFull) && c.pause(ctx, req, &backoff) {
+			continue
+		}
 		if err != nil {
 			return outNone, err
 		}
@@ -412,9 +435,16 @@ func (c *Client) exchange(ctx context.Context, req *request, limit int, retrySen
 		if out == outLost {
 			req.mayHaveLeft = true
 		}
-		retry := out == outUnsent || (retrySent && out == outLost) ||
-			(retrySent && out == outRejected && (req.reason == codec.ShuttingDown || req.reason == codec.Unavailable))
-		if !retry || req.expired {
+		refused := out == outRejected && (req.reason == codec.ShuttingDown || req.reason == codec.Unavailable)
+		switch {
+		case req.expired:
+			return out, nil
+		case out == outUnsent, retrySent && out == outLost:
+		case retrySent && refused:
+			if !c.pause(ctx, req, &backoff) {
+				return out, nil
+			}
+		default:
 			return out, nil
 		}
 	}
@@ -422,4 +452,21 @@ func (c *Client) exchange(ctx context.Context, req *request, limit int, retrySen
 		return outNone, ErrNotConnected
 	}
 	return out, nil
+}
+
+// pause waits out *backoff, doubling it, and reports false when the call's
+// deadline or context comes first.
+func (c *Client) pause(ctx context.Context, req *request, backoff *time.Duration) bool {
+	t := c.clock.NewTimer()
+	defer t.Stop()
+	t.Reset(*backoff)
+	*backoff = min(2**backoff, releaseBackoffMax)
+	select {
+	case <-t.C():
+		return true
+	case <-req.timer.C():
+	case <-ctx.Done():
+	}
+	req.expired = true
+	return false
 }

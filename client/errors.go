@@ -37,8 +37,10 @@ var (
 	ErrBusy = errors.New("lockd client: busy, admission refused")
 
 	// ErrUnavailable: the server could not reach its key's replication
-	// group in time (E unavailable). A definitive non-acquisition — the
-	// server releases a late grant itself: the lock is not held.
+	// group in time (E unavailable). After Acquire a definitive
+	// non-acquisition — the server releases a late grant itself: the lock
+	// is not held. Release never returns it: a release answered so may
+	// still apply, so it ends ErrIndeterminate.
 	ErrUnavailable = errors.New("lockd client: unavailable")
 
 	// ErrTokenExhausted: the key's token counter would overflow (E
@@ -63,7 +65,8 @@ var (
 	ErrNotHeld = errors.New("lockd client: lock not held")
 
 	// ErrOwnerExhausted: the client-wide owner counter would wrap; the
-	// client fails closed and sends nothing more. The lock is not held.
+	// client fails closed and sends nothing more. After Acquire the lock
+	// is not held; a Release did not happen, so its lock still is.
 	ErrOwnerExhausted = errors.New("lockd client: owner ids exhausted")
 
 	// ErrNotConnected: no session could take the request — every attempt
@@ -83,8 +86,10 @@ var (
 	// ErrProtocol: the server broke the protocol (an answer for an unknown
 	// owner, a malformed frame, a refusal a valid request never earns).
 	// The session that saw it is closed. Returned for a request the server
-	// refused with bad_owner, dup_owner or bad_request: that lock is not
-	// held. Requests in flight on the closed session end Indeterminate.
+	// refused with bad_owner, dup_owner or bad_request: that request did
+	// not take effect (after Acquire the lock is not held, after Release it
+	// still is). Requests in flight on the closed session end
+	// Indeterminate.
 	ErrProtocol = errors.New("lockd client: protocol violation")
 
 	// ErrConfig: Dial was given an unusable Config. Nothing was sent.

@@ -361,6 +361,10 @@ func (s *session) deliver(resp *codec.Response) error {
 	var out outcome
 	switch resp.Op {
 	case codec.OpAcquired:
+		if resp.Token == 0 {
+			// Tokens are never 0; a Ticket with it could not be released.
+			return fmt.Errorf("%w: ACQUIRED with token 0 from %s", ErrProtocol, s.addr)
+		}
 		out = outAcquired
 	case codec.OpTimeout:
 		out = outTimedOut

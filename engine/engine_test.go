@@ -530,3 +530,32 @@ func TestKeysSpreadOverShards(t *testing.T) {
 		t.Fatalf("%d of 64 shards used", len(perShard))
 	}
 }
+
+// Compaction may drop a held key's lease timer while the key momentarily
+// has no waiters (its only waiter cancelled); the next waiter must still be
+// handed the lock when the lease ends, by the timer, not by chance traffic.
+func TestLeaseTimerSurvivesCompaction(t *testing.T) {
+	clock := NewFakeClock()
+	e := New(Config{Shards: 1, Clock: clock})
+	ns := e.Namespace("t")
+	rec := &recorder{}
+	if r, _ := e.Acquire(ns, []byte("K"), 1, 30*time.Second, 0, rec); r.Outcome != Granted {
+		t.Fatalf("first acquire: %v", r.Outcome)
+	}
+	_, w := e.Acquire(ns, []byte("K"), 2, 30*time.Second, 255*time.Second, rec)
+	e.Cancel(w) // its connection closed: K has no waiters, its lease timer is stale
+	e.Acquire(ns, []byte("X"), 3, time.Hour, 0, rec)
+	for owner := uint64(100); owner < 100+2*minCompact; owner++ {
+		_, w := e.Acquire(ns, []byte("X"), owner, time.Hour, 255*time.Second, rec)
+		e.Cancel(w) // stale timers pile up until the shard compacts them
+	}
+	if _, w := e.Acquire(ns, []byte("K"), 4, 30*time.Second, 255*time.Second, rec); w == nil {
+		t.Fatal("the acquire of a held key did not queue")
+	}
+	rec.take()
+	clock.Advance(30 * time.Second)
+	e.Tick()
+	if got := rec.take(); len(got) != 1 || got[0].owner != 4 || got[0].r.Outcome != Granted {
+		t.Fatalf("at K's lease end: %+v, want owner 4 Granted", got)
+	}
+}

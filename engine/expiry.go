@@ -21,6 +21,19 @@ type timer struct {
 	token uint64
 }
 
+// keep is live for compaction, which may drop a lease timer while its key
+// momentarily has no waiters: such a lease is disarmed, so that the key's
+// next waiter arms it again instead of waiting past the lease's end.
+func (t timer) keep() bool {
+	if t.live() {
+		return true
+	}
+	if t.wait == nil && t.entry.armedToken == t.token {
+		t.entry.armedToken = 0
+	}
+	return false
+}
+
 func (t timer) live() bool {
 	if t.wait != nil {
 		return t.wait.entry != nil
@@ -42,7 +55,7 @@ func (e *Engine) schedule(s *shard, at time.Duration, t timer) {
 	// 2*waiting (one per waiter, one per key with waiters), so past 4*waiting
 	// at least half are stale and one pass over them pays for itself.
 	if len(s.timers) >= minCompact && len(s.timers) > 4*s.waiting {
-		s.timers.Retain(timer.live)
+		s.timers.Retain(timer.keep)
 	}
 	s.timers.Push(at, t)
 	if int64(at) < e.nextTick.Load() {

@@ -39,6 +39,9 @@ const (
 	// DefaultMaxOutbound is how many response bytes may wait for a client
 	// that does not read before the server drops it.
 	DefaultMaxOutbound = 1 << 20
+	// DefaultMaxOpenTenants is how many tenants besides "default" clients
+	// may name in HELLO while auth is off.
+	DefaultMaxOpenTenants = 1024
 	// progressScanInterval bounds how late a stalled frame is noticed.
 	progressScanInterval = 250 * time.Millisecond
 	// shutdownFlushTimeout bounds how long Close waits for the
@@ -64,7 +67,10 @@ type Config struct {
 	MaxConns        int
 	MaxConnInflight int
 	MaxOutbound     int
-	Engine          engine.Config
+	// MaxOpenTenants bounds the tenants HELLO may name while auth is off;
+	// past it a new tenant is answered auth_failed.
+	MaxOpenTenants int
+	Engine         engine.Config
 	// Backend, when set, replaces the single-mode engine (cluster mode);
 	// Engine's limits are then ignored and Engine.Clock only times frames.
 	// The server calls its Shutdown and Run but does not own what it
@@ -88,6 +94,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.MaxOutbound <= 0 {
 		c.MaxOutbound = DefaultMaxOutbound
+	}
+	if c.MaxOpenTenants <= 0 {
+		c.MaxOpenTenants = DefaultMaxOpenTenants
 	}
 	if c.Engine.Clock == nil {
 		c.Engine.Clock = engine.RealClock()
@@ -120,6 +129,9 @@ type Server struct {
 	batchesMu sync.Mutex
 	batches   map[gnet.EventLoop]*batch
 
+	openTenantsMu sync.Mutex
+	openTenants   map[string]struct{} // tenants named with auth off
+
 	stopDriver context.CancelFunc
 	done       sync.WaitGroup
 	runErr     chan error
@@ -147,7 +159,9 @@ func Start(cfg Config) (*Server, error) {
 		stalled: make(map[*session]struct{}),
 		orphans: make(chan orphan, orphanQueue),
 		batches: make(map[gnet.EventLoop]*batch),
-		runErr:  make(chan error, 1),
+
+		openTenants: make(map[string]struct{}),
+		runErr:      make(chan error, 1),
 	}
 	if cfg.Backend != nil {
 		s.backend = cfg.Backend
@@ -295,6 +309,25 @@ func (s *Server) adoptOrphan(o orphan) {
 	default:
 		s.metrics.orphansDropped.Add(1)
 	}
+}
+
+// admitOpenTenant bounds the tenants HELLO may name while auth is off:
+// nothing else limits them, and each one stays interned for the process's
+// life. The tenant "default" is always admitted.
+func (s *Server) admitOpenTenant(tenant []byte) bool {
+	if string(tenant) == defaultTenant {
+		return true
+	}
+	s.openTenantsMu.Lock()
+	defer s.openTenantsMu.Unlock()
+	if _, ok := s.openTenants[string(tenant)]; ok {
+		return true
+	}
+	if len(s.openTenants) >= s.cfg.MaxOpenTenants {
+		return false
+	}
+	s.openTenants[string(tenant)] = struct{}{}
+	return true
 }
 
 // batchFor returns the response batch of an event loop.

@@ -33,6 +33,12 @@ type session struct {
 	batch        *batch // shared with the loop's other sessions
 	partialFrame bool
 	watched      bool // in the server's progress scan
+	// writing is set around a write: a failed write makes gnet close the
+	// connection, and so run close, from inside Write.
+	writing bool
+	// gone is set by close: the connection is closed (its fd may already
+	// serve another client), so nothing more may be written or done for it.
+	gone bool
 	// drained is the outbox's spare slice, swapped in on each delivery so
 	// that steady-state grants allocate nothing.
 	drained []resolution
@@ -105,6 +111,10 @@ func newSession(s *Server, c gnet.Conn) (*session, []byte, error) {
 func (ss *session) onTraffic() gnet.Action {
 	buf, _ := ss.gc.Peek(-1)
 	consumed, closing := ss.handleFrames(buf)
+	if ss.gone {
+		// A write failed and gnet closed the connection under us.
+		return gnet.None
+	}
 	if consumed > 0 { // gnet's Discard(0) would discard everything
 		_, _ = ss.gc.Discard(consumed)
 		ss.srv.backend.Flush()
@@ -116,6 +126,9 @@ func (ss *session) onTraffic() gnet.Action {
 
 	closing = ss.deliverResolutions(closing)
 	ss.flush()
+	if ss.gone {
+		return gnet.None
+	}
 	if closing {
 		return gnet.Close
 	}
@@ -175,6 +188,9 @@ func (ss *session) handleFrames(buf []byte) (int, bool) {
 		}
 		if ss.batch.frames >= ResponseBatch {
 			ss.flush()
+			if ss.gone {
+				return consumed, true
+			}
 		}
 	}
 	return consumed, false
@@ -207,7 +223,7 @@ func (ss *session) handleFrame(req *codec.Request, fieldErr error) bool {
 	}
 	switch req.Op {
 	case codec.OpAcquire:
-		ss.acquire(req)
+		return ss.acquire(req)
 	case codec.OpRelease:
 		if ss.srv.asyncRelease {
 			ss.releaseAsync(req)
@@ -252,6 +268,10 @@ func (ss *session) handleHello(req *codec.Request, fieldErr error) bool {
 			return true
 		}
 		serverMAC = codec.ServerMAC(secret, req.ClientNonce, ss.serverNonce, req.Tenant)
+	} else if !ss.srv.admitOpenTenant(req.Tenant) {
+		ss.srv.metrics.authFailures.Add(1)
+		ss.appendError(0, codec.AuthFailed)
+		return true
 	}
 	ss.welcomed = true
 	ss.tenant = string(req.Tenant)
@@ -272,13 +292,15 @@ func secretOrDecoy(secret []byte, known bool) []byte {
 	return decoySecret
 }
 
-func (ss *session) acquire(req *codec.Request) {
+// acquire answers an ACQUIRE at once or leaves it queued; it reports
+// whether the answer closes the connection (the server is draining).
+func (ss *session) acquire(req *codec.Request) bool {
 	ss.mu.Lock()
 	if len(ss.pending) >= ss.srv.cfg.MaxConnInflight {
 		ss.mu.Unlock()
 		ss.srv.metrics.connInflightBusy.Add(1)
 		ss.appendOwnerOnly(opAcquire, codec.OpBusy, req.Owner)
-		return
+		return false
 	}
 	ss.pending[req.Owner] = pendingAcquire{}
 	ss.mu.Unlock()
@@ -288,15 +310,26 @@ func (ss *session) acquire(req *codec.Request) {
 	r, w := ss.srv.backend.Acquire(ss.ns, req.Key, req.Owner, lease, wait, ss)
 
 	ss.mu.Lock()
-	if r.Outcome != engine.Queued {
+	switch _, stillQueued := ss.pending[req.Owner]; {
+	case r.Outcome != engine.Queued:
 		delete(ss.pending, req.Owner)
-	} else if _, stillQueued := ss.pending[req.Owner]; stillQueued {
+	case stillQueued:
 		ss.pending[req.Owner] = pendingAcquire{wait: w, key: string(req.Key)}
+	default:
+		// Resolved before Acquire returned: give its answer the key an
+		// orphan release would need if the connection closes first.
+		for i := range ss.outbox {
+			if ss.outbox[i].owner == req.Owner {
+				ss.outbox[i].key = string(req.Key)
+			}
+		}
 	}
 	ss.mu.Unlock()
-	if r.Outcome != engine.Queued {
-		ss.appendResult(opAcquire, req.Owner, r)
+	if r.Outcome == engine.Queued {
+		return false
 	}
+	ss.appendResult(opAcquire, req.Owner, r)
+	return r.Outcome == engine.ShuttingDown
 }
 
 // releaseAsync hands a RELEASE to a backend that answers it through
@@ -377,10 +410,11 @@ func (ss *session) close(peerEnded bool) {
 	if ss.watched {
 		ss.srv.markStalled(ss, false)
 	}
-	if ss.partialFrame && peerEnded {
+	if ss.partialFrame && peerEnded && !ss.writing {
 		ss.appendError(0, codec.BadRequest)
 		ss.flush()
 	}
+	ss.gone = true
 	ss.mu.Lock()
 	ss.closed = true
 	for _, r := range ss.outbox {
@@ -427,9 +461,13 @@ type batch struct {
 	frames int
 }
 
+// flush writes the batch. Its bytes are dropped when the connection is
+// gone: the batch is shared with the loop's other connections.
 func (ss *session) flush() {
-	if len(ss.batch.buf) > 0 {
+	if len(ss.batch.buf) > 0 && !ss.gone {
+		ss.writing = true
 		_, _ = ss.gc.Write(ss.batch.buf)
+		ss.writing = false
 		ss.srv.metrics.writes.Add(1)
 	}
 	ss.batch.buf = ss.batch.buf[:0]

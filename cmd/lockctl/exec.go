@@ -7,7 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -32,7 +34,7 @@ func runExec(ctx context.Context, o *options, key string, argv []string, streams
 	defer release(c, ticket, streams)
 
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(os.Environ(), "LOCKD_KEY="+key, "LOCKD_TOKEN="+strconv.FormatUint(ticket.Token(), 10))
+	cmd.Env = append(childEnv(os.Environ()), "LOCKD_KEY="+key, "LOCKD_TOKEN="+strconv.FormatUint(ticket.Token(), 10))
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = streams.in, streams.out, streams.err
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -117,4 +119,12 @@ func exitStatus(state *os.ProcessState) int {
 		return 128 + int(status.Signal())
 	}
 	return state.ExitCode()
+}
+
+// childEnv is the environment without the tenant's secret: the command
+// gets the fencing token, not the power to take other locks.
+func childEnv(env []string) []string {
+	return slices.DeleteFunc(slices.Clone(env), func(kv string) bool {
+		return strings.HasPrefix(kv, "LOCKD_SECRET=")
+	})
 }

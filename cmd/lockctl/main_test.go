@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -262,5 +263,13 @@ func TestUsageErrors(t *testing.T) {
 		if code, _, _ := (ctl{}).run(args...); code != exitUsage {
 			t.Errorf("%q: exit %d, want %d", args, code, exitUsage)
 		}
+	}
+}
+
+func TestExecChildDoesNotInheritTheSecret(t *testing.T) {
+	got := childEnv([]string{"PATH=/bin", "LOCKD_SECRET=00ff", "LOCKD_SECRET_FILE=/etc/s", "HOME=/root"})
+	want := []string{"PATH=/bin", "LOCKD_SECRET_FILE=/etc/s", "HOME=/root"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("child environment %q, want %q", got, want)
 	}
 }
