@@ -10,7 +10,8 @@ FUZZ_TARGETS := \
 	./codec:FuzzRequestRoundTrip \
 	./codec:FuzzDecodeResponse \
 	./server:FuzzServerFrameLoop \
-	./server:FuzzReliabilityServerAnswers
+	./server:FuzzReliabilityServerAnswers \
+	./client:FuzzClientAnswers
 
 .PHONY: help build test bench bench-peers fuzz reliability run cluster clean
 
