@@ -13,7 +13,14 @@ import (
 //
 //	kind u8 | fields by kind | tenant len u8 + bytes | key len u8 + bytes
 //
-//	cmdAcquire: node u64 | id u64 | lease_s u16 | wait_until i64 (Unix ns; 0 = no wait)
+//	cmdAcquire: node u64 | id u64 | lease_s u16 | wait i64 (ns; 0 = one attempt) | key_limit u32
+//
+// The wait is relative and the state machine adds it to its own time, so
+// one proposer's fast clock cannot make every later wait look elapsed. The
+// key limit is the proposer's share of --max-keys for the group: it rides
+// in the command because Update must not read node-local configuration —
+// replicas with different flags would otherwise decide differently.
+//
 //	cmdRelease: node u64 | id u64 (0 = nobody waits for the answer) | token u64
 //	cmdExpire:  token u64 (proposed by the leader when the lease fell due)
 //
@@ -31,13 +38,14 @@ const (
 var errBadBatch = errors.New("cluster: malformed proposal")
 
 type command struct {
-	kind      byte
-	node, id  uint64
-	token     uint64
-	lease     uint16
-	waitUntil int64
-	tenant    []byte
-	key       []byte
+	kind     byte
+	node, id uint64
+	token    uint64
+	lease    uint16
+	wait     int64
+	keyLimit uint32
+	tenant   []byte
+	key      []byte
 }
 
 func appendText(dst []byte, tenant string, key []byte) []byte {
@@ -47,12 +55,13 @@ func appendText(dst []byte, tenant string, key []byte) []byte {
 	return append(dst, key...)
 }
 
-func appendAcquire(dst []byte, node, id uint64, lease uint16, waitUntil int64, tenant string, key []byte) []byte {
+func appendAcquire(dst []byte, node, id uint64, lease uint16, wait int64, keyLimit uint32, tenant string, key []byte) []byte {
 	dst = append(dst, cmdAcquire)
 	dst = binary.BigEndian.AppendUint64(dst, node)
 	dst = binary.BigEndian.AppendUint64(dst, id)
 	dst = binary.BigEndian.AppendUint16(dst, lease)
-	dst = binary.BigEndian.AppendUint64(dst, uint64(waitUntil))
+	dst = binary.BigEndian.AppendUint64(dst, uint64(wait))
+	dst = binary.BigEndian.AppendUint32(dst, keyLimit)
 	return appendText(dst, tenant, key)
 }
 
@@ -94,7 +103,7 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 	need := 0
 	switch c.kind {
 	case cmdAcquire:
-		need = 8 + 8 + 2 + 8
+		need = 8 + 8 + 2 + 8 + 4
 	case cmdRelease:
 		need = 8 + 8 + 8
 	case cmdExpire:
@@ -110,7 +119,8 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 		c.node = binary.BigEndian.Uint64(b)
 		c.id = binary.BigEndian.Uint64(b[8:])
 		c.lease = binary.BigEndian.Uint16(b[16:])
-		c.waitUntil = int64(binary.BigEndian.Uint64(b[18:]))
+		c.wait = int64(binary.BigEndian.Uint64(b[18:]))
+		c.keyLimit = binary.BigEndian.Uint32(b[26:])
 	case cmdRelease:
 		c.node = binary.BigEndian.Uint64(b)
 		c.id = binary.BigEndian.Uint64(b[8:])

@@ -111,7 +111,7 @@ func (f *fsm) acquire(c *command) {
 		switch {
 		case f.lastToken == math.MaxUint64:
 			r.Outcome = engine.TokenExhausted
-		case !f.admitKey():
+		case !f.admitKey(int(c.keyLimit)):
 			r.Outcome = engine.Busy
 		default:
 			l = &lockState{}
@@ -122,23 +122,24 @@ func (f *fsm) acquire(c *command) {
 		f.g.result(k, c.node, c.id, r)
 		return
 	}
-	if c.waitUntil <= f.now {
+	if c.wait <= 0 {
 		f.g.result(k, c.node, c.id, engine.Result{Outcome: engine.TimedOut})
 		return
 	}
-	if len(l.queue) >= 64 && len(l.queue) == cap(l.queue) {
+	// A multiple of 64, not the slice's capacity: replicas restored from a
+	// snapshot have other capacities and must still prune alike.
+	if len(l.queue) >= 64 && len(l.queue)%64 == 0 {
 		f.prune(l) // waiters that timed out stay queued until passed; bound them
 	}
-	l.queue = append(l.queue, waitEntry{node: c.node, id: c.id, waitUntil: c.waitUntil, enqueued: f.now, lease: c.lease})
+	l.queue = append(l.queue, waitEntry{node: c.node, id: c.id, waitUntil: f.now + c.wait, enqueued: f.now, lease: c.lease})
 	f.queued++
 	f.g.result(k, c.node, c.id, engine.Result{Outcome: engine.Queued})
 }
 
 // admitKey is the keys admission gate (SPEC §8) on replicated state, so
-// every replica decides alike: closes at 90 % of the group's share of
-// MaxKeys, reopens below 75 %.
-func (f *fsm) admitKey() bool {
-	limit := f.g.maxKeys
+// every replica decides alike: closes at 90 % of limit, the proposer's
+// share of MaxKeys carried in the command, and reopens below 75 %.
+func (f *fsm) admitKey(limit int) bool {
 	n := len(f.locks)
 	if f.keysClosed {
 		if n >= limit-limit/4 {

@@ -12,8 +12,12 @@ import (
 
 // detachedFSM is a state machine whose node is none of the proposers, so
 // its hooks deliver nothing.
-func detachedFSM() *fsm {
-	g := &group{n: &Node{cfg: Config{NodeID: 99}}, maxKeys: 1 << 20}
+func detachedFSM() *fsm { return detachedFSMWithKeys(1 << 20) }
+
+// detachedFSMWithKeys is a replica whose node was started with maxKeys as
+// its share of --max-keys.
+func detachedFSMWithKeys(maxKeys int) *fsm {
+	g := &group{n: &Node{cfg: Config{NodeID: 99}}, maxKeys: maxKeys}
 	f := newFSM(g, 1)
 	g.fsm.Store(f)
 	return f
@@ -54,11 +58,11 @@ func randomBatches(seed uint64, n int) [][]byte {
 			key := []byte(fmt.Sprintf("k%d", rng.IntN(5)))
 			switch rng.IntN(4) {
 			case 0, 1:
-				var until int64
+				var wait int64
 				if rng.IntN(2) == 0 {
-					until = now + int64(rng.IntN(3_000_000_000))
+					wait = int64(rng.IntN(3_000_000_000))
 				}
-				b = appendAcquire(b, uint64(1+rng.IntN(3)), rng.Uint64()|1, uint16(1+rng.IntN(30)), until, "t", key)
+				b = appendAcquire(b, uint64(1+rng.IntN(3)), rng.Uint64()|1, uint16(1+rng.IntN(30)), wait, 1<<20, "t", key)
 			case 2:
 				tok += uint64(rng.IntN(3))
 				b = appendRelease(b, uint64(1+rng.IntN(3)), rng.Uint64(), tok, "t", key)
@@ -134,8 +138,8 @@ func TestFSMSkipsMalformed(t *testing.T) {
 func TestExpiryHeapValidatedByToken(t *testing.T) {
 	f := detachedFSM()
 	b := make([]byte, headerLen)
-	b = appendAcquire(b, 1, 1, 10, 0, "t", []byte("a"))
-	b = appendAcquire(b, 1, 2, 20, 0, "t", []byte("b"))
+	b = appendAcquire(b, 1, 1, 10, 0, 1<<20, "t", []byte("a"))
+	b = appendAcquire(b, 1, 2, 20, 0, 1<<20, "t", []byte("b"))
 	putHeader(b, 1, 2)
 	f.Update(sm.Entry{Cmd: b})
 	f.stampFresh(100)

@@ -192,7 +192,8 @@ type Node struct {
 	groups []*group
 	start  time.Time
 
-	idBase atomic.Uint64 // waiter/request ids: random base, then +1
+	idBase  atomic.Uint64 // waiter/request ids: random base, then +1
+	idFirst uint64        // first id of this run (without the top bit)
 
 	regMu   sync.Mutex
 	reg     map[uint64]*pending
@@ -338,6 +339,7 @@ func Start(cfg Config) (*Node, error) {
 	// Ids must not repeat across restarts of this node (a replayed grant
 	// for an old id is released as an orphan), nor be 0.
 	n.idBase.Store(binary.BigEndian.Uint64(seed[:]) >> 1)
+	n.idFirst = n.idBase.Load() + 1
 
 	nhc := config.NodeHostConfig{
 		DeploymentID:   deploymentID,
@@ -473,6 +475,14 @@ func (n *Node) clock() time.Duration { return time.Since(n.start) }
 
 func (n *Node) nextID() uint64 { return n.idBase.Add(1) | 1<<63 }
 
+// ownRun reports whether id was issued by this run of the node: a grant to
+// an id of a previous run may have been delivered, so it must not be
+// released here (its lease bounds it).
+func (n *Node) ownRun(id uint64) bool {
+	v := id &^ (1 << 63)
+	return v >= n.idFirst && v <= n.idBase.Load()
+}
+
 // ---- server.Backend ----
 
 // Namespace interns a tenant; commands carry the tenant's name, since
@@ -502,13 +512,9 @@ func (n *Node) Acquire(ns engine.Namespace, key []byte, owner uint64, lease, wai
 		n.inflight.Leave()
 		return engine.Result{Outcome: engine.ShuttingDown}, nil
 	}
-	var waitUntil int64
-	if wait > 0 {
-		waitUntil = time.Now().Add(wait).UnixNano()
-	}
 	g := n.groups[groupOf(tenant, key, len(n.groups))]
 	g.mu.Lock()
-	g.buf = appendAcquire(g.buf, n.cfg.NodeID, p.id, uint16(lease/time.Second), waitUntil, tenant, key)
+	g.buf = appendAcquire(g.buf, n.cfg.NodeID, p.id, uint16(lease/time.Second), int64(wait), uint32(g.maxKeys), tenant, key)
 	g.count++
 	g.mu.Unlock()
 	g.dirty.Store(true)
@@ -721,7 +727,7 @@ func (g *group) result(key string, node, id uint64, r engine.Result) {
 	p := n.reg[id]
 	if p == nil {
 		n.regMu.Unlock()
-		if r.Outcome == engine.Granted {
+		if r.Outcome == engine.Granted && n.ownRun(id) {
 			// Answered already (unavailable, cancelled, or a duplicate of
 			// a retried proposal): nobody will use this grant.
 			g.orphan(key, r.Token)
@@ -774,7 +780,9 @@ func (g *group) granted(key string, node, id uint64, r engine.Result) {
 	}
 	n.regMu.Unlock()
 	if p == nil {
-		g.orphan(key, r.Token)
+		if n.ownRun(id) {
+			g.orphan(key, r.Token)
+		}
 		return
 	}
 	// waited_ms must not overstate the wait: take the smaller of the
