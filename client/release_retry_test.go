@@ -28,7 +28,7 @@ func TestReleaseRefusedUnavailableBacksOffThenIsIndeterminate(t *testing.T) {
 	if n := len(p.seen(codec.OpRelease)); n != 1 {
 		t.Fatalf("%d RELEASE frames before any time passed: retried without backoff", n)
 	}
-	err := advanceUntil(t, clk, releaseBackoffMax, done)
+	err := advanceUntil(t, clk, releaseBackoffMax, 2, done)
 	if !errors.Is(err, ErrIndeterminate) || errors.Is(err, ErrUnavailable) {
 		t.Fatalf("release refused as unavailable until its deadline: %v, want ErrIndeterminate only", err)
 	}
@@ -57,7 +57,7 @@ func TestReleaseWaitsForRoomWhenEverySessionIsFull(t *testing.T) {
 	close(gate.open)
 	await(t, first)
 	await(t, other)
-	if err := advanceUntil(t, clk, releaseBackoffMin, full); err != nil && !errors.Is(err, ErrNotHeld) {
+	if err := advanceUntil(t, clk, releaseBackoffMin, 2, full); err != nil && !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("release after room came back: %v", err)
 	}
 }
@@ -114,18 +114,23 @@ func TestGrantOfTokenZeroIsRefused(t *testing.T) {
 	}
 }
 
-// advanceUntil moves the fake clock in steps until ch delivers, giving the
-// client a moment between steps to act on the timers that fired.
-func advanceUntil[T any](t *testing.T, clk *fakeClock, step time.Duration, ch <-chan T) T {
+// advanceUntil moves the fake clock by step each time the client is
+// waiting on it — when timers number armed: the call's deadline and its
+// backoff — until ch delivers. The clock never runs ahead of the client.
+func advanceUntil[T any](t *testing.T, clk *fakeClock, step time.Duration, armed int, ch <-chan T) T {
 	t.Helper()
-	for range 10_000 {
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
 		select {
 		case v := <-ch:
 			return v
 		default:
 		}
-		clk.Advance(step)
-		time.Sleep(100 * time.Microsecond)
+		if clk.armed() >= armed {
+			clk.Advance(step)
+		} else {
+			time.Sleep(50 * time.Microsecond)
+		}
 	}
 	t.Fatal("no result while the clock moved")
 	panic("unreachable")
