@@ -33,7 +33,7 @@ func TestSmokeAgainstAnInProcessServer(t *testing.T) {
 	dir := t.TempDir()
 	jsonPath := filepath.Join(dir, "out.json")
 	stdout, stderr, err := runCommand(t, "--target", "inproc", "--workload", "uncontended,contended",
-		"--duration", "1s", "--callers", "4", "--json", jsonPath, "--report", dir, "--check")
+		"--duration", "1s", "--progress", "200ms", "--callers", "4", "--json", jsonPath, "--report", dir, "--check")
 	if err != nil {
 		t.Fatalf("%v\nstdout:\n%s\nstderr:\n%s", err, stdout, stderr)
 	}
