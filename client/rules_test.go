@@ -375,70 +375,70 @@ func TestAcquireIsNeverRetransmittedOnceSent(t *testing.T) {
 	}
 }
 
-func TestGrantFoundAfterTheDeadlineIsCompensated(t *testing.T) {
-	clk := newFakeClock()
-	frames := make(chan frame, 4)
-	var conn *lockdtest.Conn
-	p := startPeer(t, func(p *peer, c *lockdtest.Conn, f frame) {
+// gatePeer hands each ACQUIRE to the test, which answers it on conn when
+// its clock is where it wants it, and answers every RELEASE at once.
+type gatePeer struct {
+	*peer
+	frames chan frame
+	conn   *lockdtest.Conn
+}
+
+func startGatePeer(t *testing.T) *gatePeer {
+	g := &gatePeer{frames: make(chan frame, 4)}
+	g.peer = startPeer(t, func(p *peer, c *lockdtest.Conn, f frame) {
 		if f.op == codec.OpRelease {
 			c.Reply(codec.OpReleased, f.owner)
 			return
 		}
-		conn = c
-		frames <- f
+		g.conn = c
+		g.frames <- f
 	})
-	c := newClient(t, p, clk, nil)
+	return g
+}
 
-	res := goAcquire(c, "k", waitFor(2*time.Second))
-	f := await(t, frames)
-	// The answer is correlated, but the caller only reaches the gate
-	// after its deadline: its timer fires late.
-	clk.Jump(2 * time.Second)
-	conn.Acquired(f.owner, 77, 0)
-
+// expectCompensated checks the delivery gate's outcome: the call ended
+// Indeterminate, the exact token was released on the same session, and
+// the session stayed open.
+func (g *gatePeer) expectCompensated(t *testing.T, c *Client, res <-chan result, token uint64) {
+	t.Helper()
 	if r := await(t, res); !errors.Is(r.Err, ErrIndeterminate) {
 		t.Fatalf("got %v, want ErrIndeterminate", r.Err)
 	}
 	eventually(t, "the compensating release is answered", func() bool { return c.Stats().CompensationsDone == 1 })
-	rel := p.seen(codec.OpRelease)
-	if len(rel) != 1 || rel[0].key != "k" || rel[0].token != 77 || rel[0].conn != 0 {
-		t.Fatalf("releases %+v, want token 77 of k on the same session", rel)
+	rel := g.seen(codec.OpRelease)
+	if len(rel) != 1 || rel[0].key != "k" || rel[0].token != token || rel[0].conn != 0 {
+		t.Fatalf("releases %+v, want token %d of k on the same session", rel, token)
 	}
-	if p.connEnded(0) || c.Stats().Sessions != 1 {
+	if g.connEnded(0) || c.Stats().Sessions != 1 {
 		t.Fatal("the session was closed")
 	}
 }
 
+func TestGrantFoundAfterTheDeadlineIsCompensated(t *testing.T) {
+	clk := newFakeClock()
+	g := startGatePeer(t)
+	c := newClient(t, g.peer, clk, nil)
+
+	res := goAcquire(c, "k", waitFor(2*time.Second))
+	f := await(t, g.frames)
+	// The answer is correlated, but the caller only reaches the gate
+	// after its deadline: its timer fires late.
+	clk.Jump(2 * time.Second)
+	g.conn.Acquired(f.owner, 77, 0)
+	g.expectCompensated(t, c, res, 77)
+}
+
 func TestGrantWithLessValidityThanTheBudgetIsCompensated(t *testing.T) {
 	clk := newFakeClock()
-	frames := make(chan frame, 4)
-	var conn *lockdtest.Conn
-	p := startPeer(t, func(p *peer, c *lockdtest.Conn, f frame) {
-		if f.op == codec.OpRelease {
-			c.Reply(codec.OpReleased, f.owner)
-			return
-		}
-		conn = c
-		frames <- f
-	})
-	c := newClient(t, p, clk, nil)
+	g := startGatePeer(t)
+	c := newClient(t, g.peer, clk, nil)
 
 	opts := AcquireOptions{Lease: 10 * time.Second, Wait: 30 * time.Second, MinWorkBudget: Budget(5 * time.Second)}
 	res := goAcquire(c, "k", opts)
-	f := await(t, frames)
+	f := await(t, g.frames)
 	clk.Advance(6 * time.Second) // the grant comes 6 s after the send
-	conn.Acquired(f.owner, 9, 0)
-
-	if r := await(t, res); !errors.Is(r.Err, ErrIndeterminate) {
-		t.Fatalf("got %v, want ErrIndeterminate", r.Err)
-	}
-	eventually(t, "the compensating release is answered", func() bool { return c.Stats().CompensationsDone == 1 })
-	if rel := p.seen(codec.OpRelease); len(rel) != 1 || rel[0].token != 9 {
-		t.Fatalf("releases %+v, want token 9", rel)
-	}
-	if p.connEnded(0) {
-		t.Fatal("the session was closed")
-	}
+	g.conn.Acquired(f.owner, 9, 0)
+	g.expectCompensated(t, c, res, 9)
 }
 
 func TestTimeoutAndBusyAreDefinitive(t *testing.T) {
