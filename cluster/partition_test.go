@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -241,12 +240,8 @@ func TestProcessesPartitions(t *testing.T) {
 			dial:   network.dialer(id),
 		}
 		// ip netns exec execs lockd in place, so the PID kill9 signals is lockd's.
-		p.args = []string{"netns", "exec", network.nodeNS(id), bin,
-			"serve", "--cluster", "--node-id", strconv.FormatUint(id, 10),
-			"--raft-addr", network.nodeAddr(id) + ":7451", "--peers", strings.Join(peers, ","),
-			"--data-dir", filepath.Join(dir, fmt.Sprintf("data%d", id)), "--groups", strconv.Itoa(groups),
-			"--listen", p.listen, "--admin", p.admin, "--log-level", "warn",
-			"--propose-timeout", proposeTimeout.String()}
+		p.args = append([]string{"netns", "exec", network.nodeNS(id), bin},
+			p.serveArgs(network.nodeAddr(id)+":7451", peers, dir, groups, proposeTimeout)...)
 		procs[i] = p
 	}
 	// Registered after the network's cleanup, so it runs first: the

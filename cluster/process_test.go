@@ -35,6 +35,15 @@ type proc struct {
 	dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
+// serveArgs is the `lockd serve --cluster` command line of p.
+func (p *proc) serveArgs(raftAddr string, peers []string, dir string, groups int, proposeTimeout time.Duration) []string {
+	return []string{"serve", "--cluster", "--node-id", strconv.FormatUint(p.id, 10),
+		"--raft-addr", raftAddr, "--peers", strings.Join(peers, ","),
+		"--data-dir", filepath.Join(dir, fmt.Sprintf("data%d", p.id)), "--groups", strconv.Itoa(groups),
+		"--listen", p.listen, "--admin", p.admin, "--log-level", "warn",
+		"--propose-timeout", proposeTimeout.String()}
+}
+
 func (p *proc) start(t *testing.T, bin string) {
 	t.Helper()
 	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
@@ -330,10 +339,7 @@ func TestProcessesKillLeader(t *testing.T) {
 			admin:  fmt.Sprintf("127.0.0.1:%d", ports[6+i]),
 			log:    filepath.Join(dir, fmt.Sprintf("node%d.log", i+1)),
 		}
-		p.args = []string{"serve", "--cluster", "--node-id", strconv.Itoa(i + 1),
-			"--raft-addr", fmt.Sprintf("127.0.0.1:%d", ports[i]), "--peers", strings.Join(peers, ","),
-			"--data-dir", filepath.Join(dir, fmt.Sprintf("data%d", i+1)), "--groups", strconv.Itoa(groups),
-			"--listen", p.listen, "--admin", p.admin, "--log-level", "warn", "--propose-timeout", "2s"}
+		p.args = p.serveArgs(fmt.Sprintf("127.0.0.1:%d", ports[i]), peers, dir, groups, 2*time.Second)
 		procs[i] = p
 	}
 	killOnCleanup(t, procs)
