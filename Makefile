@@ -13,13 +13,14 @@ FUZZ_TARGETS := \
 	./server:FuzzReliabilityServerAnswers \
 	./client:FuzzClientAnswers
 
-.PHONY: help build test bench bench-peers fuzz reliability run cluster clean
+.PHONY: help build test bench bench-peers bench-cluster fuzz reliability run cluster clean
 
 help:
 	@echo "make build   build bin/lockd, bin/lockctl, bin/lockbench"
 	@echo "make test    vet, the allocation checks, then every test with the race detector"
 	@echo "make bench   Go benchmarks with -benchmem"
 	@echo "make bench-peers  lockd vs Redis vs etcd on loopback (installs redis-server, etcd-server if missing)"
+	@echo "make bench-cluster  3-node lockd cluster vs 3-node etcd cluster on loopback, data on disk, fsync on (installs etcd-server if missing)"
 	@echo "make fuzz    each fuzz target for FUZZTIME (default $(FUZZTIME))"
 	@echo "make reliability  the hostile-client, overload and model-check suite, figures in the log"
 	@echo "make cluster  start a 3-node cluster on loopback (clients 127.0.0.1:7431-7433)"
@@ -42,6 +43,9 @@ bench:
 
 bench-peers:
 	bash bench/peers.sh
+
+bench-cluster:
+	bash bench/cluster-peers.sh
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

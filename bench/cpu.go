@@ -52,19 +52,34 @@ func processCPU(pid int) (time.Duration, error) {
 	return time.Duration(ticks) * time.Second / userHZ, nil
 }
 
+// serverCPU is the CPU time the processes pids have used together, user
+// and system: a cluster's nodes, or a single server's one process. It
+// fails when any of them cannot be read, rather than give a partial sum.
+func serverCPU(pids []int) (time.Duration, error) {
+	var sum time.Duration
+	for _, pid := range pids {
+		t, err := processCPU(pid)
+		if err != nil {
+			return 0, err
+		}
+		sum += t
+	}
+	return sum, nil
+}
+
 // cpuMeter reads the CPU times at the start of the measurement.
 type cpuMeter struct {
-	serverPID  int
+	serverPIDs []int
 	self       time.Duration
 	server     time.Duration
 	haveServer bool
 }
 
 func (r *run) startCPU() cpuMeter {
-	m := cpuMeter{serverPID: r.cfg.ServerPID, self: selfCPU()}
-	if m.serverPID != 0 {
+	m := cpuMeter{serverPIDs: r.cfg.ServerPIDs, self: selfCPU()}
+	if len(m.serverPIDs) > 0 {
 		var err error
-		m.server, err = processCPU(m.serverPID)
+		m.server, err = serverCPU(m.serverPIDs)
 		m.haveServer = err == nil
 	}
 	return m
@@ -75,7 +90,7 @@ func (r *run) startCPU() cpuMeter {
 func (m cpuMeter) stop() (bench, server time.Duration) {
 	bench = selfCPU() - m.self
 	if m.haveServer {
-		if now, err := processCPU(m.serverPID); err == nil {
+		if now, err := serverCPU(m.serverPIDs); err == nil {
 			server = now - m.server
 		}
 	}

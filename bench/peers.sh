@@ -27,19 +27,7 @@ ETCD_PORT=${ETCD_PORT:-12379}
 ETCD_PEER_PORT=${ETCD_PEER_PORT:-12380}
 PIN=${PIN:-0}
 
-install_missing() {
-	local missing=()
-	command -v redis-server >/dev/null || missing+=(redis-server)
-	command -v etcd >/dev/null || missing+=(etcd-server)
-	((${#missing[@]})) || return 0
-	local sudo=()
-	[ "$(id -u)" -eq 0 ] || sudo=(sudo)
-	echo "installing ${missing[*]} from Debian"
-	"${sudo[@]}" apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
-}
-
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+. bench/peers-lib.sh
 
 wait_port() {
 	for _ in $(seq 150); do
@@ -50,30 +38,16 @@ wait_port() {
 	return 1
 }
 
-install_missing
+install_missing redis-server=redis-server etcd=etcd-server
 go build -o "$BIN/" ./cmd/lockd ./cmd/lockbench
-for port in "$LOCKD_PORT" "$ADMISSION_PORT" "$REDIS_PORT" "$ETCD_PORT" "$ETCD_PEER_PORT"; do
-	if port_open "$port"; then
-		echo "127.0.0.1:$port is already in use; set the *_PORT variables" >&2
-		exit 1
-	fi
-done
+refuse_busy_ports "$LOCKD_PORT" "$ADMISSION_PORT" "$REDIS_PORT" "$ETCD_PORT" "$ETCD_PEER_PORT"
 
 # Every server keeps its state in memory: Redis without persistence, etcd
 # with its data directory on tmpfs where there is one (its fsyncs then cost
 # what memory costs), lockd single mode by design.
 shm=/dev/shm
 [ -d "$shm" ] && [ -w "$shm" ] || shm=${TMPDIR:-/tmp}
-work=$(mktemp -d "$shm/lockbench-peers.XXXXXX")
-pids=()
-stop_servers() {
-	if ((${#pids[@]})); then
-		kill "${pids[@]}" 2>/dev/null || true
-		wait "${pids[@]}" 2>/dev/null || true
-	fi
-	rm -rf "$work"
-}
-trap stop_servers EXIT
+start_work_dir "$shm" lockbench-peers
 
 server_cpu=() bench_cpu=() lockd_pin=()
 if [ "$PIN" = 1 ]; then

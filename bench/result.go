@@ -24,7 +24,7 @@ type Result struct {
 	Drops      uint64  `json:"drops"`
 	// BenchCPUS is the CPU time lockbench itself used during the run (an
 	// in-process server's included); ServerCPUS that of the target's
-	// server process, when its pid was given.
+	// server processes, summed, when their pids were given.
 	BenchCPUS  float64 `json:"bench_cpu_s"`
 	ServerCPUS float64 `json:"server_cpu_s,omitempty"`
 	// SchedulerLag is how late open-loop arrivals were sent; the

@@ -64,9 +64,11 @@ type Config struct {
 	// Hold is the time between a grant and its release.
 	Hold      time.Duration
 	Admission AdmissionConfig
-	// ServerPID, when not 0, is the process of the target's server on
-	// this machine, whose CPU time the result then reports.
-	ServerPID int
+	// ServerPIDs, when not empty, are the processes of the target's
+	// server on this machine (several for a cluster's nodes), whose CPU
+	// time, summed, the result then reports; unknown when any of them
+	// cannot be read.
+	ServerPIDs []int
 	// Progress, when not nil, gets a line every ProgressEvery.
 	Progress      io.Writer
 	ProgressEvery time.Duration

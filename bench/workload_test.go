@@ -257,3 +257,24 @@ func TestProcessCPU(t *testing.T) {
 		t.Fatal("a process that does not exist has a CPU time")
 	}
 }
+
+func TestServerCPUSumsProcesses(t *testing.T) {
+	pid := os.Getpid()
+	one, err := processCPU(pid)
+	if err != nil {
+		t.Skipf("no /proc here: %v", err)
+	}
+	// Read after one, each term is at least one.
+	m := (&run{cfg: Config{ServerPIDs: []int{pid, pid}}}).startCPU()
+	if !m.haveServer || m.server < 2*one {
+		t.Fatalf("two readings of a process at %v: %v (known %v)", one, m.server, m.haveServer)
+	}
+	// One process that cannot be read makes the whole server unknown.
+	m = (&run{cfg: Config{ServerPIDs: []int{pid, -1}}}).startCPU()
+	if _, server := m.stop(); m.haveServer || server != 0 {
+		t.Fatalf("a partial sum: %v (known %v)", server, m.haveServer)
+	}
+	if _, err := serverCPU([]int{pid, -1}); err == nil {
+		t.Fatal("a group with a missing process has a CPU time")
+	}
+}

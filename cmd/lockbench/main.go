@@ -61,7 +61,7 @@ type usageError struct{ error }
 // options are the parsed flags.
 type options struct {
 	targets    []string
-	serverPIDs []int // by target; 0 when unknown
+	serverPIDs [][]int // by target, its server's processes; nil when unknown
 	workloads  []string
 	callers    []int
 	rates      []float64
@@ -87,7 +87,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	workloads := fs.String("workload", bench.Uncontended, "comma-separated workloads: uncontended, contended, admission, or all")
 	callers := fs.String("callers", "64", "comma-separated numbers of concurrent callers (open loop: the most cycles in flight)")
 	rates := fs.String("rate", "0", "comma-separated arrival rates per second for open loop; 0 runs closed loop")
-	pids := fs.String("server-pids", "", "comma-separated pids of the targets' server processes, in --target order (0: unknown), to report their CPU time per lock cycle")
+	pids := fs.String("server-pids", "", "comma-separated pids of the targets' server processes, in --target order (0: unknown), to report their CPU time per lock cycle; a target served by several processes, such as a cluster's nodes, takes their pids joined by '+' (101+102+103) and reports the sum")
 	loads := fs.String("admission-loads", joinFloats(bench.DefaultAdmissionLoads), "admission phases' offered load, as fractions of --admission-limit")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "length of each run")
 	fs.IntVar(&o.target.Conns, "conns", 4, "connections per target (lockd sessions, Redis connections, etcd clients)")
@@ -127,11 +127,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		return nil, usageError{fmt.Errorf("--admission-loads: %w", err)}
 	}
 	if *pids != "" {
-		if o.serverPIDs, err = parseList(*pids, strconv.Atoi); err != nil {
+		if o.serverPIDs, err = parseList(*pids, parsePIDGroup); err != nil {
 			return nil, usageError{fmt.Errorf("--server-pids: %w", err)}
 		}
 		if len(o.serverPIDs) != len(o.targets) {
-			return nil, usageError{fmt.Errorf("--server-pids has %d pids for %d targets", len(o.serverPIDs), len(o.targets))}
+			return nil, usageError{fmt.Errorf("--server-pids has %d entries for %d targets", len(o.serverPIDs), len(o.targets))}
 		}
 	}
 	for _, t := range o.targets {
@@ -179,6 +179,24 @@ func parseList[T any](s string, parse func(string) (T, error)) ([]T, error) {
 	return out, nil
 }
 
+// parsePIDGroup parses one target's --server-pids entry: a pid, several
+// joined by '+', or 0 for unknown (nil).
+func parsePIDGroup(s string) ([]int, error) {
+	parts := strings.Split(s, "+")
+	pids := make([]int, len(parts))
+	for i, p := range parts {
+		pid, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil || pid < 0 || pid == 0 && len(parts) > 1 {
+			return nil, fmt.Errorf("%q is not a pid, pids joined by '+', or 0", s)
+		}
+		pids[i] = pid
+	}
+	if len(pids) == 1 && pids[0] == 0 {
+		return nil, nil
+	}
+	return pids, nil
+}
+
 func parseFloat(s string) (float64, error) { return strconv.ParseFloat(s, 64) }
 
 func joinFloats(fs []float64) string {
@@ -203,11 +221,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 					if ctx.Err() != nil {
 						return ctx.Err()
 					}
-					serverPID := 0
+					var serverPIDs []int
 					if o.serverPIDs != nil {
-						serverPID = o.serverPIDs[i]
+						serverPIDs = o.serverPIDs[i]
 					}
-					res, err := runOne(ctx, o, target, serverPID, workload, callers, rate, stderr)
+					res, err := runOne(ctx, o, target, serverPIDs, workload, callers, rate, stderr)
 					if err != nil {
 						return fmt.Errorf("%s %s: %w", target, workload, err)
 					}
@@ -245,7 +263,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 // runOne runs one workload against one target; it returns nil, nil for a
 // combination that cannot run (admission against a peer without a gate).
-func runOne(ctx context.Context, o *options, target string, serverPID int, workload string, callers int, rate float64, stderr io.Writer) (*bench.Result, error) {
+func runOne(ctx context.Context, o *options, target string, serverPIDs []int, workload string, callers int, rate float64, stderr io.Writer) (*bench.Result, error) {
 	cfg := bench.Config{
 		Workload:      workload,
 		Duration:      o.duration,
@@ -255,7 +273,7 @@ func runOne(ctx context.Context, o *options, target string, serverPID int, workl
 		Wait:          o.wait,
 		Hold:          o.hold,
 		Admission:     o.admission,
-		ServerPID:     serverPID,
+		ServerPIDs:    serverPIDs,
 		ProgressEvery: o.progress,
 	}
 	if o.progress > 0 {

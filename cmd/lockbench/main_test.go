@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -81,6 +82,10 @@ func TestFlagErrors(t *testing.T) {
 		{"--rate", ""},
 		{"--admission-loads", "0,x"},
 		{"--target", "inproc,redis://127.0.0.1:1", "--server-pids", "1"},
+		{"--target", "inproc,redis://127.0.0.1:1", "--server-pids", "1+,2"},
+		{"--target", "inproc,redis://127.0.0.1:1", "--server-pids", "a+1,2"},
+		{"--target", "inproc,redis://127.0.0.1:1", "--server-pids", "1+2+3"},
+		{"--target", "inproc,redis://127.0.0.1:1", "--server-pids", "1,0+2"},
 		{"extra"},
 	} {
 		_, _, err := runCommand(t, args...)
@@ -116,5 +121,25 @@ func TestAllWorkloads(t *testing.T) {
 	}
 	if strings.Join(o.workloads, ",") != "uncontended,contended,admission" || len(o.callers) != 2 || len(o.rates) != 2 {
 		t.Fatalf("%+v", o)
+	}
+}
+
+func TestServerPIDGroups(t *testing.T) {
+	o, err := parseFlags([]string{"--target", "lockd://127.0.0.1:1,etcd://127.0.0.1:2,redis://127.0.0.1:3", "--server-pids", "1+2, 3 ,0"}, new(bytes.Buffer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(o.serverPIDs) != "[[1 2] [3] []]" || o.serverPIDs[2] != nil {
+		t.Fatalf("server pids %v", o.serverPIDs)
+	}
+	for _, pids := range []string{"1+,2", "a+1,2", "+1,2", "1++2,3", "-1,2"} {
+		_, err := parseFlags([]string{"--target", "lockd://127.0.0.1:1,etcd://127.0.0.1:2", "--server-pids", pids}, new(bytes.Buffer))
+		if !errors.As(err, new(usageError)) || !strings.Contains(err.Error(), "--server-pids") {
+			t.Errorf("%q: error %v, want a --server-pids usage error", pids, err)
+		}
+	}
+	_, err = parseFlags([]string{"--target", "lockd://127.0.0.1:1", "--server-pids", "1+2,3"}, new(bytes.Buffer))
+	if !errors.As(err, new(usageError)) || !strings.Contains(err.Error(), "2 entries for 1 targets") {
+		t.Errorf("two entries for one target: %v", err)
 	}
 }

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# `make bench-cluster`: a 3-node lockd cluster against a 3-node etcd cluster
+# (etcd's concurrency.Mutex), side by side on this machine's loopback.
+# Installs etcd-server from Debian when etcd is missing, builds bin/lockd and
+# bin/lockbench, starts both clusters, waits until every lockd group has a
+# leader and etcd answers, runs lockbench's uncontended workload against each
+# cluster in turn, and stops every server again however the run ends.
+#
+# Both clusters keep their data directories ON DISK, under a mktemp -d in
+# ${TMPDIR:-/tmp} (never /dev/shm), with fsync on: a commit costs what this
+# disk's fsync costs, in both systems alike. Point TMPDIR at the disk to
+# measure; the header line names the file system the data lives on.
+#
+# Both clusters run during both measurements (lockbench takes its targets one
+# after the other), so each is measured beside the other's idle cluster: the
+# same conditions for both. lockbench connects to node 1 of each cluster
+# only, and node 1 may be a follower of some groups in both systems (lockd
+# groups, etcd's single Raft group): those requests take a hop to the leader.
+# The server CPU reported is the sum over a cluster's three processes.
+#
+# A 6 s warm-up at 64 callers against both clusters comes first and is not
+# reported: it warms both, and lets lockd's leader placement move its
+# groups' leaders to node 1, where the load enters (docs/cluster.md,
+# "Leader placement"; LOCKD_FLAGS=--fixed-leaders measures without it).
+#
+# Knobs (environment): DURATION, CALLERS, CONNS, LOCKD_GROUPS (Raft groups of
+# the lockd cluster; not GROUPS, which bash reserves), LOCKD_FLAGS (more
+# flags for every lockd node, space-separated), OUT (results
+# directory), BIN (binaries directory), and the ports LOCKD_CLIENT_PORTS,
+# LOCKD_ADMIN_PORTS, LOCKD_RAFT_PORTS, ETCD_CLIENT_PORTS, ETCD_PEER_PORTS
+# (three space-separated ports each, node 1 first).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DURATION=${DURATION:-10s}
+CALLERS=${CALLERS:-1,64,256,1024}
+CONNS=${CONNS:-8}
+LOCKD_GROUPS=${LOCKD_GROUPS:-3}
+read -r -a lockd_flags <<<"${LOCKD_FLAGS:-}"
+OUT=${OUT:-lockbench-cluster-report}
+BIN=${BIN:-bin}
+read -r -a lockd_client <<<"${LOCKD_CLIENT_PORTS:-17531 17532 17533}"
+read -r -a lockd_admin <<<"${LOCKD_ADMIN_PORTS:-17541 17542 17543}"
+read -r -a lockd_raft <<<"${LOCKD_RAFT_PORTS:-17551 17552 17553}"
+read -r -a etcd_client <<<"${ETCD_CLIENT_PORTS:-12479 22479 32479}"
+read -r -a etcd_peer <<<"${ETCD_PEER_PORTS:-12480 22480 32480}"
+if ((${#lockd_client[@]} != 3 || ${#lockd_admin[@]} != 3 || ${#lockd_raft[@]} != 3 || ${#etcd_client[@]} != 3 || ${#etcd_peer[@]} != 3)); then
+	echo "each *_PORTS variable needs three ports, node 1 first" >&2
+	exit 1
+fi
+
+. bench/peers-lib.sh
+
+# wait_for DESCRIPTION COMMAND...: runs COMMAND every 0.1 s until it succeeds,
+# for at most 30 s.
+wait_for() {
+	local what=$1
+	shift
+	for _ in $(seq 300); do
+		"$@" && return 0
+		sleep 0.1
+	done
+	echo "$what after 30 s; logs in $work:" >&2
+	tail -n 20 "$work"/*.log >&2 || true
+	return 1
+}
+
+# groups_led PORT: every lockd group has a leader in node PORT's view.
+groups_led() {
+	local metrics
+	metrics=$(curl -fs "http://127.0.0.1:$1/metrics") || return 1
+	for g in $(seq "$LOCKD_GROUPS"); do
+		grep -Eq "^lockd_cluster_group_leader\{group=\"$g\"\} [1-9]" <<<"$metrics" || return 1
+	done
+}
+
+install_missing etcd=etcd-server
+go build -o "$BIN/" ./cmd/lockd ./cmd/lockbench
+refuse_busy_ports "${lockd_client[@]}" "${lockd_admin[@]}" "${lockd_raft[@]}" "${etcd_client[@]}" "${etcd_peer[@]}"
+
+start_work_dir "${TMPDIR:-/tmp}" lockbench-cluster
+
+lockd_peers="1=127.0.0.1:${lockd_raft[0]},2=127.0.0.1:${lockd_raft[1]},3=127.0.0.1:${lockd_raft[2]}"
+etcd_cluster="e1=http://127.0.0.1:${etcd_peer[0]},e2=http://127.0.0.1:${etcd_peer[1]},e3=http://127.0.0.1:${etcd_peer[2]}"
+lockd_pids=() etcd_pids=()
+for i in 0 1 2; do
+	n=$((i + 1))
+	"$BIN/lockd" serve --cluster --node-id "$n" --raft-addr "127.0.0.1:${lockd_raft[i]}" --peers "$lockd_peers" \
+		--data-dir "$work/lockd$n" --groups "$LOCKD_GROUPS" --node-name "node-$n" \
+		--listen "127.0.0.1:${lockd_client[i]}" --admin "127.0.0.1:${lockd_admin[i]}" --log-level warn \
+		"${lockd_flags[@]}" >"$work/lockd$n.log" 2>&1 &
+	pids+=($!) lockd_pids+=($!)
+	etcd --name "e$n" --data-dir "$work/etcd$n" --logger zap --log-level error \
+		--listen-client-urls "http://127.0.0.1:${etcd_client[i]}" --advertise-client-urls "http://127.0.0.1:${etcd_client[i]}" \
+		--listen-peer-urls "http://127.0.0.1:${etcd_peer[i]}" --initial-advertise-peer-urls "http://127.0.0.1:${etcd_peer[i]}" \
+		--initial-cluster "$etcd_cluster" --initial-cluster-state new --initial-cluster-token lockbench-cluster \
+		--auto-compaction-mode revision --auto-compaction-retention 100000 >"$work/etcd$n.log" 2>&1 &
+	pids+=($!) etcd_pids+=($!)
+done
+for i in 0 1 2; do
+	wait_for "lockd node $((i + 1)) has no /healthz on 127.0.0.1:${lockd_admin[i]}" \
+		curl -fs -o /dev/null "http://127.0.0.1:${lockd_admin[i]}/healthz"
+	# etcd's /health fails until the cluster has a leader.
+	wait_for "etcd e$((i + 1)) is not healthy on 127.0.0.1:${etcd_client[i]}" \
+		curl -fs -o /dev/null "http://127.0.0.1:${etcd_client[i]}/health"
+done
+for i in 0 1 2; do
+	wait_for "lockd node $((i + 1)) does not see a leader for each of its $LOCKD_GROUPS groups" groups_led "${lockd_admin[i]}"
+done
+
+mkdir -p "$OUT"
+echo "== $(nproc) CPUs, $(go version | cut -d' ' -f3), etcd $(etcd --version | sed -n 's/etcd Version: //p'), lockd $LOCKD_GROUPS groups, data on $(stat -f -c %T "$work") ($work), fsync on"
+echo "== 3-node lockd cluster vs 3-node etcd cluster (concurrency.Mutex), clients on node 1 of each"
+lockd_group=$(
+	IFS=+
+	echo "${lockd_pids[*]}"
+)
+etcd_group=$(
+	IFS=+
+	echo "${etcd_pids[*]}"
+)
+targets="lockd://127.0.0.1:${lockd_client[0]},etcd://127.0.0.1:${etcd_client[0]}"
+echo "== warm-up (not reported)"
+"$BIN/lockbench" --target "$targets" --workload uncontended --callers 64 --conns "$CONNS" --duration 6s --progress 0 >/dev/null
+echo "== lockd group leaders seen by node 1: $(curl -fs "http://127.0.0.1:${lockd_admin[0]}/metrics" | sed -n 's/^lockd_cluster_group_leader{group="\([0-9]*\)"} \([0-9]*\)$/\1:\2/p' | tr '\n' ' ')"
+"$BIN/lockbench" --target "$targets" \
+	--server-pids "$lockd_group,$etcd_group" --workload uncontended \
+	--callers "$CALLERS" --conns "$CONNS" --duration "$DURATION" --progress 0 \
+	--json "$OUT/cluster.json" --report "$OUT/cluster" | tee "$OUT/cluster.txt"
+echo "== results in $OUT/"
