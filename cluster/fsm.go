@@ -27,11 +27,14 @@ type waitEntry struct {
 
 // lockState is one held key. A key is in the table only while held: a
 // freed lock goes straight to the head waiter, or the key is deleted.
+// node and id name the request it was granted to, so that a node that
+// only learns of the grant from a snapshot can still deliver it.
 type lockState struct {
-	token   uint64
-	lease   uint16 // seconds
-	granted int64  // state-machine time of the grant
-	queue   []waitEntry
+	token    uint64
+	lease    uint16 // seconds
+	granted  int64  // state-machine time of the grant
+	node, id uint64
+	queue    []waitEntry
 }
 
 // fsm is one group's deterministic state machine (SPEC §5 rules, cluster
@@ -54,11 +57,12 @@ type fsm struct {
 	// node-local:
 	fresh []expiry // grants applied since the expiry driver last ran
 	heap  engine.DeadlineHeap[expiry]
-	cmd   command // decode scratch
+	load  map[uint64]uint64 // acquires and releases applied per proposing node, for leader placement
+	cmd   command           // decode scratch
 }
 
 func newFSM(g *group, firstToken uint64) *fsm {
-	return &fsm{g: g, locks: make(map[string]*lockState), lastToken: max(firstToken, 1) - 1}
+	return &fsm{g: g, locks: make(map[string]*lockState), load: make(map[uint64]uint64), lastToken: max(firstToken, 1) - 1}
 }
 
 // Update applies one batch. Malformed batches are skipped whole (they
@@ -84,8 +88,10 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 func (f *fsm) apply(c *command) {
 	switch c.kind {
 	case cmdAcquire:
+		f.load[c.node]++
 		f.acquire(c)
 	case cmdRelease:
+		f.load[c.node]++
 		r := engine.Result{Outcome: engine.NotHeld}
 		k := lockKey(c.tenant, c.key)
 		if l := f.locks[k]; l != nil && l.token == c.token {
@@ -116,7 +122,7 @@ func (f *fsm) acquire(c *command) {
 		default:
 			l = &lockState{}
 			f.locks[k] = l
-			f.grant(k, l, c.lease)
+			f.grant(k, l, c.node, c.id, c.lease)
 			r.Token = l.token
 		}
 		f.g.result(k, c.node, c.id, r)
@@ -154,12 +160,13 @@ func (f *fsm) admitKey(limit int) bool {
 	return true
 }
 
-func (f *fsm) grant(k string, l *lockState, lease uint16) {
+func (f *fsm) grant(k string, l *lockState, node, id uint64, lease uint16) {
 	f.lastToken++
 	f.issued++
 	l.token = f.lastToken
 	l.lease = lease
 	l.granted = f.now
+	l.node, l.id = node, id
 	f.fresh = append(f.fresh, expiry{key: k, token: l.token, lease: time.Duration(lease) * time.Second})
 }
 
@@ -177,7 +184,7 @@ func (f *fsm) free(k string, l *lockState) {
 		case f.lastToken == math.MaxUint64:
 			f.g.result(k, w.node, w.id, engine.Result{Outcome: engine.TokenExhausted})
 		default:
-			f.grant(k, l, w.lease)
+			f.grant(k, l, w.node, w.id, w.lease)
 			f.g.granted(k, w.node, w.id, engine.Result{
 				Outcome: engine.Granted, Token: l.token, Waited: time.Duration(f.now - w.enqueued),
 			})
@@ -216,7 +223,10 @@ func (f *fsm) Lookup(q any) (any, error) {
 	return uint64(0), nil
 }
 
-const snapshotVersion = 1
+// snapshotVersion 2 added each lock's holder (node, id). Version 1
+// snapshots, written by earlier builds, still restore with no holder
+// known: dragonboat stops the process when a snapshot cannot be read.
+const snapshotVersion = 2
 
 // SaveSnapshot writes the replicated state. IStateMachine snapshots block
 // Update for their duration; the state is a few dozen bytes per key.
@@ -253,6 +263,8 @@ func (f *fsm) SaveSnapshot(w io.Writer, _ sm.ISnapshotFileCollection, stop <-cha
 		b = binary.BigEndian.AppendUint64(b, l.token)
 		b = binary.BigEndian.AppendUint16(b, l.lease)
 		b = binary.BigEndian.AppendUint64(b, uint64(l.granted))
+		b = binary.BigEndian.AppendUint64(b, l.node)
+		b = binary.BigEndian.AppendUint64(b, l.id)
 		b = binary.BigEndian.AppendUint32(b, uint32(len(l.queue)))
 		for _, q := range l.queue {
 			b = binary.BigEndian.AppendUint64(b, q.node)
@@ -270,22 +282,32 @@ func (f *fsm) SaveSnapshot(w io.Writer, _ sm.ISnapshotFileCollection, stop <-cha
 
 // RecoverFromSnapshot replaces the state. Every held lock is handed to the
 // expiry driver with its full lease from now on this replica: a restored
-// replica may extend a lease, never shorten it.
+// replica may extend a lease, never shorten it. Grants and queue entries
+// of this node's requests that the snapshot holds are handed to the node
+// (group.restored), since no Update will report them.
 func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan struct{}) error {
 	br := bufio.NewReaderSize(r, 64<<10)
 	var hdr [1 + 8 + 8 + 8 + 1 + 8]byte
 	if _, err := io.ReadFull(br, hdr[:]); err != nil {
 		return err
 	}
-	if hdr[0] != snapshotVersion {
-		return fmt.Errorf("cluster: snapshot version %d", hdr[0])
+	version := hdr[0]
+	if version != 1 && version != snapshotVersion {
+		return fmt.Errorf("cluster: snapshot version %d, this build reads 1 and %d", version, snapshotVersion)
 	}
 	be := binary.BigEndian
 	locks := make(map[string]*lockState)
 	nLocks := be.Uint64(hdr[26:])
 	queued := 0
 	var fresh []expiry
-	var buf [8 + 8 + 8 + 8 + 2]byte
+	self := f.g.n.cfg.NodeID
+	var mine []ownedRequest // this node's requests the snapshot granted or queued
+	const waitEntryLen = 8 + 8 + 8 + 8 + 2
+	holderLen := 8 + 8
+	if version == 1 {
+		holderLen = 0
+	}
+	var buf [8 + 2 + 8 + 16 + 4]byte
 	for i := uint64(0); i < nLocks; i++ {
 		if i%4096 == 4095 {
 			select {
@@ -301,19 +323,31 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 		if _, err := io.ReadFull(br, kb); err != nil {
 			return err
 		}
-		if _, err := io.ReadFull(br, buf[:8+2+8+4]); err != nil {
+		if _, err := io.ReadFull(br, buf[:8+2+8+holderLen+4]); err != nil {
 			return err
 		}
 		l := &lockState{token: be.Uint64(buf[:]), lease: be.Uint16(buf[8:]), granted: int64(be.Uint64(buf[10:]))}
-		nq := int(be.Uint32(buf[18:]))
+		if holderLen > 0 {
+			l.node, l.id = be.Uint64(buf[18:]), be.Uint64(buf[26:])
+		}
+		nq := int(be.Uint32(buf[18+holderLen:]))
+		if l.node == self {
+			// Before its queue: a retried duplicate of the holder's own
+			// request may wait behind it.
+			mine = append(mine, ownedRequest{key: string(kb), id: l.id, token: l.token})
+		}
 		for range nq {
-			if _, err := io.ReadFull(br, buf[:]); err != nil {
+			if _, err := io.ReadFull(br, buf[:waitEntryLen]); err != nil {
 				return err
 			}
-			l.queue = append(l.queue, waitEntry{
+			w := waitEntry{
 				node: be.Uint64(buf[:]), id: be.Uint64(buf[8:]), waitUntil: int64(be.Uint64(buf[16:])),
 				enqueued: int64(be.Uint64(buf[24:])), lease: be.Uint16(buf[32:]),
-			})
+			}
+			l.queue = append(l.queue, w)
+			if w.node == self {
+				mine = append(mine, ownedRequest{key: string(kb), id: w.id})
+			}
 		}
 		queued += nq
 		k := string(kb)
@@ -331,7 +365,22 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 	f.heap = f.heap[:0]
 	f.fresh = fresh
 	f.restored.Add(1)
+	for _, o := range mine {
+		if o.token != 0 {
+			f.g.restoredGrant(o.id, o.token)
+		} else {
+			f.g.result(o.key, self, o.id, engine.Result{Outcome: engine.Queued})
+		}
+	}
 	return nil
+}
+
+// ownedRequest is a grant (token != 0) or queue entry of this node's
+// request id, found in a snapshot.
+type ownedRequest struct {
+	key   string
+	id    uint64
+	token uint64
 }
 
 func (f *fsm) Close() error { return nil }
@@ -342,6 +391,21 @@ type expiry struct {
 	key   string
 	token uint64
 	lease time.Duration // for fresh entries, before they are pushed
+}
+
+// takeLoad returns and resets the per-node command counts since the last
+// call: the busiest node other than self, and self's own count.
+func (f *fsm) takeLoad(self uint64) (busiest loadShare, own uint64) {
+	for node, n := range f.load {
+		switch {
+		case node == self:
+			own = n
+		case n > busiest.commands || n == busiest.commands && node < busiest.node:
+			busiest = loadShare{node: node, commands: n}
+		}
+	}
+	clear(f.load)
+	return busiest, own
 }
 
 // valid reports whether e still names the key's current token.

@@ -67,11 +67,11 @@ type Config struct {
 	RaftAddr string            // this node's Raft address; must equal Peers[NodeID]
 	Peers    map[uint64]string // every node, itself included: 3 or 5
 	DataDir  string            // NodeHost directory; the same dir on restart rejoins
-	Groups   int               // Raft groups, fixed at bootstrap (default 16)
+	Groups   int               // Raft groups, fixed at bootstrap (default 3)
 
 	RTT                time.Duration // network round trip (default 10 ms)
-	ElectionRTT        uint64        // election timeout in RTTs (default 20)
-	HeartbeatRTT       uint64        // heartbeat interval in RTTs (default 2)
+	ElectionRTT        uint64        // election timeout in RTTs (default 30)
+	HeartbeatRTT       uint64        // heartbeat interval in RTTs (default 5)
 	SnapshotEntries    uint64        // snapshot every N applied entries per group
 	CompactionOverhead uint64        // entries kept after a snapshot
 	MaxInMemLogSize    uint64        // per group; over it proposals get ErrSystemBusy
@@ -93,6 +93,10 @@ type Config struct {
 	// (default 1); it is fixed when the data dir is created.
 	ExecShards  uint64
 	LogDBShards uint64
+
+	// FixedLeaders turns leader placement off: a group's leadership then
+	// stays wherever elections put it (placement.go).
+	FixedLeaders bool
 
 	// FS, when set, keeps the NodeHost's files there (vfs.NewMem in tests).
 	FS     config.IFS
@@ -226,6 +230,7 @@ type nodeStats struct {
 	unavailable     atomic.Uint64
 	orphanReleases  atomic.Uint64
 	expires         atomic.Uint64
+	leaderTransfers atomic.Uint64
 }
 
 var _ server.Backend = (*Node)(nil)
@@ -254,10 +259,13 @@ type group struct {
 	mu    sync.Mutex
 	buf   []byte // header space + commands not yet proposed
 	count uint32
-	// orphans are grants to waiters gone from this node, to release.
-	orphans []expiry
-	dirty   atomic.Bool
-	kick    chan struct{}
+	// orphans are grants to waiters gone from this node, to release;
+	// releasing are those proposed, checked again once their proposal's
+	// fate is surely known, in case it was given up.
+	orphans   []expiry
+	releasing []orphanCheck
+	dirty     atomic.Bool
+	kick      chan struct{}
 	// slots bounds this node's proposals in flight for the group: while
 	// they are all out, new commands gather into the next batch. A second
 	// proposal only goes out beside the first when pipelineMin commands
@@ -265,7 +273,8 @@ type group struct {
 	slots chan struct{}
 	freed chan struct{}
 
-	wasLeader bool // expiry driver only
+	wasLeader bool            // expiry driver only
+	placement leaderPlacement // expiry driver only
 }
 
 // metaFile pins the group count and node id of a data dir.
@@ -352,6 +361,7 @@ func Start(cfg Config) (*Node, error) {
 	nhc.Expert.LogDB.Shards = cfg.LogDBShards
 	nhc.Expert.Engine = config.GetDefaultEngineConfig()
 	nhc.Expert.Engine.ExecShards = cfg.ExecShards
+	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger}
 	nh, err := dragonboat.NewNodeHost(nhc)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start NodeHost: %w", err)
@@ -597,7 +607,7 @@ func (n *Node) Stats() engine.Stats {
 
 // ClusterStats are counters for benchmarks and tests.
 type ClusterStats struct {
-	Proposals, Commands, ProposeRetries, ProposeFailures, Unavailable, OrphanReleases, Expires uint64
+	Proposals, Commands, ProposeRetries, ProposeFailures, Unavailable, OrphanReleases, Expires, LeaderTransfers uint64
 }
 
 // ClusterStats returns the node's Raft-side counters.
@@ -606,7 +616,7 @@ func (n *Node) ClusterStats() ClusterStats {
 	return ClusterStats{
 		Proposals: s.proposals.Load(), Commands: s.commands.Load(), ProposeRetries: s.proposeRetries.Load(),
 		ProposeFailures: s.proposeFailures.Load(), Unavailable: s.unavailable.Load(),
-		OrphanReleases: s.orphanReleases.Load(), Expires: s.expires.Load(),
+		OrphanReleases: s.orphanReleases.Load(), Expires: s.expires.Load(), LeaderTransfers: s.leaderTransfers.Load(),
 	}
 }
 
@@ -645,6 +655,11 @@ func (n *Node) register(p *pending) bool {
 	next, ok := n.timers.Next()
 	wake := !ok || p.deadline < next
 	n.timers.Push(p.deadline, p)
+	// Answered requests stay in the heap until their deadline (up to a
+	// 255 s wait): drop them once they outnumber the live ones.
+	if len(n.timers) > 64 && len(n.timers) > 3*len(n.reg) {
+		n.timers.Retain(func(p *pending) bool { return !p.done })
+	}
 	n.regMu.Unlock()
 	if wake {
 		select {
@@ -791,6 +806,25 @@ func (g *group) granted(key string, node, id uint64, r engine.Result) {
 	p.w.Resolve(p.owner, r)
 }
 
+// restoredGrant delivers a grant this node learnt of only from a snapshot
+// (it had fallen behind its group), if request id still waits for it. A
+// request no longer registered may have been answered with this very
+// grant before the node fell behind, so that lock is left to its lease,
+// never released here. Waited is 0: the client's validity bound then ends
+// at its send instant + lease, before the lease ends on any replica.
+func (g *group) restoredGrant(id, token uint64) {
+	n := g.n
+	n.regMu.Lock()
+	p := n.reg[id]
+	if p != nil {
+		n.finishLocked(p)
+	}
+	n.regMu.Unlock()
+	if p != nil {
+		p.w.Resolve(p.owner, engine.Result{Outcome: engine.Granted, Token: token})
+	}
+}
+
 // orphan queues the release of a grant nobody waits for. It runs inside
 // Update, so it only queues; the proposer drops the ones no longer
 // current before proposing (a restarted node replaying its log finds
@@ -825,13 +859,56 @@ func (g *group) releaseOrphans() {
 		return
 	}
 	g.n.stats.orphanReleases.Add(uint64(len(kept)))
+	// A batch may wait up to a propose timeout for a free slot, then be
+	// proposed for another one.
+	checkAt := g.n.clock() + 2*g.n.cfg.ProposeTimeout + g.n.attemptTimeout
 	g.mu.Lock()
 	for _, o := range kept {
 		tenant, key := splitLockKey(o.key)
 		g.buf = appendRelease(g.buf, g.n.cfg.NodeID, 0, o.token, tenant, key)
 		g.count++
+		g.releasing = append(g.releasing, orphanCheck{expiry: o, at: checkAt})
 	}
 	g.mu.Unlock()
+}
+
+// orphanCheck is an orphan release to look at again at instant at: if
+// its token is still current then, the proposal was given up (the group
+// had no leader for the whole propose timeout) and it is released again.
+type orphanCheck struct {
+	expiry
+	at time.Duration
+}
+
+// recheckOrphans queues again the orphan releases due for a check whose
+// lock is still held by the orphaned grant. Run by the expiry driver.
+func (g *group) recheckOrphans(now time.Duration, f *fsm) {
+	g.mu.Lock()
+	n := 0
+	for n < len(g.releasing) && g.releasing[n].at <= now {
+		n++
+	}
+	due := g.releasing[:n:n]
+	g.releasing = g.releasing[n:]
+	g.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	f.mu.Lock()
+	var again []expiry
+	for _, c := range due {
+		if f.valid(c.expiry) {
+			again = append(again, c.expiry)
+		}
+	}
+	f.mu.Unlock()
+	if len(again) == 0 {
+		return
+	}
+	g.mu.Lock()
+	g.orphans = append(g.orphans, again...)
+	g.mu.Unlock()
+	g.propose()
 }
 
 // ---- proposals ----
@@ -1014,8 +1091,19 @@ func (n *Node) expiryLoop(ctx context.Context) {
 			if leader {
 				due = f.due(now, expireRetry, due[:0])
 			}
+			var moveTo uint64
+			if g.placement.due(now) {
+				busiest, own := f.takeLoad(n.cfg.NodeID)
+				if !n.cfg.FixedLeaders {
+					moveTo = g.placement.observe(now, leader, busiest, own)
+				}
+			}
 			f.mu.Unlock()
 			g.wasLeader = leader
+			if moveTo != 0 {
+				n.moveLeader(g, moveTo)
+			}
+			g.recheckOrphans(now, f)
 			if len(due) == 0 {
 				continue
 			}
@@ -1031,6 +1119,18 @@ func (n *Node) expiryLoop(ctx context.Context) {
 			g.propose()
 		}
 	}
+}
+
+// moveLeader asks for group g's leadership to pass to node to. Raft only
+// hands it over once to has the whole log; until then, and if it fails,
+// this node stays leader.
+func (n *Node) moveLeader(g *group, to uint64) {
+	if err := n.nh.RequestLeaderTransfer(g.shardID, to); err != nil {
+		n.log.Debug().Err(err).Uint64("group", g.shardID).Uint64("to", to).Msg("leader transfer not started")
+		return
+	}
+	n.stats.leaderTransfers.Add(1)
+	n.log.Info().Uint64("group", g.shardID).Uint64("to", to).Msg("moving group leader toward its load")
 }
 
 // PeerList formats peers as the --peers flag does, sorted by id.
@@ -1065,8 +1165,9 @@ func (n *Node) WritePrometheus(w io.Writer) {
 		{"lockd_cluster_propose_retries_total", "Proposals retried because the group certainly did not take them.", s.ProposeRetries},
 		{"lockd_cluster_propose_failures_total", "Proposals given up (the requests were answered E unavailable).", s.ProposeFailures},
 		{"lockd_cluster_unavailable_total", "Requests answered E unavailable.", s.Unavailable},
-		{"lockd_cluster_orphan_releases_total", "Grants to waiters gone from this node, released by the node.", s.OrphanReleases},
+		{"lockd_cluster_orphan_releases_total", "Release proposals, retries included, for grants whose waiter is gone from this node.", s.OrphanReleases},
 		{"lockd_cluster_expires_total", "Lease expiries proposed by this node as a group leader.", s.Expires},
+		{"lockd_cluster_leader_transfers_total", "Leader transfers this node asked for, as a group leader, toward the node proposing most.", s.LeaderTransfers},
 	} {
 		p("# HELP %s %s\n# TYPE %s counter\n%s %d\n", c.name, c.help, c.name, c.name, c.v)
 	}

@@ -122,6 +122,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool), std
 	fs.StringVar(&cc.DataDir, "data-dir", "", "cluster: Raft log and snapshot directory; restarting with it rejoins")
 	fs.IntVar(&cc.Groups, "groups", cluster.DefaultGroups, "cluster: Raft groups, fixed at bootstrap")
 	fs.IntVar(&rttMs, "rtt-ms", int(cluster.DefaultRTT/time.Millisecond), "cluster: network round trip in ms (election timeout is 30-60 RTTs, heartbeat every 5)")
+	fs.BoolVar(&cc.FixedLeaders, "fixed-leaders", false, "cluster: never move a group's leadership to the node proposing most of its requests")
 	fs.DurationVar(&cc.ProposeTimeout, "propose-timeout", cluster.DefaultProposeTimeout, "cluster: answer E unavailable when a group has not committed a request in this time")
 
 	if err := envflag.Apply(fs, lookupEnv); err != nil {

@@ -1,0 +1,75 @@
+package cluster
+
+import "time"
+
+// Leader placement ("follow the load"). A request proposed on a follower
+// costs a forward to the group's leader and, before it can be answered, a
+// wait for the leader's commit notice: about twice the latency of the
+// same request on the leader, and more messages per proposal. Clients
+// often favour one node (one load balancer target, one region), so a
+// group's leader moves to the node that proposes most of its commands.
+//
+// Only the current leader decides, from what its own state machine
+// applied (every command names its proposing node), so two nodes never
+// pull one group in different directions. It asks for a transfer when one
+// other node proposed at least placementMin commands in each of
+// placementStrikes consecutive windows and more than placementRatio times
+// the leader's own; balanced or shifting load never qualifies, and a
+// transfer is asked at most once per placementCooldown per group.
+const (
+	placementWindow   = time.Second
+	placementMin      = 16
+	placementRatio    = 2
+	placementStrikes  = 2
+	placementCooldown = 5 * time.Second
+)
+
+// loadShare is how many commands one node proposed to a group in a
+// window.
+type loadShare struct {
+	node     uint64
+	commands uint64
+}
+
+// leaderPlacement is one group's placement decision on one node, driven
+// by the expiry loop's clock; deterministic, no I/O.
+type leaderPlacement struct {
+	windowEnd    time.Duration
+	candidate    uint64 // the node that qualified in the last strikes windows
+	strikes      int
+	lastTransfer time.Duration
+	transferred  bool
+}
+
+// observe is called every expiry tick. When a window ended, load is the
+// window's busiest other node and own this node's commands (read and
+// reset by the caller only then: due reports it). It returns the node to
+// hand the leadership to, or 0.
+func (p *leaderPlacement) observe(now time.Duration, leader bool, busiest loadShare, own uint64) uint64 {
+	if !leader || busiest.commands < placementMin || busiest.commands <= placementRatio*own {
+		p.strikes = 0
+		return 0
+	}
+	if busiest.node != p.candidate {
+		p.candidate, p.strikes = busiest.node, 0
+	}
+	if p.strikes++; p.strikes < placementStrikes {
+		return 0
+	}
+	if p.transferred && now < p.lastTransfer+placementCooldown {
+		return 0
+	}
+	p.strikes = 0
+	p.transferred = true
+	p.lastTransfer = now
+	return busiest.node
+}
+
+// due reports whether a window ended at now, starting the next one.
+func (p *leaderPlacement) due(now time.Duration) bool {
+	if now < p.windowEnd {
+		return false
+	}
+	p.windowEnd = now + placementWindow
+	return true
+}

@@ -1,0 +1,137 @@
+package cluster
+
+import (
+	"testing"
+	"time"
+
+	sm "github.com/lni/dragonboat/v4/statemachine"
+	"github.com/lockd/lockd/engine"
+)
+
+// The leader hands a group over only to a node that proposed clearly more
+// than itself for placementStrikes windows in a row, and at most once per
+// cooldown.
+func TestLeaderPlacementDecision(t *testing.T) {
+	heavy := loadShare{node: 2, commands: 300}
+	type step struct {
+		at      time.Duration
+		leader  bool
+		busiest loadShare
+		own     uint64
+		want    uint64
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"two heavy windows move it", []step{
+			{1 * time.Second, true, heavy, 10, 0},
+			{2 * time.Second, true, heavy, 10, 2},
+		}},
+		{"one window is not enough", []step{
+			{1 * time.Second, true, heavy, 10, 0},
+			{2 * time.Second, true, loadShare{2, 5}, 10, 0},
+			{3 * time.Second, true, heavy, 10, 0},
+		}},
+		{"the same node must qualify twice", []step{
+			{1 * time.Second, true, heavy, 10, 0},
+			{2 * time.Second, true, loadShare{3, 300}, 10, 0},
+			{3 * time.Second, true, heavy, 10, 0},
+			{4 * time.Second, true, heavy, 10, 2},
+		}},
+		{"a follower never decides", []step{
+			{1 * time.Second, false, heavy, 0, 0},
+			{2 * time.Second, false, heavy, 0, 0},
+		}},
+		{"balanced load stays", []step{
+			{1 * time.Second, true, loadShare{2, 300}, 150, 0},
+			{2 * time.Second, true, loadShare{2, 300}, 150, 0},
+			{3 * time.Second, true, loadShare{2, 300}, 150, 0},
+		}},
+		{"too little load stays", []step{
+			{1 * time.Second, true, loadShare{2, placementMin - 1}, 0, 0},
+			{2 * time.Second, true, loadShare{2, placementMin - 1}, 0, 0},
+		}},
+		{"no other node", []step{
+			{1 * time.Second, true, loadShare{}, 500, 0},
+			{2 * time.Second, true, loadShare{}, 500, 0},
+		}},
+		{"cooldown after a transfer", []step{
+			{1 * time.Second, true, heavy, 0, 0},
+			{2 * time.Second, true, heavy, 0, 2}, // the transfer failed: still leader
+			{3 * time.Second, true, heavy, 0, 0},
+			{4 * time.Second, true, heavy, 0, 0},
+			{2*time.Second + placementCooldown, true, heavy, 0, 2},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var p leaderPlacement
+			for i, s := range tc.steps {
+				if got := p.observe(s.at, s.leader, s.busiest, s.own); got != s.want {
+					t.Fatalf("step %d at %v: moved to %d, want %d", i, s.at, got, s.want)
+				}
+			}
+		})
+	}
+}
+
+// The state machine counts each node's acquires and releases (not the
+// leader's expiries) and takeLoad reports the busiest other node.
+func TestTakeLoadCountsProposers(t *testing.T) {
+	f := detachedFSM()
+	b := make([]byte, headerLen)
+	for i := range 5 {
+		b = appendAcquire(b, 3, uint64(2*i+1), 30, 0, 1<<20, "t", []byte{'a', byte(i)})
+	}
+	for i := range 2 {
+		b = appendAcquire(b, 1, uint64(100+2*i+1), 30, 0, 1<<20, "t", []byte{'b', byte(i)})
+	}
+	b = appendRelease(b, 3, 0, 1, "t", []byte{'a', 0})
+	b = appendRelease(b, 2, 7, 1, "t", []byte("x"))
+	b = appendExpire(b, 2, "t", []byte{'a', 1})
+	putHeader(b, 1, 10)
+	if _, err := f.Update(sm.Entry{Cmd: b}); err != nil {
+		t.Fatal(err)
+	}
+
+	busiest, own := f.takeLoad(1)
+	if busiest != (loadShare{node: 3, commands: 6}) || own != 2 {
+		t.Fatalf("busiest %+v own %d, want node 3 with 6 and own 2", busiest, own)
+	}
+	if busiest, own = f.takeLoad(1); busiest != (loadShare{}) || own != 0 {
+		t.Fatalf("counts not reset: %+v %d", busiest, own)
+	}
+}
+
+// Traffic that enters through one follower moves its group's leadership
+// there, so its requests stop paying the forward and the commit notice.
+func TestLeaderFollowsLoad(t *testing.T) {
+	tc := newTestCluster(t, 3, nil)
+	const key = "follow-me"
+	leader := tc.leaderOf(key)
+	via := 1 + leader%3
+	n := tc.node(via)
+	group := n.GroupOf("default", []byte(key))
+	deadline := time.Now().Add(20 * time.Second)
+	owner := uint64(0)
+	for n.Leader(group) != via {
+		if time.Now().After(deadline) {
+			t.Fatalf("group %d still led by %d after 20 s of traffic through node %d", group, n.Leader(group), via)
+		}
+		rec := newRecorder() // one per cycle: a recorder holds a bounded number of answers
+		owner++
+		r := acquire(t, n, rec, owner, key, 30*time.Second, 0)
+		if r.Outcome == engine.Unavailable {
+			continue // the hand-over's election
+		}
+		if r.Outcome != engine.Granted {
+			t.Fatalf("acquire: %+v", r)
+		}
+		owner++
+		release(t, n, rec, owner, key, r.Token)
+	}
+	if got := tc.node(leader).ClusterStats().LeaderTransfers; got == 0 {
+		t.Fatalf("node %d moved no leader, yet group %d is now led by %d", leader, group, via)
+	}
+	t.Logf("group %d moved from node %d to node %d after %d requests", group, leader, via, owner)
+}
