@@ -74,7 +74,7 @@ groups_led() {
 	done
 }
 
-install_missing etcd=etcd-server
+install_missing etcd=etcd-server curl=curl
 go build -o "$BIN/" ./cmd/lockd ./cmd/lockbench
 refuse_busy_ports "${lockd_client[@]}" "${lockd_admin[@]}" "${lockd_raft[@]}" "${etcd_client[@]}" "${etcd_peer[@]}"
 

@@ -656,7 +656,9 @@ func (n *Node) register(p *pending) bool {
 	wake := !ok || p.deadline < next
 	n.timers.Push(p.deadline, p)
 	// Answered requests stay in the heap until their deadline (up to a
-	// 255 s wait): drop them once they outnumber the live ones.
+	// 255 s wait): drop them once they outnumber the live ones. A queued
+	// request keeps its stale first entry too, so the heap stays within
+	// twice the live requests after a pass: passes are rare.
 	if len(n.timers) > 64 && len(n.timers) > 3*len(n.reg) {
 		n.timers.Retain(func(p *pending) bool { return !p.done })
 	}
@@ -873,8 +875,10 @@ func (g *group) releaseOrphans() {
 }
 
 // orphanCheck is an orphan release to look at again at instant at: if
-// its token is still current then, the proposal was given up (the group
-// had no leader for the whole propose timeout) and it is released again.
+// its token is still current then, the proposal was most likely given up
+// (the group had no leader for the whole propose timeout) and it is
+// released again; a duplicate release of a token no longer current is a
+// no-op.
 type orphanCheck struct {
 	expiry
 	at time.Duration

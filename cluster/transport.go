@@ -67,7 +67,8 @@ var (
 type raftTransportFactory struct{ log zerolog.Logger }
 
 func (f raftTransportFactory) Create(nhc config.NodeHostConfig, mh raftio.MessageHandler, ch raftio.ChunkHandler) raftio.ITransport {
-	return &raftTransport{addr: nhc.GetListenAddress(), log: f.log, onMessages: mh, onChunk: ch, conns: make(map[net.Conn]struct{})}
+	return &raftTransport{addr: nhc.GetListenAddress(), log: f.log, onMessages: mh, onChunk: ch,
+		conns: make(map[net.Conn]struct{}), done: make(chan struct{})}
 }
 
 func (raftTransportFactory) Validate(addr string) bool {
@@ -86,6 +87,7 @@ type raftTransport struct {
 	ln     net.Listener
 	conns  map[net.Conn]struct{} // accepted, open
 	closed bool
+	done   chan struct{} // closed by Close
 	wg     sync.WaitGroup
 }
 
@@ -117,7 +119,11 @@ func (t *raftTransport) accept() {
 			// until restarted.
 			pause = min(max(2*pause, 5*time.Millisecond), acceptRetryMax)
 			t.log.Error().Err(err).Dur("retry_in", pause).Msg("raft transport: accept failed")
-			time.Sleep(pause)
+			select {
+			case <-t.done:
+				return
+			case <-time.After(pause):
+			}
 			continue
 		}
 		pause = 0
@@ -196,6 +202,9 @@ func readFrame(r io.Reader, buf []byte) (kind byte, body []byte, err error) {
 
 func (t *raftTransport) Close() error {
 	t.mu.Lock()
+	if !t.closed {
+		close(t.done)
+	}
 	t.closed = true
 	for conn := range t.conns {
 		conn.Close()
