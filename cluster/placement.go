@@ -14,14 +14,22 @@ import "time"
 // pull one group in different directions. It asks for a transfer when one
 // other node proposed at least placementMin commands in each of
 // placementStrikes consecutive windows and more than placementRatio times
-// the leader's own; balanced or shifting load never qualifies, and a
-// transfer is asked at most once per placementCooldown per group.
+// the leader's own; balanced or shifting load never qualifies.
+//
+// A transfer is asked at most once per placementCooldown per group, and
+// that pause doubles (up to placementCooldown << placementMaxBackoff)
+// each time the leader finds itself still leader when it would ask again:
+// Raft gives a hand-over up after an election timeout when it did not
+// complete (under load dragonboat does so now and then), and while one is
+// pending the leader drops every proposal, so unfulfilled requests must
+// stay rare.
 const (
-	placementWindow   = time.Second
-	placementMin      = 16
-	placementRatio    = 2
-	placementStrikes  = 2
-	placementCooldown = 5 * time.Second
+	placementWindow     = time.Second
+	placementMin        = 16
+	placementRatio      = 2
+	placementStrikes    = 2
+	placementCooldown   = 5 * time.Second
+	placementMaxBackoff = 5 // doublings: 160 s
 )
 
 // loadShare is how many commands one node proposed to a group in a
@@ -34,11 +42,11 @@ type loadShare struct {
 // leaderPlacement is one group's placement decision on one node, driven
 // by the expiry loop's clock; deterministic, no I/O.
 type leaderPlacement struct {
-	windowEnd    time.Duration
-	candidate    uint64 // the node that qualified in the last strikes windows
-	strikes      int
-	lastTransfer time.Duration
-	transferred  bool
+	windowEnd time.Duration
+	candidate uint64 // the node that qualified in the last strikes windows
+	strikes   int
+	nextTry   time.Duration // no transfer asked before this instant
+	unmet     int           // transfers asked while this node stayed leader
 }
 
 // observe is called every expiry tick. When a window ended, load is the
@@ -46,22 +54,23 @@ type leaderPlacement struct {
 // reset by the caller only then: due reports it). It returns the node to
 // hand the leadership to, or 0.
 func (p *leaderPlacement) observe(now time.Duration, leader bool, busiest loadShare, own uint64) uint64 {
-	if !leader || busiest.commands < placementMin || busiest.commands <= placementRatio*own {
+	if !leader {
+		p.strikes, p.unmet = 0, 0 // a hand-over done, or leadership lost
+		return 0
+	}
+	if busiest.commands < placementMin || busiest.commands <= placementRatio*own {
 		p.strikes = 0
 		return 0
 	}
 	if busiest.node != p.candidate {
 		p.candidate, p.strikes = busiest.node, 0
 	}
-	if p.strikes++; p.strikes < placementStrikes {
-		return 0
-	}
-	if p.transferred && now < p.lastTransfer+placementCooldown {
+	if p.strikes++; p.strikes < placementStrikes || now < p.nextTry {
 		return 0
 	}
 	p.strikes = 0
-	p.transferred = true
-	p.lastTransfer = now
+	p.nextTry = now + placementCooldown<<min(p.unmet, placementMaxBackoff)
+	p.unmet++
 	return busiest.node
 }
 

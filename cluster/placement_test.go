@@ -56,12 +56,24 @@ func TestLeaderPlacementDecision(t *testing.T) {
 			{1 * time.Second, true, loadShare{}, 500, 0},
 			{2 * time.Second, true, loadShare{}, 500, 0},
 		}},
-		{"cooldown after a transfer", []step{
+		{"unmet transfers back off", []step{
 			{1 * time.Second, true, heavy, 0, 0},
-			{2 * time.Second, true, heavy, 0, 2}, // the transfer failed: still leader
+			{2 * time.Second, true, heavy, 0, 2}, // Raft gave it up: still leader
 			{3 * time.Second, true, heavy, 0, 0},
 			{4 * time.Second, true, heavy, 0, 0},
 			{2*time.Second + placementCooldown, true, heavy, 0, 2},
+			{3*time.Second + placementCooldown, true, heavy, 0, 0},
+			{2*time.Second + 3*placementCooldown - time.Second, true, heavy, 0, 0},
+			{2*time.Second + 3*placementCooldown, true, heavy, 0, 2}, // after twice the pause
+		}},
+		{"losing leadership resets the back-off", []step{
+			{1 * time.Second, true, heavy, 0, 0},
+			{2 * time.Second, true, heavy, 0, 2},
+			{3 * time.Second, false, heavy, 0, 0}, // handed over
+			{30 * time.Second, true, heavy, 0, 0}, // leader again, later
+			{31 * time.Second, true, heavy, 0, 2},
+			{32 * time.Second, true, heavy, 0, 0},
+			{31*time.Second + placementCooldown, true, heavy, 0, 2}, // the base pause again
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
