@@ -284,7 +284,7 @@ func (f *fsm) SaveSnapshot(w io.Writer, _ sm.ISnapshotFileCollection, stop <-cha
 // expiry driver with its full lease from now on this replica: a restored
 // replica may extend a lease, never shorten it. Grants and queue entries
 // of this node's requests that the snapshot holds are handed to the node
-// (group.restored), since no Update will report them.
+// (group.restoredGrant, group.result), since no Update will report them.
 func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan struct{}) error {
 	br := bufio.NewReaderSize(r, 64<<10)
 	var hdr [1 + 8 + 8 + 8 + 1 + 8]byte

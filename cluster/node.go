@@ -260,8 +260,8 @@ type group struct {
 	buf   []byte // header space + commands not yet proposed
 	count uint32
 	// orphans are grants to waiters gone from this node, to release;
-	// releasing are those proposed, checked again once their proposal's
-	// fate is surely known, in case it was given up.
+	// releasing are those proposed, to be checked again later in case
+	// their proposal was given up (recheckOrphans).
 	orphans   []expiry
 	releasing []orphanCheck
 	dirty     atomic.Bool
