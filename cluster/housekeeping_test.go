@@ -60,3 +60,28 @@ func TestGivenUpOrphanReleaseIsRetried(t *testing.T) {
 		return n.Token("default", []byte(key)) == 0
 	})
 }
+
+// A request a follower forwarded to a leader that then died is proposed
+// again as soon as the follower sees the group's new leader. With an
+// attempt timeout of an hour it would otherwise be answered E unavailable
+// at its propose timeout.
+func TestForwardedRequestFollowsTheNewLeader(t *testing.T) {
+	tc := newTestCluster(t, 3, func(c *Config) {
+		c.ProposeTimeout = 30 * time.Second
+		c.FixedLeaders = true
+	})
+	rec := newRecorder()
+	const key = "forwarded"
+	leader := tc.leaderOf(key)
+	via := 1 + leader%3
+	n := tc.node(via)
+	n.attemptTimeout = time.Hour // only a leader change can send it again
+	tc.stop(leader)              // the follower learns of it only at its election timeout
+	startAcquire(t, n, rec, 1, key, 30*time.Second, 0)
+	if r := rec.wait(t, 1, 15*time.Second); r.Outcome != engine.Granted {
+		t.Fatalf("acquire forwarded to a dead leader: %+v", r)
+	}
+	if leader == n.Leader(n.GroupOf("default", []byte(key))) {
+		t.Fatal("the dead node still leads the group")
+	}
+}

@@ -273,8 +273,12 @@ type group struct {
 	slots chan struct{}
 	freed chan struct{}
 
-	wasLeader bool            // expiry driver only
-	placement leaderPlacement // expiry driver only
+	wasLeader  bool            // expiry driver only
+	leaderSeen uint64          // expiry driver only
+	placement  leaderPlacement // expiry driver only
+	// newLeader is closed, and replaced, when the group's leader changes:
+	// proposals in flight then go out again at once (see watch).
+	newLeader atomic.Pointer[chan struct{}]
 }
 
 // metaFile pins the group count and node id of a data dir.
@@ -376,6 +380,7 @@ func Start(cfg Config) (*Node, error) {
 		g := &group{n: n, idx: i, shardID: shardID(cfg.Groups, i), maxKeys: perGroup,
 			kick: make(chan struct{}, 1), slots: make(chan struct{}, proposalsInFlight), freed: make(chan struct{}, 1)}
 		g.buf = make([]byte, headerLen, 4096)
+		g.newLeader.Store(new(make(chan struct{})))
 		n.groups = append(n.groups, g)
 		rc := config.Config{
 			ReplicaID:   cfg.NodeID,
@@ -1020,11 +1025,12 @@ func (g *group) send(ctx context.Context, b []byte, deadline time.Time) bool {
 			n.stats.proposeFailures.Add(1)
 			return false
 		}
+		leaderChanged := *g.newLeader.Load()
 		rs, err := n.nh.Propose(n.nh.GetNoOPSession(g.shardID), b, min(left, n.attemptTimeout))
 		if err == nil {
 			n.stats.proposals.Add(1)
 			n.stats.commands.Add(uint64(binaryCount(b)))
-			go g.watch(ctx, rs, b, deadline)
+			go g.watch(ctx, rs, leaderChanged, b, deadline)
 			return true
 		}
 		if !dragonboat.IsTempError(err) {
@@ -1043,11 +1049,23 @@ func (g *group) send(ctx context.Context, b []byte, deadline time.Time) bool {
 func binaryCount(b []byte) uint32 { return binary.BigEndian.Uint32(b[9:]) }
 
 // watch waits for a proposal's fate and sends it again when it was
-// dropped or timed out.
-func (g *group) watch(ctx context.Context, rs *dragonboat.RequestState, b []byte, deadline time.Time) {
+// dropped or timed out, or at once when the group's leader changed while
+// it was out: a dead leader loses what a follower forwarded to it, and a
+// leader handing over drops it, without telling the follower, which
+// would otherwise learn only at the attempt timeout (two election
+// timeouts). Sending a proposal twice is safe (see send).
+func (g *group) watch(ctx context.Context, rs *dragonboat.RequestState, leaderChanged <-chan struct{}, b []byte, deadline time.Time) {
 	var r dragonboat.RequestResult
 	select {
 	case r = <-rs.ResultC():
+	case <-leaderChanged:
+		// rs completes on its own; its outcome no longer matters.
+		g.n.stats.proposeRetries.Add(1)
+		if g.send(ctx, b, deadline) {
+			return // the new watcher owns the slot
+		}
+		g.freeSlot()
+		return
 	case <-ctx.Done():
 		g.freeSlot()
 		return
@@ -1085,7 +1103,14 @@ func (n *Node) expiryLoop(ctx context.Context) {
 			if f == nil {
 				continue
 			}
-			leader := n.Leader(i) == n.cfg.NodeID
+			leaderID := n.Leader(i)
+			if leaderID != 0 && leaderID != g.leaderSeen {
+				if g.leaderSeen != 0 {
+					close(*g.newLeader.Swap(new(make(chan struct{}))))
+				}
+				g.leaderSeen = leaderID
+			}
+			leader := leaderID == n.cfg.NodeID
 			now := n.clock()
 			f.mu.Lock()
 			f.stampFresh(now)
