@@ -677,6 +677,18 @@ func (n *Node) register(p *pending) bool {
 	return true
 }
 
+// claim retires the request registered as id and returns it, or nil if
+// none is (answered, cancelled, or not of this node's current run).
+func (n *Node) claim(id uint64) *pending {
+	n.regMu.Lock()
+	defer n.regMu.Unlock()
+	p := n.reg[id]
+	if p != nil {
+		n.finishLocked(p)
+	}
+	return p
+}
+
 // finishLocked retires p, giving back its gates; false if it was already.
 func (n *Node) finishLocked(p *pending) bool {
 	if p.done {
@@ -795,12 +807,7 @@ func (g *group) granted(key string, node, id uint64, r engine.Result) {
 	if node != n.cfg.NodeID {
 		return
 	}
-	n.regMu.Lock()
-	p := n.reg[id]
-	if p != nil {
-		n.finishLocked(p)
-	}
-	n.regMu.Unlock()
+	p := n.claim(id)
 	if p == nil {
 		if n.ownRun(id) {
 			g.orphan(key, r.Token)
@@ -820,14 +827,7 @@ func (g *group) granted(key string, node, id uint64, r engine.Result) {
 // never released here. Waited is 0: the client's validity bound then ends
 // at its send instant + lease, before the lease ends on any replica.
 func (g *group) restoredGrant(id, token uint64) {
-	n := g.n
-	n.regMu.Lock()
-	p := n.reg[id]
-	if p != nil {
-		n.finishLocked(p)
-	}
-	n.regMu.Unlock()
-	if p != nil {
+	if p := g.n.claim(id); p != nil {
 		p.w.Resolve(p.owner, engine.Result{Outcome: engine.Granted, Token: token})
 	}
 }
