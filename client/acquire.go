@@ -70,7 +70,20 @@ func (c *Client) Acquire(ctx context.Context, key string, opts AcquireOptions) (
 	case outUnsent, outExpired:
 		return Ticket{}, notSentError(ctx)
 	}
+	if c.waitElapsed(ctx, req) {
+		return Ticket{}, fmt.Errorf("%w: %w: acquire of %q may have reached the server: %w", ErrIndeterminate, ErrWaitElapsed, key, req.cause)
+	}
 	return Ticket{}, fmt.Errorf("%w: acquire of %q: %w", ErrIndeterminate, key, req.cause)
+}
+
+// waitElapsed reports whether a waiting acquire ended because its
+// deadline — the wait's, or an earlier one of ctx — passed, rather than
+// because ctx was cancelled or the session failed.
+func (c *Client) waitElapsed(ctx context.Context, req *request) bool {
+	if req.immediate {
+		return false
+	}
+	return !c.clock.Now().Before(req.deadline) || errors.Is(ctx.Err(), context.DeadlineExceeded)
 }
 
 // unsentAcquireError maps why an acquire was never enqueued.
@@ -103,8 +116,12 @@ func (c *Client) gate(ctx context.Context, req *request, p acquireParams) (Ticke
 	validUntil := req.sentAt.Add(span - driftMargin(span))
 	if !now.Before(req.deadline) || ctx.Err() != nil {
 		fate := c.compensate(req.key, req.granted, now)
-		return Ticket{}, fmt.Errorf("%w: %q was granted (token %d) but the call had ended; %s",
+		err := fmt.Errorf("%w: %q was granted (token %d) but the call had ended; %s",
 			ErrIndeterminate, req.key, req.granted, fate)
+		if c.waitElapsed(ctx, req) {
+			err = fmt.Errorf("%w: %w", ErrWaitElapsed, err)
+		}
+		return Ticket{}, err
 	}
 	if left := validUntil.Sub(now); left < p.budget {
 		fate := c.compensate(req.key, req.granted, now)

@@ -58,6 +58,15 @@ var (
 	// After Release the lock may still be held until its lease expires.
 	ErrIndeterminate = errors.New("lockd client: outcome indeterminate, the lock may be held")
 
+	// ErrWaitElapsed accompanies ErrIndeterminate (both match errors.Is)
+	// when an acquire with a wait ends because that wait ran out after its
+	// request may have reached the server. The server's wait is never
+	// shorter than the caller's, so a queued acquire that waits its whole
+	// time ends so, never with a TIMEOUT: a grant at the last instant
+	// lapses with its lease, unseen. Code that only asks "do I hold it?"
+	// may treat it like ErrTimeout; the lock is not held by this caller.
+	ErrWaitElapsed = errors.New("lockd client: the wait ran out")
+
 	// ErrNotHeld: the server answered NOT HELD to a release — the key is
 	// absent, the lease expired or the token is no longer current. The
 	// caller does not hold the lock (and may not have held it for a while:

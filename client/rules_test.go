@@ -224,8 +224,8 @@ func TestDeadlineAfterSendIsIndeterminateAndClosesThatSession(t *testing.T) {
 	sentOn := p.seen(codec.OpAcquire)[0].conn
 	clk.Advance(2 * time.Second)
 
-	if r := await(t, res); !errors.Is(r.Err, ErrIndeterminate) {
-		t.Fatalf("got %v, want ErrIndeterminate", r.Err)
+	if r := await(t, res); !errors.Is(r.Err, ErrIndeterminate) || !errors.Is(r.Err, ErrWaitElapsed) {
+		t.Fatalf("got %v, want ErrIndeterminate and ErrWaitElapsed", r.Err)
 	}
 	eventually(t, "the session that sent is closed", func() bool { return p.connEnded(sentOn) })
 	if p.connEnded(1 - sentOn) {

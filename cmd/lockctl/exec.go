@@ -27,8 +27,7 @@ func runExec(ctx context.Context, o *options, key string, argv []string, streams
 
 	c, ticket, err := acquireInterruptibly(ctx, o, key, signals)
 	if err != nil {
-		fmt.Fprintln(streams.err, "lockctl exec:", err)
-		return acquireExit(err)
+		return reportAcquireError(streams.err, "exec", err)
 	}
 	defer c.Close()
 	defer release(c, ticket, streams)

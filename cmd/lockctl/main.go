@@ -33,7 +33,8 @@ CMD's status (128+N when a signal N ended it).
 
 lockctl's own exit status: 0 done; 1 failure (connection, authentication,
 outcome unknown); 2 usage; 3 release answered NOT HELD; 75 not acquired
-(timeout, busy, unavailable: definitive, nothing is held).
+(timeout, busy, unavailable, or --wait ran out on a lock that stayed held:
+nothing is held by lockctl).
 
 Every flag can also be set with LOCKD_<NAME> (--secret-file as
 LOCKD_SECRET_FILE); a flag on the command line wins. The tenant's secret,
@@ -215,10 +216,26 @@ func (o *options) acquireOptions() client.AcquireOptions {
 	return client.AcquireOptions{Lease: o.lease, Wait: o.wait, MinWorkBudget: client.Budget(o.budget)}
 }
 
+// waitElapsedNote is what lockctl adds when --wait ran out on a lock that
+// stayed held: the client's answer is indeterminate by design (the server
+// may grant at the last instant), but nobody who runs lockctl holds it.
+const waitElapsedNote = "not acquired within --wait; a grant at the last instant would lapse with its lease"
+
+// reportAcquireError prints why an acquire failed and returns the exit
+// status.
+func reportAcquireError(w io.Writer, cmd string, err error) int {
+	if errors.Is(err, client.ErrWaitElapsed) {
+		fmt.Fprintf(w, "lockctl %s: %s (%v)\n", cmd, waitElapsedNote, err)
+	} else {
+		fmt.Fprintf(w, "lockctl %s: %v\n", cmd, err)
+	}
+	return acquireExit(err)
+}
+
 // acquireExit is the exit status of a failed acquire.
 func acquireExit(err error) int {
 	switch {
-	case errors.Is(err, client.ErrTimeout), errors.Is(err, client.ErrBusy), errors.Is(err, client.ErrUnavailable),
+	case errors.Is(err, client.ErrWaitElapsed), errors.Is(err, client.ErrTimeout), errors.Is(err, client.ErrBusy), errors.Is(err, client.ErrUnavailable),
 		errors.Is(err, client.ErrShuttingDown), errors.Is(err, client.ErrTokenExhausted):
 		return exitNotAcquired
 	case errors.Is(err, client.ErrBadKey), errors.Is(err, client.ErrUnsupportedDuration), errors.Is(err, client.ErrInsufficientLease):
@@ -238,8 +255,7 @@ func runAcquire(ctx context.Context, o *options, key string, streams stdio) int 
 	defer c.Close()
 	ticket, err := c.Acquire(ctx, key, o.acquireOptions())
 	if err != nil {
-		fmt.Fprintln(streams.err, "lockctl acquire:", err)
-		return acquireExit(err)
+		return reportAcquireError(streams.err, "acquire", err)
 	}
 	fmt.Fprintln(streams.out, ticket.Token())
 	return exitOK

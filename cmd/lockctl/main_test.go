@@ -104,6 +104,22 @@ func TestAcquireAndRelease(t *testing.T) {
 	}
 }
 
+func TestWaitThatRunsOutOnAHeldLockIsNotAcquired(t *testing.T) {
+	addr := startServer(t, nil)
+	if code, _, errs := (ctl{}).run("acquire", "--addr", addr, "--lease", "1m", "held"); code != exitOK {
+		t.Fatalf("first acquire: %d %s", code, errs)
+	}
+	for _, args := range [][]string{
+		{"acquire", "--addr", addr, "--wait", "1s", "held"},
+		{"exec", "--addr", addr, "--wait", "1s", "held", "--", "true"},
+	} {
+		code, _, errs := ctl{}.run(args...)
+		if code != exitNotAcquired || !strings.Contains(errs, waitElapsedNote) {
+			t.Errorf("%s: exit %d, stderr %q; want %d and %q", args[0], code, errs, exitNotAcquired, waitElapsedNote)
+		}
+	}
+}
+
 func TestExecHoldsTheLockAndPassesTheToken(t *testing.T) {
 	addr := startServer(t, nil)
 	stdin, feed := io.Pipe()
