@@ -153,19 +153,19 @@ func (c *Client) ReleaseToken(ctx context.Context, key string, token uint64) err
 	if c.closing.Load() {
 		return ErrClosed
 	}
-	return c.release(ctx, key, token, now.Add(IODeadline))
+	return c.release(ctx, key, token, now, now.Add(IODeadline))
 }
 
 // release sends RELEASE until it is answered or deadline passes. Unlike an
 // acquire it may be repeated after a byte may have left: a repeat can at
 // worst turn RELEASED into NOT HELD, never free another holder's lock,
 // because the token names the grant.
-func (c *Client) release(ctx context.Context, key string, token uint64, deadline time.Time) error {
+func (c *Client) release(ctx context.Context, key string, token uint64, now, deadline time.Time) error {
 	owner, err := c.nextOwner()
 	if err != nil {
 		return err
 	}
-	req := c.newRequest(ctx, opRelease, owner, key, c.clock.Now(), deadline)
+	req := c.newRequest(ctx, opRelease, owner, key, now, deadline)
 	defer c.freeRequest(req)
 	req.token = token
 
@@ -224,7 +224,7 @@ func (c *Client) compensate(key string, token uint64, now time.Time) string {
 
 func (c *Client) runCompensations() {
 	for comp := range c.compQueue {
-		err := c.release(context.Background(), comp.key, comp.token, comp.deadline)
+		err := c.release(context.Background(), comp.key, comp.token, c.clock.Now(), comp.deadline)
 		if err == nil || errors.Is(err, ErrNotHeld) {
 			c.stats.compensationsDone.Add(1)
 		} else {
@@ -267,5 +267,7 @@ func (c *Client) Stats() Stats {
 			st.Sessions++
 		}
 	}
+	st.WaitSessions, st.WaitSessionsIdle = c.waits.counts()
+	st.AbandonedSessions = c.stats.abandoned.Load()
 	return st
 }

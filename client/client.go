@@ -1,12 +1,41 @@
-// Package client is the official Go client of lockd: it dials a pool of
-// authenticated, pipelined sessions and turns Acquire and Release into
-// wire frames under the rules of SPEC §6 — durations validated before
-// sending, one operation deadline per call, no retransmission once a byte
-// may have left, a delivery gate that hands out only Tickets with enough
-// validity left, and bounded compensating releases. It owns the client
-// side of the wire and the caller's view of a lease; it speaks to servers
-// only through the protocol and the codec, and never imports the server or
-// the engine.
+// Package client is the official Go client of lockd. It turns Acquire and
+// Release into wire frames under the rules of SPEC §6 — durations
+// validated before sending, one operation deadline per call, no
+// retransmission once a byte may have left, a delivery gate that hands out
+// only Tickets with enough validity left, and bounded compensating
+// releases. It owns the client side of the wire and the caller's view of a
+// lease; it speaks to servers only through the protocol and the codec, and
+// never imports the server or the engine.
+//
+// # Sessions
+//
+// A Client holds two kinds of authenticated connection ("sessions").
+//
+// Shared sessions (Config.Sessions, default one per server address) carry
+// every release and every acquire with Wait 0, pipelined: the requests of
+// concurrent callers that queue while a session's writer is busy go out in
+// one write, and every answer one read brings in is handed to its caller
+// under one hold of the session's lock, so on a busy client many requests
+// share each system call and each wake-up.
+//
+// Wait sessions carry one waiting acquire (Wait > 0) at a time. The
+// server's wait is never shorter than the caller's, so a waiting acquire
+// that waits its whole time has no answer when its deadline comes, and
+// SPEC §6 then requires closing its session. Alone on it, that costs only
+// the one call — no other caller's request is in flight there — and the
+// error says why (ErrIndeterminate and ErrWaitElapsed). The pool keeps
+// Config.WaitSpares (default 2) wait sessions connected and authenticated
+// ahead of need and replaces a closed one in the background, so the next
+// waiting acquire does not pay a dial and a handshake. At most
+// Config.WaitSessions (default 64) are open: beyond that a waiting acquire
+// waits in the client, certainly unsent, for one to come back, and ends
+// ErrTimeout if its deadline comes first. Wait sessions beyond the spares
+// that stay idle for a minute are closed.
+//
+// The costs: one connection per waiting acquire in flight (so a server
+// sees up to Sessions + WaitSessions connections per Client), and at most
+// one reconnect for each waiting acquire that runs out on a lock that
+// stays held — Stats.Reconnects and Stats.AbandonedSessions count them.
 package client
 
 import (
@@ -23,8 +52,9 @@ import (
 )
 
 const (
-	defaultSessions          = 4
-	defaultMaxInFlight       = 1024
+	defaultMaxInFlight       = 4096
+	defaultWaitSessions      = 64
+	defaultWaitSpares        = 2
 	defaultDialTimeout       = 5 * time.Second
 	defaultCompensationQueue = 256
 	compensationWorkers      = 4
@@ -56,12 +86,21 @@ type Config struct {
 	// Secret is the tenant's shared secret. With a secret the client
 	// authenticates and insists that the server proves the secret too.
 	Secret []byte
-	// Sessions is the number of connections in the pool; default 4.
+	// Sessions is the number of shared, pipelined sessions, which carry
+	// releases and acquires with Wait 0; default one per address in Addrs.
 	Sessions int
-	// MaxInFlight caps the acquires queued or in flight per session;
-	// default 1024. Releases have a reserve of a quarter more, so that a
-	// pool full of acquires can still release.
+	// MaxInFlight caps the acquires queued or in flight per shared
+	// session; default 4096, the server's default per connection.
+	// Releases have a reserve of a quarter more, so that a pool full of
+	// acquires can still release.
 	MaxInFlight int
+	// WaitSessions caps the wait sessions, each carrying one acquire with
+	// a Wait at a time; default 64.
+	WaitSessions int
+	// WaitSpares is how many idle wait sessions the client keeps
+	// connected ahead of need; default 2, negative for none (the first
+	// waiting acquire then waits for a dial).
+	WaitSpares int
 	// DialTimeout bounds a connect plus handshake; default 5 s.
 	DialTimeout time.Duration
 	// CompensationQueue bounds the compensating releases waiting to be
@@ -87,16 +126,25 @@ func (cfg Config) normalize() (Config, error) {
 	if len(cfg.Secret) != 0 && cfg.Tenant == "" {
 		return cfg, fmt.Errorf("%w: a secret needs a tenant", ErrConfig)
 	}
-	if cfg.Sessions < 0 || cfg.MaxInFlight < 0 || cfg.DialTimeout < 0 || cfg.CompensationQueue < 0 {
-		return cfg, fmt.Errorf("%w: negative Sessions, MaxInFlight, DialTimeout or CompensationQueue", ErrConfig)
+	if cfg.Sessions < 0 || cfg.MaxInFlight < 0 || cfg.WaitSessions < 0 || cfg.DialTimeout < 0 || cfg.CompensationQueue < 0 {
+		return cfg, fmt.Errorf("%w: negative Sessions, MaxInFlight, WaitSessions, DialTimeout or CompensationQueue", ErrConfig)
 	}
 	cfg.Addrs = append([]string(nil), cfg.Addrs...)
 	cfg.Secret = append([]byte(nil), cfg.Secret...)
 	if cfg.Sessions == 0 {
-		cfg.Sessions = defaultSessions
+		cfg.Sessions = len(cfg.Addrs)
 	}
 	if cfg.MaxInFlight == 0 {
 		cfg.MaxInFlight = defaultMaxInFlight
+	}
+	if cfg.WaitSessions == 0 {
+		cfg.WaitSessions = defaultWaitSessions
+	}
+	switch {
+	case cfg.WaitSpares == 0:
+		cfg.WaitSpares = min(defaultWaitSpares, cfg.WaitSessions)
+	case cfg.WaitSpares > cfg.WaitSessions:
+		return cfg, fmt.Errorf("%w: WaitSpares %d exceeds WaitSessions %d", ErrConfig, cfg.WaitSpares, cfg.WaitSessions)
 	}
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = defaultDialTimeout
@@ -119,6 +167,7 @@ type Client struct {
 	slots []slot
 	next  atomic.Uint64 // round-robin start of session picks
 	ready atomic.Pointer[readiness]
+	waits *waitPool
 
 	lastOwner atomic.Uint64
 	requests  sync.Pool
@@ -150,16 +199,24 @@ type slot struct {
 type readiness struct{ ch chan struct{} }
 
 type counters struct {
-	reconnects, protocolErrors                                           atomic.Uint64
+	reconnects, protocolErrors, abandoned                                atomic.Uint64
 	compensationsQueued, compensationsDone, compensationsFailed, dropped atomic.Uint64
 }
 
 // Stats are counters of a Client's life.
 type Stats struct {
-	// Sessions is the number of sessions connected now.
+	// Sessions is the number of shared sessions connected now.
 	Sessions int
-	// Reconnects counts the sessions dialled after Dial returned.
+	// WaitSessions is the number of wait sessions open or being dialled
+	// now, WaitSessionsIdle those ready for the next waiting acquire.
+	WaitSessions, WaitSessionsIdle int
+	// Reconnects counts the sessions dialled after Dial returned to
+	// replace one that closed.
 	Reconnects uint64
+	// AbandonedSessions counts sessions closed because a call ended after
+	// its request may have been sent (SPEC §6) — on a wait session, the
+	// waiting acquire that ran out.
+	AbandonedSessions uint64
 	// ProtocolErrors counts sessions closed because the server broke the
 	// protocol.
 	ProtocolErrors uint64
@@ -198,8 +255,9 @@ func dial(ctx context.Context, cfg Config, clk clock) (*Client, error) {
 	c.lifetime, c.stop = context.WithCancel(context.Background())
 	c.ready.Store(&readiness{ch: make(chan struct{})})
 	c.requests.New = func() any {
-		return &request{done: make(chan struct{}, 1), timer: clk.NewTimer()}
+		return &request{done: make(chan struct{}, 1), handoff: make(chan *session, 1), timer: clk.NewTimer(), heapIndex: notInHeap}
 	}
+	c.waits = newWaitPool(c)
 
 	errs := make([]error, len(c.slots))
 	var dialing sync.WaitGroup
@@ -235,6 +293,9 @@ func dial(ctx context.Context, cfg Config, clk clock) (*Client, error) {
 		c.wg.Add(1)
 		go c.maintain(&c.slots[i])
 	}
+	c.wg.Add(1)
+	go c.waits.run()
+	c.waits.poke()
 	for range compensationWorkers {
 		c.compWG.Go(c.runCompensations)
 	}
@@ -256,7 +317,7 @@ func (c *Client) connectSlot(ctx context.Context, sl *slot, tries int) (*session
 	var errs []error
 	for range tries {
 		addr := c.cfg.Addrs[sl.nextAddr]
-		s, err := c.connect(ctx, addr)
+		s, err := c.connect(ctx, addr, c.cfg.MaxInFlight+c.releaseReserve, nil)
 		if err == nil {
 			return s, nil
 		}
@@ -323,9 +384,9 @@ func (c *Client) nextOwner() (uint64, error) {
 	}
 }
 
-// newRequest returns a pooled request whose timer is armed for the single
-// deadline of the call: the deadline the call's duration gives, or the
-// context's if that is earlier.
+// newRequest returns a pooled request with the single deadline of the
+// call: the one the call's duration gives, or the context's if that is
+// earlier.
 func (c *Client) newRequest(ctx context.Context, kind opKind, owner uint64, key string, now, deadline time.Time) *request {
 	// Rebased on now, so that the one deadline of the call is monotonic
 	// even when the context's deadline carries only a wall-clock reading.
@@ -336,13 +397,12 @@ func (c *Client) newRequest(ctx context.Context, kind opKind, owner uint64, key 
 	}
 	req := c.requests.Get().(*request)
 	req.kind, req.owner, req.key, req.deadline = kind, owner, key, deadline
-	req.timer.Reset(deadline.Sub(now))
 	return req
 }
 
 func (c *Client) freeRequest(req *request) {
 	req.timer.Stop()
-	*req = request{done: req.done, timer: req.timer}
+	*req = request{done: req.done, handoff: req.handoff, timer: req.timer, heapIndex: notInHeap}
 	c.requests.Put(req)
 }
 
@@ -356,9 +416,9 @@ var errDeadline = errors.New("operation deadline reached")
 // not ErrClosed, which promises that nothing was sent.
 var errClientClosing = errors.New("session closed by Client.Close")
 
-// pick enqueues req on a ready session, round-robin, waiting for one to
-// become ready if none is. Waiting is the local queue of SPEC §6: its end
-// at the deadline is certainly unsent.
+// pick enqueues req on a ready shared session, round-robin, waiting for
+// one to become ready if none is. Waiting is the local queue of SPEC §6:
+// its end at the deadline is certainly unsent.
 func (c *Client) pick(ctx context.Context, req *request, limit int) (*session, error) {
 	// A context already done must not reach a writer: once taken, the
 	// request could only end by closing a session other calls share.
@@ -386,32 +446,65 @@ func (c *Client) pick(ctx context.Context, req *request, limit int) (*session, e
 		if full {
 			return nil, errPoolFull
 		}
-		select {
-		case <-ready.ch:
-		case <-req.timer.C():
-			req.expired = true
-			return nil, errDeadline
-		case <-ctx.Done():
-			req.expired = true
-			return nil, context.Cause(ctx)
-		case <-c.stopping:
-			return nil, ErrClosed
+		if _, err := waitLocally(c, ctx, req, ready.ch); err != nil {
+			return nil, err
 		}
 	}
 	return nil, ErrNotConnected
 }
 
-// await waits for req's outcome, abandoning it when the deadline or the
-// context ends first.
-func (c *Client) await(ctx context.Context, s *session, req *request) outcome {
-	select {
-	case <-req.done:
-		return req.out
-	case <-req.timer.C():
-	case <-ctx.Done():
+// pickWait enqueues a waiting acquire alone on a wait session.
+func (c *Client) pickWait(ctx context.Context, req *request) (*session, error) {
+	if ctx.Err() != nil {
+		req.expired = true
+		return nil, context.Cause(ctx)
 	}
-	req.expired = true
-	return s.abandon(req)
+	for range maxPickRounds {
+		s, err := c.waits.take(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		if s.enqueue(req, 1) == enqueued {
+			return s, nil
+		}
+		// It closed since the pool handed it out; died accounts for it.
+	}
+	return nil, ErrNotConnected
+}
+
+// waitLocally waits for ch within req's deadline and ctx: a wait in the
+// client, before anything is sent, so its end is certainly unsent.
+func waitLocally[T any](c *Client, ctx context.Context, req *request, ch <-chan T) (T, error) {
+	req.timer.Reset(req.deadline.Sub(c.clock.Now()))
+	defer req.timer.Stop()
+	var zero T
+	select {
+	case v := <-ch:
+		return v, nil
+	case <-req.timer.C():
+		req.expired = true
+		return zero, errDeadline
+	case <-ctx.Done():
+		req.expired = true
+		return zero, context.Cause(ctx)
+	case <-c.stopping:
+		return zero, ErrClosed
+	}
+}
+
+// await waits for req's outcome. The session ends it at its deadline; a
+// context that ends first abandons it.
+func (c *Client) await(ctx context.Context, s *session, req *request) outcome {
+	if done := ctx.Done(); done != nil {
+		select {
+		case <-req.done:
+			return req.out
+		case <-done:
+			return s.abandon(req)
+		}
+	}
+	<-req.done
+	return req.out
 }
 
 // exchange runs req until it has an outcome no retry may change. A
@@ -423,8 +516,15 @@ func (c *Client) await(ctx context.Context, s *session, req *request) outcome {
 func (c *Client) exchange(ctx context.Context, req *request, limit int, retrySent bool) (outcome, error) {
 	out := outNone
 	backoff := releaseBackoffMin
+	waiting := req.kind == opAcquire && !req.immediate
 	for range maxAttempts {
-		s, err := c.pick(ctx, req, limit)
+		var s *session
+		var err error
+		if waiting {
+			s, err = c.pickWait(ctx, req)
+		} else {
+			s, err = c.pick(ctx, req, limit)
+		}
 		if retrySent && errors.Is(err, errPoolFull) && c.pause(ctx, req, &backoff) {
 			continue
 		}
@@ -432,6 +532,9 @@ func (c *Client) exchange(ctx context.Context, req *request, limit int, retrySen
 			return outNone, err
 		}
 		out = c.await(ctx, s, req)
+		if waiting {
+			c.waits.put(s)
+		}
 		if out == outLost {
 			req.mayHaveLeft = true
 		}
@@ -461,12 +564,6 @@ func (c *Client) pause(ctx context.Context, req *request, backoff *time.Duration
 	defer t.Stop()
 	t.Reset(*backoff)
 	*backoff = min(2**backoff, releaseBackoffMax)
-	select {
-	case <-t.C():
-		return true
-	case <-req.timer.C():
-	case <-ctx.Done():
-	}
-	req.expired = true
-	return false
+	_, err := waitLocally(c, ctx, req, t.C())
+	return err == nil
 }

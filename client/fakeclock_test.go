@@ -56,11 +56,29 @@ func (c *fakeClock) Jump(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
-// armed counts the timers waiting to fire.
-func (c *fakeClock) armed() int {
+// dueIn reports whether a timer is armed to fire exactly d from now: that
+// some goroutine is waiting d on the clock.
+func (c *fakeClock) dueIn(d time.Duration) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.timers)
+	for t := range c.timers {
+		if t.when.Equal(c.now.Add(d)) {
+			return true
+		}
+	}
+	return false
+}
+
+// dueWithin reports whether a timer is armed to fire within d from now.
+func (c *fakeClock) dueWithin(d time.Duration) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for t := range c.timers {
+		if !t.when.After(c.now.Add(d)) {
+			return true
+		}
+	}
+	return false
 }
 
 func (t *fakeTimer) C() <-chan time.Time { return t.ch }

@@ -34,10 +34,11 @@ type peer struct {
 	secrets map[string][]byte
 	tokens  atomic.Uint64
 
-	mu     sync.Mutex
-	frames []frame
-	conns  int
-	ended  map[int]bool
+	mu      sync.Mutex
+	frames  []frame
+	conns   int
+	ended   map[int]bool
+	maxOpen int // the most connections open at once
 }
 
 func startPeer(t *testing.T, answer answerFunc) *peer {
@@ -60,6 +61,7 @@ func (p *peer) serve(c *lockdtest.Conn) {
 	p.mu.Lock()
 	index := p.conns
 	p.conns++
+	p.maxOpen = max(p.maxOpen, p.conns-len(p.ended))
 	p.mu.Unlock()
 	defer func() {
 		p.mu.Lock()
@@ -111,10 +113,13 @@ func grant(p *peer, c *lockdtest.Conn, f frame) {
 	}
 }
 
-// newClient dials one session (unless cfg says otherwise) to p with clk.
+// newClient dials one shared session to p with clk and keeps no spare
+// wait sessions, unless cfg says otherwise: connections are then numbered
+// in the order the test causes them — the shared session is 0, a wait
+// session is dialled when a waiting acquire needs one.
 func newClient(t *testing.T, p *peer, clk *fakeClock, configure func(*Config)) *Client {
 	t.Helper()
-	cfg := Config{Addrs: []string{p.srv.Addr()}, Sessions: 1}
+	cfg := Config{Addrs: []string{p.srv.Addr()}, Sessions: 1, WaitSpares: -1}
 	if configure != nil {
 		configure(&cfg)
 	}
@@ -209,8 +214,22 @@ func waitFor(wait time.Duration) AcquireOptions {
 	return AcquireOptions{Wait: wait, MinWorkBudget: Budget(0)}
 }
 
-// onlySession is the session of a one-session client.
+// onlySession is the shared session of a one-session client.
 func onlySession(c *Client) *session { return c.slots[0].session.Load() }
+
+// deadlineCtx is a context whose deadline is on the fake clock and which
+// never ends by itself: its deadline reaches the call only as the call's
+// one operation deadline.
+type deadlineCtx struct {
+	context.Context
+	deadline time.Time
+}
+
+func withFakeDeadline(clk *fakeClock, d time.Duration) context.Context {
+	return deadlineCtx{Context: context.Background(), deadline: clk.Now().Add(d)}
+}
+
+func (c deadlineCtx) Deadline() (time.Time, bool) { return c.deadline, true }
 
 func queued(s *session) int {
 	s.mu.Lock()

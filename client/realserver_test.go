@@ -228,11 +228,12 @@ func TestRealServerRefusesASecretTheServerCannotCheck(t *testing.T) {
 	}
 }
 
-// TestRealServerThroughput runs 256 concurrent callers over 4 sessions
-// and reports acquire+release pairs per second.
+// TestRealServerThroughput runs 256 concurrent callers, each acquiring
+// with a wait and so each on a wait session, and reports acquire+release
+// pairs per second.
 func TestRealServerThroughput(t *testing.T) {
 	srv := startRealServer(t, nil)
-	c := dialReal(t, srv, func(cfg *client.Config) { cfg.Sessions = 4 })
+	c := dialReal(t, srv, func(cfg *client.Config) { cfg.WaitSessions = 256 })
 	const callers, rounds = 256, 40
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -258,6 +259,6 @@ func TestRealServerThroughput(t *testing.T) {
 		t.Fatal(err)
 	}
 	elapsed := time.Since(start)
-	t.Logf("%d callers over 4 sessions: %d acquire+release pairs in %v = %.0f pairs/s",
+	t.Logf("%d callers on wait sessions: %d acquire+release pairs in %v = %.0f pairs/s",
 		callers, callers*rounds, elapsed, float64(callers*rounds)/elapsed.Seconds())
 }

@@ -24,11 +24,11 @@ func TestReleaseRefusedUnavailableBacksOffThenIsIndeterminate(t *testing.T) {
 	c := newClient(t, p, clk, nil)
 	done := goRelease(c, "held", 7)
 	eventually(t, "the first refusal", func() bool { return len(p.seen(codec.OpRelease)) == 1 })
-	eventually(t, "the retry waits on its backoff", func() bool { return clk.armed() == 2 })
+	eventually(t, "the retry waits on its backoff", func() bool { return clk.dueIn(releaseBackoffMin) })
 	if n := len(p.seen(codec.OpRelease)); n != 1 {
 		t.Fatalf("%d RELEASE frames before any time passed: retried without backoff", n)
 	}
-	err := advanceUntil(t, clk, releaseBackoffMax, 2, done)
+	err := advanceUntil(t, clk, releaseBackoffMax, done)
 	if !errors.Is(err, ErrIndeterminate) || errors.Is(err, ErrUnavailable) {
 		t.Fatalf("release refused as unavailable until its deadline: %v, want ErrIndeterminate only", err)
 	}
@@ -47,17 +47,17 @@ func TestReleaseWaitsForRoomWhenEverySessionIsFull(t *testing.T) {
 		cfg.MaxInFlight = 1
 		cfg.Dialer = hookDialer(gate.write)
 	})
-	first := goAcquire(c, "first", waitFor(10*time.Second))
+	first := goAcquire(c, "first", waitFor(0))
 	eventually(t, "the writer holds the first frame", gate.entered.Load)
 	other := goRelease(c, "other", 3) // takes the release reserve
 	eventually(t, "the release is queued", func() bool { return queued(onlySession(c)) == 1 })
 
 	full := goRelease(c, "held", 7)
-	eventually(t, "the release waits on its backoff", func() bool { return clk.armed() >= 3 })
+	eventually(t, "the release waits on its backoff", func() bool { return clk.dueIn(releaseBackoffMin) })
 	close(gate.open)
 	await(t, first)
 	await(t, other)
-	if err := advanceUntil(t, clk, releaseBackoffMin, 2, full); err != nil && !errors.Is(err, ErrNotHeld) {
+	if err := advanceUntil(t, clk, releaseBackoffMin, full); err != nil && !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("release after room came back: %v", err)
 	}
 }
@@ -115,9 +115,9 @@ func TestGrantOfTokenZeroIsRefused(t *testing.T) {
 }
 
 // advanceUntil moves the fake clock by step each time the client is
-// waiting on it — when timers number armed: the call's deadline and its
-// backoff — until ch delivers. The clock never runs ahead of the client.
-func advanceUntil[T any](t *testing.T, clk *fakeClock, step time.Duration, armed int, ch <-chan T) T {
+// waiting on it for at most step — a backoff, or the last of the call's
+// deadline — until ch delivers. The clock never runs ahead of the client.
+func advanceUntil[T any](t *testing.T, clk *fakeClock, step time.Duration, ch <-chan T) T {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
@@ -126,7 +126,7 @@ func advanceUntil[T any](t *testing.T, clk *fakeClock, step time.Duration, armed
 			return v
 		default:
 		}
-		if clk.armed() >= armed {
+		if clk.dueWithin(step) {
 			clk.Advance(step)
 		} else {
 			time.Sleep(50 * time.Microsecond)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"runtime"
 	"sync"
 	"time"
 
@@ -17,9 +18,9 @@ const (
 	writeBufferSize = 16 << 10
 )
 
-// errAbandoned is the cause recorded on a session that a caller closed
-// because its deadline or context ended after its request may have been
-// sent (SPEC §6).
+// errAbandoned is the cause recorded on a session that was closed because
+// a call's deadline or context ended after its request may have been sent
+// (SPEC §6).
 var errAbandoned = errors.New("session closed: a call ended after its request may have been sent")
 
 type opKind uint8
@@ -54,7 +55,7 @@ const (
 )
 
 // request is the state of one call. Requests are pooled together with
-// their done channel and timer, so a call allocates nothing.
+// their channels and timer, so a call allocates nothing.
 type request struct {
 	// Set by the caller before the request is enqueued.
 	kind      opKind
@@ -67,42 +68,61 @@ type request struct {
 
 	// Guarded by the mu of the session the request is enqueued on, and
 	// read by the caller once it has received from done.
-	state    reqState
-	sentAt   time.Time
-	out      outcome
-	reason   codec.Reason
-	granted  uint64
-	waitedMs uint32
-	cause    error
+	state     reqState
+	heapIndex int // in the session's deadlines; notInHeap otherwise
+	sentAt    time.Time
+	out       outcome
+	reason    codec.Reason
+	granted   uint64
+	waitedMs  uint32
+	cause     error
+	// expired: the call's deadline or context ended it; an attempt may
+	// have been sent, and no retry may follow.
+	expired bool
 
-	// The caller's own: its deadline or context has ended; an attempt
-	// may have been sent.
-	expired     bool
+	// The caller's own.
 	mayHaveLeft bool
 
-	done  chan struct{} // capacity 1: exactly one signal per stateDone
+	done chan struct{} // capacity 1: exactly one signal per stateDone
+	// handoff receives a wait session from the pool while the request
+	// waits for one (capacity 1).
+	handoff chan *session
+	// timer bounds the rare local waits — for a ready session, a wait
+	// session, a backoff — by the call's deadline. Waits on the wire are
+	// bounded by the session's deadline timer instead.
 	timer timer
 }
 
 // session is one authenticated connection: a writer goroutine that sends
 // every queued frame in one write, a reader goroutine that correlates
-// answers by owner, and the table of the requests between the two. A
-// session never reconnects; its slot in the pool dials a new one.
+// answers by owner, the table of the requests between the two, and one
+// timer that ends them at their deadlines. A session never reconnects:
+// its slot in the pool, or the wait pool, dials a new one.
 type session struct {
 	client *Client
 	conn   net.Conn
 	addr   string
+	// pool is the wait pool a wait session belongs to; nil for the shared
+	// sessions.
+	pool *waitPool
 
 	wake chan struct{}
 	dead chan struct{} // closed by fail
 
-	mu     sync.Mutex
-	closed bool
-	table  pendingTable
-	queue  []*request
-	batch  []*request // the writer's spare queue, swapped with queue
-	jobs   []writeJob // the frames of the last write, for a partial failure
-	wbuf   []byte
+	mu        sync.Mutex
+	closed    bool
+	table     pendingTable
+	queue     []*request
+	batch     []*request // the writer's spare queue, swapped with queue
+	jobs      []writeJob // the frames of the last write, for a partial failure
+	wbuf      []byte
+	deadlines deadlineHeap
+	expiry    timer     // fires expire at armedFor
+	armedFor  time.Time // zero while expiry is not armed
+
+	// Guarded by the wait pool's mu.
+	poolState poolState
+	idleSince time.Time
 
 	rr *codec.ResponseReader // the reader's, carried over from the handshake
 }
@@ -122,21 +142,24 @@ const (
 	sessionFull
 )
 
-func (c *Client) startSession(conn net.Conn, addr string, rr *codec.ResponseReader) *session {
-	capacity := c.cfg.MaxInFlight + c.releaseReserve
+func (c *Client) startSession(conn net.Conn, addr string, rr *codec.ResponseReader, capacity int, pool *waitPool) *session {
 	s := &session{
-		client: c,
-		conn:   conn,
-		addr:   addr,
-		wake:   make(chan struct{}, 1),
-		dead:   make(chan struct{}),
-		table:  newPendingTable(capacity),
-		queue:  make([]*request, 0, capacity),
-		batch:  make([]*request, 0, capacity),
-		jobs:   make([]writeJob, 0, capacity),
-		wbuf:   make([]byte, 0, writeBufferSize),
-		rr:     rr,
+		client:    c,
+		conn:      conn,
+		addr:      addr,
+		pool:      pool,
+		wake:      make(chan struct{}, 1),
+		dead:      make(chan struct{}),
+		table:     newPendingTable(capacity),
+		queue:     make([]*request, 0, capacity),
+		batch:     make([]*request, 0, capacity),
+		jobs:      make([]writeJob, 0, capacity),
+		wbuf:      make([]byte, 0, min(writeBufferSize, capacity*codec.MaxRequestFrame)),
+		deadlines: make(deadlineHeap, 0, capacity),
+		rr:        rr,
 	}
+	s.expiry = c.clock.AfterFunc(time.Hour, s.expire)
+	s.expiry.Stop()
 	c.wg.Add(2)
 	go s.readLoop()
 	go s.writeLoop()
@@ -158,6 +181,10 @@ func (s *session) enqueue(req *request, limit int) enqueueResult {
 	req.state = stateQueued
 	s.table.insert(req.owner, req)
 	s.queue = append(s.queue, req)
+	s.deadlines.push(req)
+	if s.armedFor.IsZero() || req.deadline.Before(s.armedFor) {
+		s.arm(req.deadline)
+	}
 	s.mu.Unlock()
 	select {
 	case s.wake <- struct{}{}:
@@ -166,7 +193,57 @@ func (s *session) enqueue(req *request, limit int) enqueueResult {
 	return enqueued
 }
 
-// resolve ends req with out; s.mu is held.
+// arm sets the deadline timer for at; s.mu is held. Only a deadline earlier
+// than the armed one re-arms it, so in steady state — deadlines arriving in
+// the order of the calls — enqueueing reads no clock.
+func (s *session) arm(at time.Time) {
+	s.armedFor = at
+	s.expiry.Reset(at.Sub(s.client.clock.Now()))
+}
+
+// expire ends the calls whose deadline has come (SPEC §6). A request still
+// queued certainly never left: it ends unsent and the session stays. One
+// the writer took may have left, so the session is closed, which also
+// drops any waiter the server queued for it; that is why a waiting acquire
+// never shares its session.
+func (s *session) expire() {
+	now := s.client.clock.Now()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.armedFor = time.Time{}
+	sentExpired := false
+	for req := s.deadlines.earliest(); req != nil && !now.Before(req.deadline); req = s.deadlines.earliest() {
+		req.expired = true
+		s.deadlines.remove(req)
+		if req.state == stateQueued {
+			s.table.remove(req.owner)
+			s.unqueue(req)
+			s.resolve(req, outExpired, nil)
+			continue
+		}
+		sentExpired = true
+	}
+	if next := s.deadlines.earliest(); next != nil && !sentExpired {
+		s.arm(next.deadline)
+	}
+	s.mu.Unlock()
+	if sentExpired {
+		s.fail(errAbandoned)
+	}
+}
+
+// finish takes an answered or ended request out of the session; s.mu is
+// held.
+func (s *session) finish(req *request, out outcome, cause error) {
+	s.table.remove(req.owner)
+	s.deadlines.remove(req)
+	s.resolve(req, out, cause)
+}
+
+// resolve signals req's outcome; s.mu is held and req has left the table.
 func (s *session) resolve(req *request, out outcome, cause error) {
 	req.out = out
 	req.cause = cause
@@ -174,23 +251,26 @@ func (s *session) resolve(req *request, out outcome, cause error) {
 	req.done <- struct{}{}
 }
 
-// abandon is the caller's move when its deadline or context ends first.
-// A request still queued is withdrawn, certainly unsent. One the writer
-// has taken may have left, so the session is closed — which also drops
-// any waiter the server queued for it — and the outcome is lost. One that
+// abandon is the caller's move when its context ends first. A request
+// still queued is withdrawn, certainly unsent. One the writer has taken
+// may have left, so the session is closed and the outcome is lost. One that
 // was answered meanwhile keeps its answer.
 func (s *session) abandon(req *request) outcome {
 	s.mu.Lock()
 	switch req.state {
 	case stateQueued:
 		s.table.remove(req.owner)
+		s.deadlines.remove(req)
 		s.unqueue(req)
 		req.state = stateIdle
+		req.expired = true
 		s.mu.Unlock()
 		return outExpired
 	case stateSent:
 		s.table.remove(req.owner)
+		s.deadlines.remove(req)
 		req.state = stateIdle
+		req.expired = true
 		req.cause = errAbandoned
 		s.mu.Unlock()
 		s.fail(errAbandoned)
@@ -228,9 +308,27 @@ func (s *session) fail(cause error) {
 		return
 	}
 	s.closed = true
+	s.mu.Unlock()
+	// The pool learns of the loss before any caller does, so that what
+	// a caller sees next — the pool's count, its replacement — follows.
+	if s.pool != nil {
+		s.pool.died(s)
+	}
+	s.mu.Lock()
+	s.expiry.Stop()
 	if errors.Is(cause, ErrProtocol) {
 		s.client.stats.protocolErrors.Add(1)
 	}
+	if errors.Is(cause, errAbandoned) {
+		s.client.stats.abandoned.Add(1)
+	}
+	// Every request in the heap is in the table; none may be touched once
+	// resolved, since its caller then reuses it.
+	for _, req := range s.deadlines {
+		req.heapIndex = notInHeap
+	}
+	clear(s.deadlines)
+	s.deadlines = s.deadlines[:0]
 	for i := range s.table.slots {
 		req := s.table.slots[i].req
 		if req == nil {
@@ -258,6 +356,10 @@ func (s *session) writeLoop() {
 		case <-s.dead:
 			return
 		}
+		// The reader has just handed answers to callers that are about
+		// to send their next requests: one scheduling round lets them
+		// join this write instead of costing a write each.
+		runtime.Gosched()
 		frames := s.takeBatch()
 		if len(frames) == 0 {
 			continue
@@ -275,7 +377,7 @@ func (s *session) writeLoop() {
 func (s *session) takeBatch() []byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
+	if s.closed || len(s.queue) == 0 {
 		return nil
 	}
 	s.queue, s.batch = s.batch[:0], s.queue
@@ -284,8 +386,8 @@ func (s *session) takeBatch() []byte {
 	for i, req := range s.batch {
 		s.batch[i] = nil
 		if !now.Before(req.deadline) {
-			s.table.remove(req.owner)
-			s.resolve(req, outExpired, nil)
+			req.expired = true
+			s.finish(req, outExpired, nil)
 			continue
 		}
 		jobs = append(jobs, writeJob{owner: req.owner, offset: len(buf)})
@@ -321,14 +423,15 @@ func (s *session) writeFailed(written int, err error) {
 			continue
 		}
 		if req := s.table.get(job.owner); req != nil && req.state == stateSent {
-			s.table.remove(job.owner)
-			s.resolve(req, outUnsent, cause)
+			s.finish(req, outUnsent, cause)
 		}
 	}
 	s.mu.Unlock()
 	s.fail(cause)
 }
 
+// readLoop reads answers and hands each to its caller; every answer one
+// read brought in is correlated under one hold of the session's lock.
 func (s *session) readLoop() {
 	defer s.client.wg.Done()
 	var resp codec.Response
@@ -337,9 +440,27 @@ func (s *session) readLoop() {
 			s.fail(fmt.Errorf("session to %s: %w", s.addr, err))
 			return
 		}
-		if err := s.deliver(&resp); err != nil {
+		if err := s.deliverBuffered(&resp); err != nil {
 			s.fail(err)
 			return
+		}
+	}
+}
+
+// deliverBuffered delivers resp, then every further answer already read.
+func (s *session) deliverBuffered(resp *codec.Response) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for {
+		if err := s.deliver(resp); err != nil {
+			return err
+		}
+		more, err := s.rr.NextBuffered(resp)
+		if err != nil {
+			return undecodable(err)
+		}
+		if !more {
+			return nil
 		}
 	}
 }
@@ -347,16 +468,19 @@ func (s *session) readLoop() {
 // nextFrame reads one frame; a frame no conforming server sends is a
 // protocol error, anything else is the connection's own error.
 func nextFrame(rr *codec.ResponseReader, resp *codec.Response) error {
-	err := rr.Next(resp)
-	if _, undecodable := err.(codec.Reason); undecodable {
+	return undecodable(rr.Next(resp))
+}
+
+func undecodable(err error) error {
+	if _, ok := err.(codec.Reason); ok {
 		return fmt.Errorf("%w: undecodable frame: %w", ErrProtocol, err)
 	}
 	return err
 }
 
-// deliver correlates one answer with its request by owner. An answer the
-// session cannot match breaks the correlation every answer relies on, so
-// it is a protocol error that closes the session.
+// deliver correlates one answer with its request by owner; s.mu is held.
+// An answer the session cannot match breaks the correlation every answer
+// relies on, so it is a protocol error that closes the session.
 func (s *session) deliver(resp *codec.Response) error {
 	var out outcome
 	switch resp.Op {
@@ -382,16 +506,12 @@ func (s *session) deliver(resp *codec.Response) error {
 	default:
 		return fmt.Errorf("%w: unexpected %q frame from %s", ErrProtocol, resp.Op, s.addr)
 	}
-	s.mu.Lock()
 	req := s.table.get(resp.Owner)
 	if req == nil || req.state != stateSent || !answers(req.kind, out) {
-		s.mu.Unlock()
 		return fmt.Errorf("%w: %q for owner %d, which has no matching request in flight on %s", ErrProtocol, resp.Op, resp.Owner, s.addr)
 	}
-	s.table.remove(resp.Owner)
 	req.granted, req.waitedMs, req.reason = resp.Token, resp.WaitedMs, resp.Reason
-	s.resolve(req, out, nil)
-	s.mu.Unlock()
+	s.finish(req, out, nil)
 	if out == outRejected && resp.Reason.ClosesConnection() {
 		return fmt.Errorf("server %s closes the session: %w", s.addr, resp.Reason)
 	}
@@ -408,8 +528,10 @@ func answers(kind opKind, out outcome) bool {
 	return true
 }
 
-// connect dials addr and authenticates within DialTimeout.
-func (c *Client) connect(ctx context.Context, addr string) (*session, error) {
+// connect dials addr and authenticates within DialTimeout; capacity sizes
+// the session's tables for the requests it may carry at once, and pool is
+// the wait pool the session is for, nil for a shared session.
+func (c *Client) connect(ctx context.Context, addr string, capacity int, pool *waitPool) (*session, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
 	defer cancel()
 	conn, err := c.cfg.Dialer(ctx, "tcp", addr)
@@ -432,7 +554,7 @@ func (c *Client) connect(ctx context.Context, addr string) (*session, error) {
 		conn.Close()
 		return nil, err
 	}
-	return c.startSession(conn, addr, rr), nil
+	return c.startSession(conn, addr, rr, capacity, pool), nil
 }
 
 // handshake runs SPEC §7 and returns the reader, which may already hold

@@ -251,8 +251,20 @@ func ValidKey(key []byte) bool {
 // ValidClientKey is the official clients' rule: ValidKey plus a refusal of
 // CR and LF, so that "k\r" can never silently name a different key than "k".
 func ValidClientKey(key string) bool {
-	return len(key) >= 1 && len(key) <= MaxKeyLen &&
-		!strings.ContainsAny(key, " \r\n") && utf8.ValidString(key)
+	if len(key) < 1 || len(key) > MaxKeyLen {
+		return false
+	}
+	// One pass over the bytes: keys are almost always ASCII, and only a
+	// key that is not needs the UTF-8 check.
+	for i := 0; i < len(key); i++ {
+		switch c := key[i]; {
+		case c >= utf8.RuneSelf:
+			return !strings.ContainsAny(key, " \r\n") && utf8.ValidString(key)
+		case c == ' ', c == '\r', c == '\n':
+			return false
+		}
+	}
+	return true
 }
 
 // ValidTenant reports whether a tenant name is 1..32 bytes of

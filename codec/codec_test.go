@@ -256,6 +256,7 @@ func TestValidClientKeyRefusesCRLF(t *testing.T) {
 	for key, want := range map[string]bool{
 		"k": true, "k\r": false, "k\n": false, "a b": false, "": false,
 		strings.Repeat("é", 64): true, strings.Repeat("é", 65): false, "\xff": false,
+		"é b": false, "é\r": false, "k\xffé": false, "ж/é": true, strings.Repeat("한", 42): true,
 	} {
 		if got := ValidClientKey(key); got != want {
 			t.Errorf("ValidClientKey(%q) = %v, want %v", key, got, want)

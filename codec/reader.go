@@ -29,12 +29,8 @@ func NewResponseReader(r io.Reader, size int) *ResponseReader {
 // ends inside a frame gives io.ErrUnexpectedEOF.
 func (rr *ResponseReader) Next(resp *Response) error {
 	for {
-		n, err := DecodeResponse(rr.buf[rr.start:rr.end], resp)
-		if err == nil {
-			rr.start += n
-			return nil
-		}
-		if err != ErrIncomplete {
+		ok, err := rr.NextBuffered(resp)
+		if ok || err != nil {
 			return err
 		}
 		if rr.start > 0 {
@@ -50,6 +46,22 @@ func (rr *ResponseReader) Next(resp *Response) error {
 			return rerr
 		}
 	}
+}
+
+// NextBuffered decodes the next frame into resp only if the bytes already
+// read hold all of it; it never reads from the stream. It reports whether
+// it decoded one, so that a reader can hand out every answer of one read
+// before it blocks again.
+func (rr *ResponseReader) NextBuffered(resp *Response) (bool, error) {
+	n, err := DecodeResponse(rr.buf[rr.start:rr.end], resp)
+	switch err {
+	case nil:
+		rr.start += n
+		return true, nil
+	case ErrIncomplete:
+		return false, nil
+	}
+	return false, err
 }
 
 // Buffered reports how many bytes have been read but not yet decoded.

@@ -52,6 +52,30 @@ func TestResponseReaderErrors(t *testing.T) {
 	}
 }
 
+func TestNextBufferedNeverReads(t *testing.T) {
+	frames := append(AppendOwnerOnly(nil, OpPong, 1), AppendAcquired(nil, 2, 9, 0)...)
+	// The second frame's last bytes arrive in a later read.
+	stream := io.MultiReader(bytes.NewReader(frames[:len(frames)-3]), bytes.NewReader(frames[len(frames)-3:]))
+	rr := NewResponseReader(stream, 0)
+	var r Response
+	if err := rr.Next(&r); err != nil || r.Owner != 1 {
+		t.Fatalf("first frame: %v %+v", err, r)
+	}
+	if ok, err := rr.NextBuffered(&r); ok || err != nil {
+		t.Fatalf("an incomplete buffered frame was decoded: %v %v", ok, err)
+	}
+	if err := rr.Next(&r); err != nil || r.Owner != 2 || r.Token != 9 {
+		t.Fatalf("second frame after the next read: %v %+v", err, r)
+	}
+	rr = NewResponseReader(bytes.NewReader(append(AppendOwnerOnly(nil, OpPong, 1), "Z\n"...)), 0)
+	if err := rr.Next(&r); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := rr.NextBuffered(&r); ok || err != BadRequest {
+		t.Fatalf("a buffered frame no server sends: %v %v", ok, err)
+	}
+}
+
 func TestResponseReaderAllocatesNothing(t *testing.T) {
 	frame := AppendAcquired(nil, 1, 2, 3)
 	src := bytes.NewReader(nil)

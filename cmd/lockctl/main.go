@@ -209,7 +209,8 @@ func (o *options) dial(ctx context.Context) (*client.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return client.Dial(ctx, client.Config{Addrs: o.addrs.addrs, Tenant: o.tenant, Secret: secret, Sessions: 1})
+	// One call per process: no spare wait session is worth connecting ahead.
+	return client.Dial(ctx, client.Config{Addrs: o.addrs.addrs, Tenant: o.tenant, Secret: secret, Sessions: 1, WaitSpares: -1})
 }
 
 func (o *options) acquireOptions() client.AcquireOptions {
