@@ -8,11 +8,14 @@
 // are checked against the current token or waiter when they come due (stale
 // ones are dropped), so a lock is handed to the next waiter promptly without
 // scanning; keys nobody waits for expire lazily and the 5 s Sweep reclaims
-// them. To keep acquire+release of an existing key free of allocations, a key
-// released with nobody waiting stays in its shard as a free entry: it is not a
-// live key (not counted in Stats.Keys, not held), at most max(1,
-// MaxKeys/(4*Shards)) of them are kept per shard (a quarter of MaxKeys in
-// all; beyond that a freed key is deleted), and Sweep deletes them all.
+// them. Each shard indexes its live keys in an open-addressed table keyed by
+// a hash computed once per request, so a lookup compares hashes in a flat
+// array and key bytes only on a match. To keep acquire+release free of
+// allocations, a key released with nobody waiting leaves the table and its
+// entry, key buffer included, goes to the shard's free list for the next new
+// key: at most max(1, MaxKeys/(4*Shards)) per shard (a quarter of MaxKeys in
+// all), and Sweep drops those nobody needed since the previous Sweep and
+// shrinks tables a flood left mostly empty.
 // Tokens come from one counter per shard, starting at Config.FirstToken
 // (default 1) and failing closed before it would wrap; a key always lives in
 // the same shard, so its tokens strictly increase for the engine's lifetime.

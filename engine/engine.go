@@ -2,6 +2,7 @@ package engine
 
 import (
 	"encoding/binary"
+	"hash/maphash"
 	"math"
 	"math/bits"
 	"strconv"
@@ -111,6 +112,7 @@ type Engine struct {
 	clock        Clock
 	shards       []shard
 	shardMask    uint64
+	seed         maphash.Seed // of the shards' tables
 	freePerShard int
 
 	inflight *AdmissionGate
@@ -127,33 +129,34 @@ type Engine struct {
 	tenants Tenants
 }
 
-type entryKey struct {
-	ns  Namespace
-	key string
-}
-
-// entry is one key of the table. It is live while token != 0; a free entry
-// (token == 0) is only a cached allocation waiting to be reused or swept.
+// entry is one live key of the table: held, or with waiters. A retired
+// entry leaves the table for its shard's free list, keeping its key buffer
+// so that the next new key reuses both without allocating.
 type entry struct {
-	id       entryKey // its map key, for when it is freed from a timer
+	key      []byte // a copy owned by the entry
 	token    uint64
 	leaseEnd time.Duration
-	// armedToken is the token whose lease expiry is in the timer heap; only
-	// a held key with waiters needs one.
-	armedToken uint64
-	head       *Wait
-	tail       *Wait
+	head     *Wait
+	tail     *Wait
+	ns       Namespace
+	// leaseArmed: the lease end of the current token is in the timer
+	// heap; only a held key with waiters needs one.
+	leaseArmed bool
 }
 
 type shard struct {
 	mu        sync.Mutex
-	entries   map[entryKey]*entry
+	table     keyTable
 	timers    DeadlineHeap[timer]
 	lastToken uint64 // the last token issued; tokens start at Config.FirstToken
 	issued    uint64
-	free      int      // free entries kept for reuse
-	waiting   int      // queued waiters, to bound stale timers
-	_         [64]byte // keeps neighbouring shards' locks off one cache line
+	// free holds retired entries for reuse, at most freePerShard;
+	// freeLow is its smallest length since the last Sweep, so that Sweep
+	// drops only the entries nobody needed for a whole interval.
+	free    []*entry
+	freeLow int
+	waiting int      // queued waiters, to bound stale timers
+	_       [64]byte // keeps neighbouring shards' locks off one cache line
 }
 
 // New returns an Engine sized by cfg.
@@ -177,6 +180,7 @@ func New(cfg Config) *Engine {
 		clock:        clock,
 		shards:       make([]shard, shards),
 		shardMask:    uint64(shards - 1),
+		seed:         maphash.MakeSeed(),
 		freePerShard: max(1, maxKeys/(4*shards)),
 		inflight:     NewAdmissionGate(orDefault(cfg.MaxInflight, DefaultMaxInflight)),
 		keys:         NewAdmissionGate(maxKeys),
@@ -188,7 +192,6 @@ func New(cfg Config) *Engine {
 	// wrap, so it means the default instead.
 	lastToken := max(cfg.FirstToken, 1) - 1
 	for i := range e.shards {
-		e.shards[i].entries = make(map[entryKey]*entry)
 		e.shards[i].lastToken = lastToken
 	}
 	return e
@@ -237,12 +240,21 @@ func (t *Tenants) Name(ns Namespace) string {
 	return t.names[ns-1]
 }
 
-// shardFor places (ns, key) by mixing eight bytes at a time with
-// MurmurHash3's finalizer: deterministic, so tests can reason about
-// placement, and cheap on the hot path. The shard's map hashes the key again
-// with its own random seed, so crafted keys can at worst crowd one shard,
-// never degrade its map.
-func (e *Engine) shardFor(ns Namespace, key []byte) *shard {
+// locate returns the shard of (ns, key) and the key's hash in that
+// shard's table. Placement mixes eight bytes at a time with MurmurHash3's
+// finalizer: deterministic, so that an engine's tokens are a function of
+// its inputs alone and tests can reason about placement. The table's hash
+// is seeded per engine (hash/maphash), so keys crafted to collide can at
+// worst crowd one shard, never lengthen its probes.
+func (e *Engine) locate(ns Namespace, key []byte) (*shard, uint64) {
+	return &e.shards[placement(ns, key)&e.shardMask], e.hash(ns, key)
+}
+
+func (e *Engine) hash(ns Namespace, key []byte) uint64 {
+	return maphash.Bytes(e.seed, key) ^ uint64(ns)*0x9E3779B97F4A7C15
+}
+
+func placement(ns Namespace, key []byte) uint64 {
 	h := uint64(ns)<<32 | uint64(len(key))
 	for len(key) >= 8 {
 		h = fmix64(h ^ binary.LittleEndian.Uint64(key))
@@ -250,7 +262,7 @@ func (e *Engine) shardFor(ns Namespace, key []byte) *shard {
 	}
 	var tail [8]byte
 	copy(tail[:], key)
-	return &e.shards[fmix64(h^binary.LittleEndian.Uint64(tail[:]))&e.shardMask]
+	return fmix64(h ^ binary.LittleEndian.Uint64(tail[:]))
 }
 
 func fmix64(h uint64) uint64 {
@@ -267,7 +279,7 @@ func fmix64(h uint64) uint64 {
 // be non-nil whenever wait > 0. key is only borrowed during the call. Inputs
 // are assumed valid (key 1..128 bytes, lease 1..3600 s, wait 0..255 s).
 func (e *Engine) Acquire(ns Namespace, key []byte, owner uint64, lease, wait time.Duration, w Waiter) (Result, *Wait) {
-	s := e.shardFor(ns, key)
+	s, h := e.locate(ns, key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// Checked under the shard lock so that Shutdown, which takes every shard
@@ -280,35 +292,30 @@ func (e *Engine) Acquire(ns Namespace, key []byte, owner uint64, lease, wait tim
 	}
 	// Read under the lock so that events within a shard are ordered in time.
 	now := e.clock.Now()
-	r, wt := e.acquireLocked(s, ns, key, owner, lease, wait, w, now)
+	r, wt := e.acquireLocked(s, h, ns, key, owner, lease, wait, w, now)
 	if wt == nil {
 		e.inflight.Leave()
 	}
 	return r, wt
 }
 
-func (e *Engine) acquireLocked(s *shard, ns Namespace, key []byte, owner uint64, lease, wait time.Duration, w Waiter, now time.Duration) (Result, *Wait) {
-	ent := s.entries[entryKey{ns, string(key)}]
+func (e *Engine) acquireLocked(s *shard, h uint64, ns Namespace, key []byte, owner uint64, lease, wait time.Duration, w Waiter, now time.Duration) (Result, *Wait) {
+	ent := s.table.get(h, ns, key)
 	if ent != nil {
 		// A due handoff goes first, or this acquire would jump the queue. An
 		// expired key nobody waits for is retired here, so taking it again
 		// passes the keys gate like a new key.
-		ent = e.settle(s, ent, now)
+		ent = e.settle(s, h, ent, now)
 	}
-	if ent == nil || ent.token == 0 {
+	if ent == nil {
 		if s.lastToken == math.MaxUint64 {
 			return Result{Outcome: TokenExhausted}, nil
 		}
 		if !e.keys.Admit() {
 			return Result{Outcome: Busy}, nil
 		}
-		if ent == nil {
-			id := entryKey{ns, string(key)}
-			ent = &entry{id: id}
-			s.entries[id] = ent
-		} else {
-			s.free--
-		}
+		ent = s.newEntry(ns, key)
+		s.table.insert(h, ent)
 		s.grant(ent, now, lease)
 		return Result{Outcome: Granted, Token: ent.token}, nil
 	}
@@ -363,21 +370,21 @@ func (e *Engine) Cancel(w *Wait) bool {
 // its lease has not expired, handing it to the head waiter if any. It passes
 // no admission gate.
 func (e *Engine) Release(ns Namespace, key []byte, token uint64) Result {
-	s := e.shardFor(ns, key)
+	s, h := e.locate(ns, key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := e.clock.Now()
-	ent := s.entries[entryKey{ns, string(key)}]
+	ent := s.table.get(h, ns, key)
 	if ent != nil {
-		ent = e.settle(s, ent, now)
+		ent = e.settle(s, h, ent, now)
 	}
-	if ent == nil || ent.token == 0 || ent.token != token {
+	if ent == nil || ent.token != token {
 		return Result{Outcome: NotHeld}
 	}
 	if ent.head != nil {
-		e.handoff(s, ent, now)
+		e.handoff(s, h, ent, now)
 	} else {
-		e.retire(s, ent)
+		e.retire(s, h, ent)
 	}
 	return Result{Outcome: Released}
 }
@@ -427,24 +434,41 @@ func (s *shard) grant(ent *entry, now, lease time.Duration) {
 	s.issued++
 	ent.token = s.lastToken
 	ent.leaseEnd = now + lease
+	ent.leaseArmed = false
+}
+
+// newEntry returns an entry for a key new to the table, reusing a retired
+// one and its key buffer where it can.
+func (s *shard) newEntry(ns Namespace, key []byte) *entry {
+	n := len(s.free)
+	if n == 0 {
+		return &entry{ns: ns, key: append(make([]byte, 0, len(key)), key...)}
+	}
+	ent := s.free[n-1]
+	s.free[n-1] = nil
+	s.free = s.free[:n-1]
+	s.freeLow = min(s.freeLow, n-1)
+	ent.ns = ns
+	ent.key = append(ent.key[:0], key...)
+	return ent
 }
 
 // settle applies a lease expiry that is due but not yet processed, and
 // returns ent, or nil if it left the table.
-func (e *Engine) settle(s *shard, ent *entry, now time.Duration) *entry {
-	if ent.token == 0 || ent.leaseEnd > now {
+func (e *Engine) settle(s *shard, h uint64, ent *entry, now time.Duration) *entry {
+	if ent.leaseEnd > now {
 		return ent
 	}
 	if ent.head != nil {
-		return e.handoff(s, ent, now)
+		return e.handoff(s, h, ent, now)
 	}
-	return e.retire(s, ent)
+	return e.retire(s, h, ent)
 }
 
 // handoff gives the freed lock of ent to the first waiter still within its
 // wait, resolving the ones it passes, and returns ent, or nil if nobody could
 // take it and it left the table.
-func (e *Engine) handoff(s *shard, ent *entry, now time.Duration) *entry {
+func (e *Engine) handoff(s *shard, h uint64, ent *entry, now time.Duration) *entry {
 	for ent.head != nil {
 		w := ent.head
 		e.unqueue(s, w)
@@ -460,19 +484,19 @@ func (e *Engine) handoff(s *shard, ent *entry, now time.Duration) *entry {
 			return ent
 		}
 	}
-	return e.retire(s, ent)
+	return e.retire(s, h, ent)
 }
 
-// retire makes a held key without waiters free: kept for reuse while the
-// shard's free budget allows, deleted otherwise. It returns ent if kept.
-func (e *Engine) retire(s *shard, ent *entry) *entry {
+// retire takes a key nobody holds or waits for out of the table; its entry
+// goes to the shard's free list while that has room. It returns nil, the
+// key's entry from now on.
+func (e *Engine) retire(s *shard, h uint64, ent *entry) *entry {
 	e.keys.Leave()
-	if s.free < e.freePerShard {
-		ent.token = 0
-		s.free++
-		return ent
+	s.table.remove(h, ent)
+	if len(s.free) < e.freePerShard {
+		ent.token, ent.leaseEnd = 0, 0
+		s.free = append(s.free, ent)
 	}
-	delete(s.entries, ent.id)
 	return nil
 }
 

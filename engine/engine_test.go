@@ -465,7 +465,7 @@ func TestShardsRoundUpToAPowerOfTwo(t *testing.T) {
 	}
 }
 
-func TestFreeEntriesAreBounded(t *testing.T) {
+func TestFreeEntriesAreBoundedAndSweptWhenUnused(t *testing.T) {
 	// One shard, MaxKeys 40: at most 40/4 = 10 free entries are kept.
 	sc := newScript(t, Config{MaxKeys: 40})
 	s := &sc.e.shards[0]
@@ -476,22 +476,31 @@ func TestFreeEntriesAreBounded(t *testing.T) {
 	for i := range 20 {
 		sc.run(release(fmt.Sprint("k", i), uint64(i+1), Released))
 	}
-	if len(s.entries) != 10 || s.free != 10 {
-		t.Fatalf("after releasing 20 keys: %d entries, %d free; want 10 free entries", len(s.entries), s.free)
+	if s.table.count != 0 || len(s.free) != 10 {
+		t.Fatalf("after releasing 20 keys: %d live, %d free; want none live and 10 free", s.table.count, len(s.free))
 	}
+	// Three new keys take free entries; the seven left sat unused since
+	// the first sweep and go at the second.
 	sc.run(stats(0, 0), sweep())
-	if len(s.entries) != 0 || s.free != 0 {
-		t.Fatalf("after the sweep: %d entries, %d free; want none", len(s.entries), s.free)
+	for i := range 3 {
+		sc.run(acquire(fmt.Sprint("n", i), uint64(i+1), 10*sec, 0, granted(uint64(21+i), 0)))
 	}
-	// Expired keys nobody waits for go to the free budget when touched.
+	if len(s.free) != 7 {
+		t.Fatalf("%d free after three new keys, want 7", len(s.free))
+	}
+	sc.run(sweep())
+	if s.table.count != 3 || len(s.free) != 0 {
+		t.Fatalf("after the second sweep: %d live, %d free; want 3 live and none free", s.table.count, len(s.free))
+	}
+	// An expired key nobody waits for is retired when touched.
 	sc.run(
-		acquire("x", 1, 10*sec, 0, granted(21, 0)),
+		acquire("x", 9, 10*sec, 0, granted(24, 0)),
 		advance(10*sec),
-		releaseToken("x", 21, NotHeld),
-		stats(0, 0),
+		releaseToken("x", 24, NotHeld),
 	)
-	if s.free != 1 {
-		t.Fatalf("expired key touched by release: %d free, want 1", s.free)
+	ns, x := sc.e.Namespace("t1"), []byte("x")
+	if s.table.get(sc.e.hash(ns, x), ns, x) != nil || len(s.free) != 1 {
+		t.Fatalf("expired key touched by release: still live, or %d free, want 1", len(s.free))
 	}
 }
 
@@ -516,7 +525,8 @@ func TestKeysSpreadOverShards(t *testing.T) {
 	for _, tenant := range []string{"a", "b"} {
 		ns := e.Namespace(tenant)
 		for i := range 3200 {
-			perShard[e.shardFor(ns, fmt.Appendf(nil, "job/%d", i))]++
+			s, _ := e.locate(ns, fmt.Appendf(nil, "job/%d", i))
+			perShard[s]++
 		}
 	}
 	// 100 keys per shard on average; a poor mix would leave shards empty or

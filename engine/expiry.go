@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -28,8 +29,8 @@ func (t timer) keep() bool {
 	if t.live() {
 		return true
 	}
-	if t.wait == nil && t.entry.armedToken == t.token {
-		t.entry.armedToken = 0
+	if t.wait == nil && t.entry.token == t.token {
+		t.entry.leaseArmed = false
 	}
 	return false
 }
@@ -69,10 +70,10 @@ func (e *Engine) schedule(s *shard, at time.Duration, t timer) {
 // armLease schedules the lease end of ent's current token if someone waits
 // for it and it is not scheduled yet.
 func (e *Engine) armLease(s *shard, ent *entry) {
-	if ent.head == nil || ent.armedToken == ent.token {
+	if ent.head == nil || ent.leaseArmed {
 		return
 	}
-	ent.armedToken = ent.token
+	ent.leaseArmed = true
 	e.schedule(s, ent.leaseEnd, timer{entry: ent, token: ent.token})
 }
 
@@ -105,7 +106,7 @@ func (e *Engine) tick() time.Duration {
 				e.unqueue(s, t.wait)
 				e.resolve(t.wait, Result{Outcome: TimedOut})
 			} else {
-				e.handoff(s, t.entry, now)
+				e.handoff(s, e.hash(t.entry.ns, t.entry.key), t.entry, now)
 			}
 		}
 		if at, ok := s.timers.Next(); ok {
@@ -116,24 +117,25 @@ func (e *Engine) tick() time.Duration {
 	return next
 }
 
-// Sweep reclaims expired keys nobody waits for and all free entries (SPEC §5:
-// the single expiry sweep). Keys with waiters are left to Tick.
+// Sweep reclaims expired keys nobody waits for (SPEC §5: the single
+// expiry sweep), drops the free entries nobody needed since the previous
+// Sweep, and shrinks tables a flood left mostly empty. Keys with waiters
+// are left to Tick.
 func (e *Engine) Sweep() {
 	for i := range e.shards {
 		s := &e.shards[i]
 		s.mu.Lock()
 		now := e.clock.Now()
-		for id, ent := range s.entries {
-			switch {
-			case ent.token == 0:
-				s.free--
-			case ent.head == nil && ent.leaseEnd <= now:
-				e.keys.Leave()
-			default:
-				continue
+		s.table.sweep(func(ent *entry) bool {
+			if ent.head != nil || ent.leaseEnd > now {
+				return false
 			}
-			delete(s.entries, id)
-		}
+			e.keys.Leave()
+			return true
+		})
+		s.table.shrink()
+		s.free = slices.Delete(s.free, 0, s.freeLow)
+		s.freeLow = len(s.free)
 		s.mu.Unlock()
 	}
 }
