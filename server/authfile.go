@@ -15,17 +15,21 @@ import (
 // are cheap to repeat, so a short secret could be guessed online.
 const MinSecretLen = 16
 
-// LoadAuthFile reads tenants and secrets from lines "tenant:hex-secret".
-// Blank lines and lines starting with # are ignored.
+// makeSecret is how the errors about a secret say to make a good one.
+const makeSecret = "make one with `openssl rand -hex 32`"
+
+// LoadAuthFile reads tenants and secrets from lines "tenant:hex-secret",
+// spaces allowed around the colon. Blank lines and lines starting with #
+// are ignored. Errors name the file and the line.
 func LoadAuthFile(path string) (map[string][]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, fmt.Errorf("server: auth file: %w", err)
+		return nil, err
 	}
 	defer f.Close()
 	tenants, err := ParseAuth(f)
 	if err != nil {
-		return nil, fmt.Errorf("server: auth file %s: %w", path, err)
+		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	return tenants, nil
 }
@@ -41,17 +45,19 @@ func ParseAuth(r io.Reader) (map[string][]byte, error) {
 		}
 		tenant, hexSecret, ok := strings.Cut(text, ":")
 		if !ok {
-			return nil, fmt.Errorf("line %d: want tenant:hex-secret", line)
+			return nil, fmt.Errorf("line %d: want tenant:hex-secret (%s)", line, makeSecret)
 		}
+		tenant, hexSecret = strings.TrimSpace(tenant), strings.TrimSpace(hexSecret)
 		if !codec.ValidTenant([]byte(tenant)) {
 			return nil, fmt.Errorf("line %d: tenant %q is not 1..32 bytes of [A-Za-z0-9._-]", line, tenant)
 		}
 		secret, err := hex.DecodeString(hexSecret)
 		if err != nil {
-			return nil, fmt.Errorf("line %d: secret is not hex", line)
+			return nil, fmt.Errorf("line %d: the secret of %q is not hex; %s", line, tenant, makeSecret)
 		}
 		if len(secret) < MinSecretLen {
-			return nil, fmt.Errorf("line %d: secret of %d bytes; at least %d are needed against online guessing", line, len(secret), MinSecretLen)
+			return nil, fmt.Errorf("line %d: the secret of %q has %d bytes, at least %d are needed against online guessing; %s",
+				line, tenant, len(secret), MinSecretLen, makeSecret)
 		}
 		if _, dup := tenants[tenant]; dup {
 			return nil, fmt.Errorf("line %d: tenant %q appears twice", line, tenant)
@@ -62,7 +68,7 @@ func ParseAuth(r io.Reader) (map[string][]byte, error) {
 		return nil, err
 	}
 	if len(tenants) == 0 {
-		return nil, fmt.Errorf("no tenants")
+		return nil, fmt.Errorf("no tenants: add tenant:hex-secret lines (%s)", makeSecret)
 	}
 	return tenants, nil
 }

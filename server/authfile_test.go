@@ -23,6 +23,38 @@ func TestParseAuthRejects(t *testing.T) {
 	}
 }
 
+// TestParseAuthSaysHowToMakeASecret: every refusal that a good secret
+// would cure says how to make one.
+func TestParseAuthSaysHowToMakeASecret(t *testing.T) {
+	for name, text := range map[string]string{
+		"not hex":    "alpha:" + strings.Repeat("zz", MinSecretLen) + "\n",
+		"too short":  "alpha:" + strings.Repeat("ab", MinSecretLen-1) + "\n",
+		"no colon":   "alpha\n",
+		"no tenants": "\n",
+	} {
+		_, err := ParseAuth(strings.NewReader(text))
+		if err == nil || !strings.Contains(err.Error(), "openssl rand -hex 32") {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+func TestParseAuthAllowsSpacesAroundTheColon(t *testing.T) {
+	secret := strings.Repeat("ab", MinSecretLen)
+	auth, err := ParseAuth(strings.NewReader("alpha : " + secret + "\nbeta\t:" + secret + "\n  gamma:  " + secret + "  \n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tenant := range []string{"alpha", "beta", "gamma"} {
+		if len(auth[tenant]) != MinSecretLen || auth[tenant][0] != 0xab {
+			t.Errorf("tenant %q: secret %x", tenant, auth[tenant])
+		}
+	}
+	if len(auth) != 3 {
+		t.Fatalf("parsed %d tenants: %v", len(auth), auth)
+	}
+}
+
 func TestLoadAuthFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "auth")
 	content := "# tenants\nalpha:" + strings.Repeat("01", 16) + "\n  beta:" + strings.Repeat("ff", 32) + "  \n"
@@ -36,7 +68,14 @@ func TestLoadAuthFile(t *testing.T) {
 	if len(auth) != 2 || len(auth["alpha"]) != 16 || auth["beta"][31] != 0xff {
 		t.Fatalf("parsed %v", auth)
 	}
-	if _, err := LoadAuthFile(filepath.Join(t.TempDir(), "missing")); err == nil {
-		t.Fatal("a missing file must be an error")
+	missing := filepath.Join(t.TempDir(), "missing")
+	if _, err := LoadAuthFile(missing); err == nil || !strings.Contains(err.Error(), missing) {
+		t.Fatalf("a missing file must be an error naming it: %v", err)
+	}
+	if err := os.WriteFile(path, []byte("alpha:00\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadAuthFile(path); err == nil || !strings.Contains(err.Error(), path+": line 1:") {
+		t.Fatalf("a bad line must be an error naming the file and the line: %v", err)
 	}
 }

@@ -6,38 +6,37 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/lockd/lockd/client"
 )
 
-// runExec holds key while argv runs. The command gets its own process
-// group so that the end of the lease stops everything it started, not
-// only its first process.
-func runExec(ctx context.Context, o *options, key string, argv []string, streams stdio) int {
-	signals := make(chan os.Signal, 4)
-	signal.Notify(signals, relayedSignals...)
-	defer signal.Stop(signals)
+// groupPollInterval is how often killGroup looks again for members of the
+// command's process group that are not lockctl's children to reap.
+const groupPollInterval = 10 * time.Millisecond
 
-	c, ticket, err := acquireInterruptibly(ctx, o, key, signals)
-	if err != nil {
-		return reportAcquireError(streams.err, "exec", err)
+// runExec holds key while argv runs. The command gets its own process
+// group so that the end of the lease, and the end of the command, stop
+// everything it started, not only its first process.
+func runExec(ctx context.Context, o *options, key string, argv []string, p proc) int {
+	c, ticket, code := takeLock(ctx, o, key, "exec", p)
+	if c == nil {
+		return code
 	}
 	defer c.Close()
-	defer release(c, ticket, streams)
+	defer release(c, ticket, "exec", p)
 
+	becomeSubreaper()
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(childEnv(os.Environ()), "LOCKD_KEY="+key, "LOCKD_TOKEN="+strconv.FormatUint(ticket.Token(), 10))
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = streams.in, streams.out, streams.err
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = p.in, p.out, p.err
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		fmt.Fprintln(streams.err, "lockctl exec:", err)
+		fmt.Fprintln(p.err, "lockctl exec:", err)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
 			return exitNotFound
 		}
@@ -52,70 +51,76 @@ func runExec(ctx context.Context, o *options, key string, argv []string, streams
 	term := time.NewTimer(time.Until(ticket.ValidUntil()) - o.grace)
 	defer term.Stop()
 	lost := ticket.Lost()
+	signalledAtLease := false
 	for {
 		select {
 		case <-exited:
-			return exitStatus(cmd.ProcessState)
+			if !killGroup(cmd.Process.Pid, ticket.Lost()) {
+				fmt.Fprintf(p.err, "lockctl exec: processes of the command's group outlived SIGKILL until the lease of %q lapsed\n", key)
+			}
+			status := exitStatus(cmd.ProcessState)
+			if signalledAtLease {
+				fmt.Fprintf(p.err, "lockctl exec: the command ended (status %d) after lockctl signalled it at the end of the lease of %q\n", status, key)
+				return exitLeaseEnded
+			}
+			return status
 		case <-term.C:
-			fmt.Fprintf(streams.err, "lockctl exec: the lease of %q may lapse in %v: sending SIGTERM\n", key, ticket.Remaining().Round(time.Millisecond))
+			signalledAtLease = true
+			fmt.Fprintf(p.err, "lockctl exec: the lease of %q may lapse in %v: sending SIGTERM\n", key, ticket.Remaining().Round(time.Millisecond))
 			signalGroup(cmd, syscall.SIGTERM)
 		case <-lost:
 			lost = nil
-			fmt.Fprintf(streams.err, "lockctl exec: the lease of %q may have lapsed: sending SIGKILL\n", key)
+			signalledAtLease = true
+			fmt.Fprintf(p.err, "lockctl exec: the lease of %q may have lapsed: sending SIGKILL\n", key)
 			signalGroup(cmd, syscall.SIGKILL)
-		case sig := <-signals:
+		case sig := <-p.signals:
 			signalGroup(cmd, sig.(syscall.Signal))
 		}
 	}
-}
-
-// acquireInterruptibly dials and acquires, giving up when one of the
-// relayed signals arrives: before the command runs, a signal is meant for
-// lockctl.
-func acquireInterruptibly(ctx context.Context, o *options, key string, signals <-chan os.Signal) (*client.Client, client.Ticket, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	acquired := make(chan struct{})
-	var watcher sync.WaitGroup
-	watcher.Go(func() {
-		select {
-		case <-signals:
-			cancel()
-		case <-acquired:
-		}
-	})
-	defer watcher.Wait()
-	defer close(acquired)
-
-	c, err := o.dial(ctx)
-	if err != nil {
-		return nil, client.Ticket{}, err
-	}
-	ticket, err := c.Acquire(ctx, key, o.acquireOptions())
-	if err != nil {
-		c.Close()
-		return nil, client.Ticket{}, err
-	}
-	return c, ticket, nil
 }
 
 func signalGroup(cmd *exec.Cmd, sig syscall.Signal) {
 	syscall.Kill(-cmd.Process.Pid, sig)
 }
 
-func release(c *client.Client, ticket client.Ticket, streams stdio) {
+// killGroup kills what the command left running in its process group and
+// waits until all of it is gone, so that nothing it started runs once the
+// lock is released. As the subreaper, lockctl inherits every process of
+// the group whose parent died, and reaps them here; members it cannot
+// reap are waited for until they are gone or giveUp is closed, when it
+// returns false.
+func killGroup(pgid int, giveUp <-chan struct{}) bool {
+	for {
+		syscall.Kill(-pgid, syscall.SIGKILL)
+		_, err := syscall.Wait4(-pgid, nil, 0, nil)
+		if err == nil || errors.Is(err, syscall.EINTR) {
+			continue
+		}
+		// ECHILD: no process of the group is lockctl's child any more.
+		if errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH) {
+			return true
+		}
+		select {
+		case <-giveUp:
+			return false
+		case <-time.After(groupPollInterval):
+		}
+	}
+}
+
+func release(c *client.Client, ticket client.Ticket, command string, p proc) {
 	switch err := c.Release(context.Background(), ticket); {
 	case errors.Is(err, client.ErrNotHeld):
-		fmt.Fprintf(streams.err, "lockctl exec: %q was no longer held when the command ended\n", ticket.Key())
+		fmt.Fprintf(p.err, "lockctl %s: %q was no longer held when it was released\n", command, ticket.Key())
 	case err != nil:
-		fmt.Fprintln(streams.err, "lockctl exec: release:", err)
+		fmt.Fprintf(p.err, "lockctl %s: release: %v\n", command, err)
 	}
 }
 
 // exitStatus is the shell's view of how the command ended.
 func exitStatus(state *os.ProcessState) int {
 	if status, ok := state.Sys().(syscall.WaitStatus); ok && status.Signaled() {
-		return 128 + int(status.Signal())
+		return exitSignalBase + int(status.Signal())
 	}
 	return state.ExitCode()
 }

@@ -13,34 +13,49 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
 	"github.com/lockd/lockd/client"
 	"github.com/lockd/lockd/cmd/internal/envflag"
+	"github.com/lockd/lockd/cmd/internal/version"
+	"github.com/lockd/lockd/codec"
+	"golang.org/x/sys/unix"
 )
 
 const usage = `usage:
   lockctl acquire [flags] KEY             take KEY and print its fencing token
   lockctl release [flags] KEY TOKEN       release the grant TOKEN of KEY
   lockctl exec [flags] KEY -- CMD [ARG…]  run CMD while holding KEY
+  lockctl --version
 
 exec runs CMD in its own process group with the fencing token in
-LOCKD_TOKEN and the key in LOCKD_KEY, relays SIGINT, SIGTERM, SIGHUP and
-SIGQUIT to it, sends it SIGTERM --grace before the lease may lapse and
-SIGKILL when it may have, releases the lock when CMD exits, and exits with
-CMD's status (128+N when a signal N ended it).
+LOCKD_TOKEN and the key in LOCKD_KEY, and relays SIGINT, SIGTERM, SIGHUP
+and SIGQUIT to it. It sends the group SIGTERM --grace before the lease may
+lapse and SIGKILL when it may have. When CMD exits, whatever it left
+running in its process group is killed and reaped before the lock is
+released, so nothing it started runs without the lock.
 
-lockctl's own exit status: 0 done; 1 failure (connection, authentication,
-outcome unknown); 2 usage; 3 release answered NOT HELD; 75 not acquired
-(timeout, busy, unavailable, or --wait ran out on a lock that stayed held:
-nothing is held by lockctl).
+Exit status:
+  0      done (exec: CMD exited 0)
+  1      failure: connection, authentication, an outcome lockctl cannot know
+  2      usage
+  3      release: NOT HELD, the token was no longer current
+  75     not acquired: timeout, busy, unavailable, or --wait ran out on a
+         lock that stayed held; nothing is held by lockctl
+  124    exec: lockctl had to signal CMD because the lease was ending,
+         whatever status CMD then exited with
+  126    exec: CMD could not be run
+  127    exec: CMD was not found
+  128+N  a signal N came before the lock was held (130 for Ctrl-C): not
+         acquired; exec: CMD was ended by signal N
+  other  exec: CMD's exit status
 
 Every flag can also be set with LOCKD_<NAME> (--secret-file as
 LOCKD_SECRET_FILE); a flag on the command line wins. The tenant's secret,
-in hex as in lockd's auth file, is read from --secret-file, or else from
-LOCKD_SECRET.
-
+in hex as in lockd's auth file (make one with openssl rand -hex 32), is
+read from --secret-file, or else from LOCKD_SECRET.
 `
 
 const (
@@ -49,49 +64,62 @@ const (
 	exitUsage       = 2
 	exitNotHeld     = 3
 	exitNotAcquired = 75 // EX_TEMPFAIL
+	// exitLeaseEnded is timeout(1)'s status for a command it had to stop.
+	exitLeaseEnded = 124
 	// exitCannotRun and exitNotFound are the shell's statuses for a
 	// command that could not be started.
 	exitCannotRun = 126
 	exitNotFound  = 127
+	// exitSignalBase plus the signal's number is the shell's status for
+	// a process ended by a signal.
+	exitSignalBase = 128
 )
 
-// relayedSignals are passed on to exec's command.
+// relayedSignals end a wait for the lock, and are passed on to exec's
+// command once it runs.
 var relayedSignals = []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT}
 
 func main() {
-	os.Exit(run(context.Background(), os.Args[1:], os.LookupEnv, os.Stdin, os.Stdout, os.Stderr))
+	signals := make(chan os.Signal, 4)
+	signal.Notify(signals, relayedSignals...)
+	os.Exit(run(context.Background(), os.Args[1:], os.LookupEnv, proc{in: os.Stdin, out: os.Stdout, err: os.Stderr, signals: signals}))
 }
 
-// stdio bundles the streams of one run.
-type stdio struct {
+// proc is what one run of lockctl talks to: its streams, and the signals
+// it was sent.
+type proc struct {
 	in       io.Reader
 	out, err io.Writer
+	signals  <-chan os.Signal
 }
 
-func run(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stdin io.Reader, stdout, stderr io.Writer) int {
-	streams := stdio{in: stdin, out: stdout, err: stderr}
+// commandArgs is how many arguments each command takes after its flags,
+// at least.
+var commandArgs = map[string]int{"acquire": 1, "release": 2, "exec": 2}
+
+func run(ctx context.Context, args []string, lookupEnv func(string) (string, bool), p proc) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		fmt.Fprint(p.err, usage)
 		return exitUsage
 	}
 	command, args := args[0], args[1:]
-	var minArgs int
 	switch command {
-	case "acquire":
-		minArgs = 1
-	case "release":
-		minArgs = 2
-	case "exec":
-		minArgs = 2
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
+	case "help", "-h", "-help", "--help":
+		printHelp(p.out)
 		return exitOK
-	default:
-		fmt.Fprintf(stderr, "lockctl: unknown command %q\n\n%s", command, usage)
+	case "version", "-version", "--version":
+		fmt.Fprint(p.out, version.String("lockctl"))
+		return exitOK
+	}
+	minArgs, known := commandArgs[command]
+	if !known {
+		fmt.Fprintf(p.err, "lockctl: unknown command %q\n\n%s", command, usage)
 		return exitUsage
 	}
-	o, rest, err := parseFlags(command, args, lookupEnv, stderr)
+	o, fs, rest, err := parseFlags(command, args, lookupEnv)
 	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintf(p.out, "%s\nFlags of lockctl %s:\n", usage, command)
+		envflag.PrintFlags(p.out, fs)
 		return exitOK
 	}
 	if err == nil && len(rest) < minArgs {
@@ -101,24 +129,30 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		err = fmt.Errorf("unexpected arguments: %q", rest[minArgs:])
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "lockctl %s: %v\n", command, err)
+		fmt.Fprintf(p.err, "lockctl %s: %v\nRun 'lockctl %s --help' for the flags.\n", command, err, command)
 		return exitUsage
 	}
 	switch command {
 	case "acquire":
-		return runAcquire(ctx, o, rest[0], streams)
+		return runAcquire(ctx, o, rest[0], p)
 	case "release":
-		return runRelease(ctx, o, rest[0], rest[1], streams)
+		return runRelease(ctx, o, rest[0], rest[1], p)
 	}
 	argv := rest[1:]
 	if argv[0] == "--" {
 		argv = argv[1:]
 	}
 	if len(argv) == 0 {
-		fmt.Fprintln(stderr, "lockctl exec: no command to run")
+		fmt.Fprintln(p.err, "lockctl exec: no command to run")
 		return exitUsage
 	}
-	return runExec(ctx, o, rest[0], argv, streams)
+	return runExec(ctx, o, rest[0], argv, p)
+}
+
+// printHelp is lockctl --help: the usage, then every flag, once.
+func printHelp(w io.Writer) {
+	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant and --secret-file; --grace is exec's):\n", usage)
+	envflag.PrintFlags(w, newFlagSet("exec", &options{}))
 }
 
 type options struct {
@@ -131,16 +165,14 @@ type options struct {
 	grace       time.Duration
 }
 
-// parseFlags reads the flags of command, with LOCKD_<NAME> environment
-// variables as their defaults, and returns the arguments after them.
-func parseFlags(command string, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (*options, []string, error) {
-	o := &options{addrs: addrList{addrs: []string{"127.0.0.1:7420"}, replace: true}}
+// newFlagSet defines the flags of command over o.
+func newFlagSet(command string, o *options) *flag.FlagSet {
+	o.addrs = addrList{addrs: []string{"127.0.0.1:7420"}, replace: true}
 	fs := flag.NewFlagSet("lockctl "+command, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
-	fs.Var(&o.addrs, "addr", "server address host:port; repeat or separate with commas for several (default 127.0.0.1:7420)")
-	fs.StringVar(&o.tenant, "tenant", "", "tenant name; required with a secret")
-	fs.StringVar(&o.secretFile, "secret-file", "", "file holding the tenant's secret in hex")
+	fs.SetOutput(io.Discard) // errors are returned, help is printed by run
+	fs.Var(&o.addrs, "addr", "server address `HOST:PORT`; repeat or separate with commas for several")
+	fs.StringVar(&o.tenant, "tenant", "", "tenant `name`; required with a secret")
+	fs.StringVar(&o.secretFile, "secret-file", "", "`file` holding the tenant's secret in hex")
 	if command != "release" {
 		fs.DurationVar(&o.lease, "lease", client.DefaultLease, "lease, rounded up to seconds, 1s..1h")
 		fs.DurationVar(&o.wait, "wait", 0, "how long to wait for the lock, 0s..255s; 0 tries once")
@@ -149,21 +181,72 @@ func parseFlags(command string, args []string, lookupEnv func(string) (string, b
 	if command == "exec" {
 		fs.DurationVar(&o.grace, "grace", 2*time.Second, "SIGTERM the command this long before the lease may lapse, SIGKILL when it may have")
 	}
+	return fs
+}
+
+// parseFlags reads the flags of command, with LOCKD_<NAME> environment
+// variables as their defaults, and returns the options, the flag set and
+// the arguments after the flags. It returns flag.ErrHelp for --help.
+func parseFlags(command string, args []string, lookupEnv func(string) (string, bool)) (*options, *flag.FlagSet, []string, error) {
+	o := &options{}
+	fs := newFlagSet(command, o)
 	if err := envflag.Apply(fs, lookupEnv); err != nil {
-		return nil, nil, err
+		return nil, fs, nil, err
 	}
 	o.addrs.replace = true
 	o.envSecret, _ = lookupEnv("LOCKD_SECRET")
 	if err := fs.Parse(args); err != nil {
-		return nil, nil, err
+		return nil, fs, nil, err
 	}
+	if err := o.check(command); err != nil {
+		return nil, fs, nil, err
+	}
+	return o, fs, fs.Args(), nil
+}
+
+// check refuses, before anything is sent, the flag values the client or
+// the server would refuse, naming the flag.
+func (o *options) check(command string) error {
 	if len(o.addrs.addrs) == 0 {
-		return nil, nil, errors.New("--addr: no address")
+		return errors.New("--addr: no address")
+	}
+	if o.tenant != "" && !codec.ValidTenant([]byte(o.tenant)) {
+		return fmt.Errorf("--tenant %q: want 1..32 bytes of [A-Za-z0-9._-]", o.tenant)
+	}
+	if o.tenant == "" && (o.secretFile != "" || o.envSecret != "") {
+		return errors.New("a secret (--secret-file or LOCKD_SECRET) needs --tenant (LOCKD_TENANT)")
+	}
+	if command == "release" {
+		return nil
+	}
+	lease, err := wholeSeconds("--lease", o.lease, 1, codec.MaxLeaseSeconds)
+	if err != nil {
+		return err
+	}
+	if _, err := wholeSeconds("--wait", o.wait, 0, codec.MaxWaitSeconds); err != nil {
+		return err
+	}
+	budget, err := wholeSeconds("--budget", o.budget, 0, int64(client.MaxWorkBudget/time.Second))
+	if err != nil {
+		return err
+	}
+	if budget > lease {
+		return fmt.Errorf("--budget %v exceeds --lease %v", o.budget, o.lease)
 	}
 	if command == "exec" && (o.grace < 0 || o.grace >= o.lease) {
-		return nil, nil, fmt.Errorf("--grace %v must be at least 0 and shorter than --lease %v", o.grace, o.lease)
+		return fmt.Errorf("--grace %v must be at least 0 and shorter than --lease %v", o.grace, o.lease)
 	}
-	return o, fs.Args(), nil
+	return nil
+}
+
+// wholeSeconds rounds d up to whole seconds, as the client does, and
+// checks that the result is within lo..hi seconds.
+func wholeSeconds(flagName string, d time.Duration, lo, hi int64) (int64, error) {
+	s := int64((d + time.Second - 1) / time.Second)
+	if d < 0 || s < lo || s > hi {
+		return 0, fmt.Errorf("%s %v: want %v..%v, rounded up to whole seconds", flagName, d, time.Duration(lo)*time.Second, time.Duration(hi)*time.Second)
+	}
+	return s, nil
 }
 
 // addrList is a repeatable, comma-separated flag. Its defaults — the
@@ -193,24 +276,34 @@ func (o *options) secret() ([]byte, error) {
 	if o.secretFile != "" {
 		b, err := os.ReadFile(o.secretFile)
 		if err != nil {
-			return nil, fmt.Errorf("secret: %w", err)
+			return nil, fmt.Errorf("--secret-file: %w", err)
 		}
-		text, source = string(b), o.secretFile
+		text, source = string(b), "--secret-file "+o.secretFile
 	}
 	secret, err := hex.DecodeString(strings.TrimSpace(text))
 	if err != nil {
-		return nil, fmt.Errorf("secret from %s is not hex: %w", source, err)
+		return nil, fmt.Errorf("the secret from %s is not hex (make one with `openssl rand -hex 32`): %w", source, err)
 	}
 	return secret, nil
 }
 
+// dial connects to the servers. Its errors say which flags to fix.
 func (o *options) dial(ctx context.Context) (*client.Client, error) {
 	secret, err := o.secret()
 	if err != nil {
 		return nil, err
 	}
 	// One call per process: no spare wait session is worth connecting ahead.
-	return client.Dial(ctx, client.Config{Addrs: o.addrs.addrs, Tenant: o.tenant, Secret: secret, Sessions: 1, WaitSpares: -1})
+	c, err := client.Dial(ctx, client.Config{Addrs: o.addrs.addrs, Tenant: o.tenant, Secret: secret, Sessions: 1, WaitSpares: -1})
+	switch {
+	case err == nil:
+		return c, nil
+	case errors.Is(err, client.ErrAuth) && len(secret) == 0:
+		return nil, fmt.Errorf("%s requires authentication: give --tenant and the tenant's secret in --secret-file or LOCKD_SECRET", o.addrs.String())
+	case errors.Is(err, client.ErrAuth):
+		return nil, fmt.Errorf("authentication as --tenant %q failed; check the secret in --secret-file or LOCKD_SECRET: %w", o.tenant, err)
+	}
+	return nil, err
 }
 
 func (o *options) acquireOptions() client.AcquireOptions {
@@ -245,34 +338,105 @@ func acquireExit(err error) int {
 	return exitFailure
 }
 
-func runAcquire(ctx context.Context, o *options, key string, streams stdio) int {
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+// untilSignal returns a context that ends when one of signals arrives,
+// and a function that stops watching and returns that signal, or nil.
+func untilSignal(ctx context.Context, signals <-chan os.Signal) (context.Context, func() os.Signal) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := make(chan struct{})
+	got := make(chan os.Signal, 1)
+	var watcher sync.WaitGroup
+	watcher.Go(func() {
+		select {
+		case sig := <-signals:
+			got <- sig
+			cancel()
+		case <-stop:
+		}
+	})
+	return ctx, func() os.Signal {
+		close(stop)
+		watcher.Wait()
+		cancel()
+		select {
+		case sig := <-got:
+			return sig
+		default:
+			return nil
+		}
+	}
+}
+
+// signalExit is the status for signal sig: 128+N, as the shell reports it.
+func signalExit(sig os.Signal) int {
+	if s, ok := sig.(syscall.Signal); ok {
+		return exitSignalBase + int(s)
+	}
+	return exitFailure
+}
+
+// signalName is SIGINT for syscall.SIGINT.
+func signalName(sig os.Signal) string {
+	if s, ok := sig.(syscall.Signal); ok {
+		if name := unix.SignalName(s); name != "" {
+			return name
+		}
+	}
+	return sig.String()
+}
+
+// takeLock dials and acquires key for command. Until the lock is held a
+// signal is meant for lockctl: it ends the wait, and a grant that raced
+// it is released again. On failure it reports why and returns the exit
+// status.
+func takeLock(ctx context.Context, o *options, key, command string, p proc) (*client.Client, client.Ticket, int) {
+	ctx, interrupted := untilSignal(ctx, p.signals)
 	c, err := o.dial(ctx)
-	if err != nil {
-		fmt.Fprintln(streams.err, "lockctl acquire:", err)
-		return exitFailure
+	var ticket client.Ticket
+	if err == nil {
+		ticket, err = c.Acquire(ctx, key, o.acquireOptions())
+	}
+	sig := interrupted()
+	switch {
+	case sig != nil:
+		if err == nil {
+			release(c, ticket, command, p)
+		}
+		if c != nil {
+			c.Close()
+		}
+		fmt.Fprintf(p.err, "lockctl %s: %s before %q was held: not acquired\n", command, signalName(sig), key)
+		return nil, client.Ticket{}, signalExit(sig)
+	case c == nil:
+		fmt.Fprintf(p.err, "lockctl %s: %v\n", command, err)
+		return nil, client.Ticket{}, exitFailure
+	case err != nil:
+		c.Close()
+		return nil, client.Ticket{}, reportAcquireError(p.err, command, err)
+	}
+	return c, ticket, exitOK
+}
+
+func runAcquire(ctx context.Context, o *options, key string, p proc) int {
+	c, ticket, code := takeLock(ctx, o, key, "acquire", p)
+	if c == nil {
+		return code
 	}
 	defer c.Close()
-	ticket, err := c.Acquire(ctx, key, o.acquireOptions())
-	if err != nil {
-		return reportAcquireError(streams.err, "acquire", err)
-	}
-	fmt.Fprintln(streams.out, ticket.Token())
+	fmt.Fprintln(p.out, ticket.Token())
 	return exitOK
 }
 
-func runRelease(ctx context.Context, o *options, key, tokenText string, streams stdio) int {
+func runRelease(ctx context.Context, o *options, key, tokenText string, p proc) int {
 	token, err := strconv.ParseUint(tokenText, 10, 64)
 	if err != nil {
-		fmt.Fprintf(streams.err, "lockctl release: token %q: %v\n", tokenText, err)
+		fmt.Fprintf(p.err, "lockctl release: token %q: %v\n", tokenText, err)
 		return exitUsage
 	}
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+	ctx, interrupted := untilSignal(ctx, p.signals)
+	defer interrupted()
 	c, err := o.dial(ctx)
 	if err != nil {
-		fmt.Fprintln(streams.err, "lockctl release:", err)
+		fmt.Fprintln(p.err, "lockctl release:", err)
 		return exitFailure
 	}
 	defer c.Close()
@@ -280,13 +444,13 @@ func runRelease(ctx context.Context, o *options, key, tokenText string, streams 
 	case err == nil:
 		return exitOK
 	case errors.Is(err, client.ErrNotHeld):
-		fmt.Fprintln(streams.err, "lockctl release:", err)
+		fmt.Fprintln(p.err, "lockctl release:", err)
 		return exitNotHeld
 	case errors.Is(err, client.ErrBadKey):
-		fmt.Fprintln(streams.err, "lockctl release:", err)
+		fmt.Fprintln(p.err, "lockctl release:", err)
 		return exitUsage
 	default:
-		fmt.Fprintln(streams.err, "lockctl release:", err)
+		fmt.Fprintln(p.err, "lockctl release:", err)
 		return exitFailure
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -14,10 +15,13 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/lockd/lockd/client"
+	"github.com/lockd/lockd/client/lockdtest"
+	"github.com/lockd/lockd/codec"
 	"github.com/lockd/lockd/engine"
 	"github.com/lockd/lockd/server"
 	"github.com/lockd/lockd/server/servertest"
@@ -30,12 +34,17 @@ func TestMain(m *testing.M) {
 
 func startServer(t *testing.T, auth map[string][]byte) string {
 	t.Helper()
+	return startLockd(t, auth).Addr()
+}
+
+func startLockd(t *testing.T, auth map[string][]byte) *server.Server {
+	t.Helper()
 	srv, err := server.Start(server.Config{Listen: "127.0.0.1:0", Auth: auth, Engine: engine.Config{}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Close() })
-	return srv.Addr()
+	return srv
 }
 
 // deadAddr is a loopback address nobody listens on.
@@ -68,8 +77,9 @@ func (b *syncBuffer) String() string {
 }
 
 type ctl struct {
-	env   map[string]string
-	stdin io.Reader
+	env     map[string]string
+	stdin   io.Reader
+	signals <-chan os.Signal // the signals lockctl is sent; none when nil
 }
 
 func (c ctl) run(args ...string) (code int, stdout, stderr string) {
@@ -82,7 +92,7 @@ func (c ctl) run(args ...string) (code int, stdout, stderr string) {
 	if stdin == nil {
 		stdin = strings.NewReader("")
 	}
-	code = run(context.Background(), args, lookup, stdin, &out, &errs)
+	code = run(context.Background(), args, lookup, proc{in: stdin, out: &out, err: &errs, signals: c.signals})
 	return code, out.String(), errs.String()
 }
 
@@ -129,7 +139,7 @@ func TestExecHoldsTheLockAndPassesTheToken(t *testing.T) {
 		lookup := func(string) (string, bool) { return "", false }
 		done <- run(context.Background(),
 			[]string{"exec", "--addr", addr, "k", "--", "sh", "-c", `echo "$LOCKD_KEY $LOCKD_TOKEN"; read line; exit 7`},
-			lookup, stdin, &out, io.Discard)
+			lookup, proc{in: stdin, out: &out, err: io.Discard})
 	}()
 	for range 5000 {
 		if strings.Contains(out.String(), "\n") {
@@ -174,8 +184,8 @@ func TestExecTerminatesTheCommandBeforeTheLeaseLapses(t *testing.T) {
 	addr := startServer(t, nil)
 	start := time.Now()
 	code, _, errs := ctl{}.run("exec", "--addr", addr, "--lease", "1s", "--grace", "500ms", "k", "--", "sleep", "30")
-	if code != 128+15 || !strings.Contains(errs, "SIGTERM") {
-		t.Fatalf("exit %d (%s), want 143 from SIGTERM", code, errs)
+	if code != exitLeaseEnded || !strings.Contains(errs, "SIGTERM") || !strings.Contains(errs, "status 143") {
+		t.Fatalf("exit %d (%s), want %d after SIGTERM ended the command (143)", code, errs, exitLeaseEnded)
 	}
 	if elapsed := time.Since(start); elapsed > time.Second {
 		t.Fatalf("SIGTERM came after %v, past the 1 s lease", elapsed)
@@ -186,8 +196,96 @@ func TestExecKillsACommandThatIgnoresSIGTERM(t *testing.T) {
 	addr := startServer(t, nil)
 	code, _, errs := ctl{}.run("exec", "--addr", addr, "--lease", "1s", "--grace", "300ms", "k", "--",
 		"sh", "-c", `trap "" TERM; sleep 30`)
-	if code != 128+9 || !strings.Contains(errs, "SIGKILL") {
-		t.Fatalf("exit %d (%s), want 137 from SIGKILL", code, errs)
+	if code != exitLeaseEnded || !strings.Contains(errs, "SIGKILL") || !strings.Contains(errs, "status 137") {
+		t.Fatalf("exit %d (%s), want %d after SIGKILL ended the command (137)", code, errs, exitLeaseEnded)
+	}
+}
+
+// TestExecSignalledAtTheLeaseIsDistinctEvenIfTheCommandExitsZero: a
+// command that handles SIGTERM by exiting 0 did not finish its work, and
+// the script running lockctl must be able to tell.
+func TestExecSignalledAtTheLeaseIsDistinctEvenIfTheCommandExitsZero(t *testing.T) {
+	addr := startServer(t, nil)
+	code, _, errs := ctl{}.run("exec", "--addr", addr, "--lease", "1s", "--grace", "500ms", "k", "--",
+		"sh", "-c", `trap "exit 0" TERM; sleep 30 & wait`)
+	if code != exitLeaseEnded || !strings.Contains(errs, "status 0") {
+		t.Fatalf("exit %d (%s), want %d although the command exited 0", code, errs, exitLeaseEnded)
+	}
+}
+
+// TestExecKillsWhatTheCommandLeftRunningBeforeItReleases: a command that
+// backgrounds a process and exits must not leave that process running
+// without the lock. The server checks, when the RELEASE arrives, that the
+// background process is gone.
+func TestExecKillsWhatTheCommandLeftRunningBeforeItReleases(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	atRelease := make(chan error, 1)
+	srv, err := lockdtest.Start(func(c *lockdtest.Conn) {
+		if c.Handshake(nil) != nil {
+			return
+		}
+		c.Serve(func(c *lockdtest.Conn, req *codec.Request) {
+			switch req.Op {
+			case codec.OpAcquire:
+				c.QueueAcquired(req.Owner, 1, 0)
+			case codec.OpRelease:
+				atRelease <- processGone(pidFile)
+				c.QueueReply(codec.OpReleased, req.Owner)
+			}
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	t.Cleanup(func() { killPIDFile(pidFile) })
+
+	// Files, as a shell gives lockctl: with a buffer, os/exec would copy
+	// through a pipe and wait for the background process to close it.
+	output, err := os.Create(filepath.Join(t.TempDir(), "output"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer output.Close()
+	code := run(context.Background(), []string{"exec", "--addr", srv.Addr(), "k", "--",
+		"sh", "-c", `sleep 600 & echo $! > "$0"; exit 0`, pidFile},
+		func(string) (string, bool) { return "", false }, proc{in: strings.NewReader(""), out: output, err: output})
+	if code != exitOK {
+		text, _ := os.ReadFile(output.Name())
+		t.Fatalf("exit %d (%s), want the command's 0", code, text)
+	}
+	select {
+	case err := <-atRelease:
+		if err != nil {
+			t.Fatalf("at the release: %v", err)
+		}
+	default:
+		t.Fatal("lockctl exited without releasing")
+	}
+}
+
+// processGone reports whether the process whose pid is in file no longer
+// exists (nor lingers unreaped).
+func processGone(file string) error {
+	text, err := os.ReadFile(file)
+	if err != nil {
+		return err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(text)))
+	if err != nil {
+		return err
+	}
+	if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("the command's background process %d still exists (kill 0: %v)", pid, err)
+	}
+	return nil
+}
+
+func killPIDFile(file string) {
+	if text, err := os.ReadFile(file); err == nil {
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(text))); err == nil && pid > 0 {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
 	}
 }
 
@@ -243,7 +341,7 @@ func TestAddressesAreRepeatableCommaListsThatReplaceTheDefaults(t *testing.T) {
 		{map[string]string{"LOCKD_ADDR": "x:1"}, []string{"--addr", "a:1,b:2", "--addr", "c:3"}, []string{"a:1", "b:2", "c:3"}},
 	}
 	for _, tc := range cases {
-		o, _, err := parseFlags("acquire", append(tc.args, "k"), lookup(tc.env), io.Discard)
+		o, _, _, err := parseFlags("acquire", append(tc.args, "k"), lookup(tc.env))
 		if err != nil {
 			t.Fatal(err)
 		}

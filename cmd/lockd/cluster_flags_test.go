@@ -1,7 +1,6 @@
 package main
 
 import (
-	"io"
 	"strings"
 	"testing"
 	"time"
@@ -11,7 +10,7 @@ func TestClusterFlags(t *testing.T) {
 	none := func(string) (string, bool) { return "", false }
 	o, err := parseServeOptions([]string{"--cluster", "--node-id", "2", "--raft-addr", "127.0.0.1:7452",
 		"--peers", "1=127.0.0.1:7451,2=127.0.0.1:7452,3=127.0.0.1:7453", "--data-dir", "/tmp/x", "--groups", "8",
-		"--rtt-ms", "5", "--propose-timeout", "3s"}, none, io.Discard)
+		"--rtt-ms", "5", "--propose-timeout", "3s"}, none)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -20,15 +19,15 @@ func TestClusterFlags(t *testing.T) {
 		c.DataDir != "/tmp/x" || c.Groups != 8 || c.RTT != 5*time.Millisecond || c.ProposeTimeout != 3*time.Second {
 		t.Fatalf("cluster flags: %+v", o)
 	}
-	if _, err := parseServeOptions([]string{"--cluster", "--node-id", "1"}, none, io.Discard); err == nil ||
+	if _, err := parseServeOptions([]string{"--cluster", "--node-id", "1"}, none); err == nil ||
 		!strings.Contains(err.Error(), "--peers") {
 		t.Fatalf("missing cluster flags: %v", err)
 	}
-	if _, err := parseServeOptions([]string{"--cluster", "--node-id", "1", "--peers", "1=a:1,x", "--data-dir", "d"}, none, io.Discard); err == nil {
+	if _, err := parseServeOptions([]string{"--cluster", "--node-id", "1", "--peers", "1=a:1,x", "--data-dir", "d"}, none); err == nil {
 		t.Fatal("a malformed --peers was accepted")
 	}
 	env := map[string]string{"LOCKD_CLUSTER": "true", "LOCKD_NODE_ID": "3", "LOCKD_PEERS": "3=127.0.0.1:1", "LOCKD_DATA_DIR": "d"}
-	o, err = parseServeOptions(nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok }, io.Discard)
+	o, err = parseServeOptions(nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 	if err != nil || !o.cluster || o.clusterCfg.NodeID != 3 {
 		t.Fatalf("cluster flags from the environment: %+v %v", o, err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/lockd/lockd/cluster"
 	"github.com/lockd/lockd/cmd/internal/envflag"
+	"github.com/lockd/lockd/cmd/internal/version"
 	"github.com/lockd/lockd/engine"
 	"github.com/lockd/lockd/server"
 	"github.com/rs/zerolog"
@@ -22,39 +23,75 @@ import (
 
 const usage = `usage: lockd serve [flags]
        lockd serve --cluster --node-id N --raft-addr HOST:PORT --peers 1=HOST:PORT,2=...,3=... --data-dir DIR [--groups G] [flags]
+       lockd --version
 
 Every flag can also be set with the environment variable LOCKD_<NAME>
 (for example --max-keys as LOCKD_MAX_KEYS); a flag on the command line wins.
 
+Exit status: 0 after a clean shutdown (SIGTERM or SIGINT drains the
+server), 1 when the server cannot start or fails, 2 for a usage error.
 `
 
+// Exit statuses besides 0.
+const (
+	exitFailure = 1
+	exitUsage   = 2
+)
+
 func main() {
-	if err := run(os.Args[1:], os.Stderr); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "lockd:", err)
-		}
-		os.Exit(2)
-	}
+	os.Exit(run(os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr))
 }
 
-func run(args []string, stderr io.Writer) error {
-	if len(args) == 0 || args[0] != "serve" {
+// run is lockd given its arguments, environment and output streams; it
+// returns the exit status.
+func run(args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
+	if len(args) == 0 {
 		fmt.Fprint(stderr, usage)
-		return errors.New("the only command is serve")
+		return exitUsage
 	}
-	opts, err := parseServeOptions(args[1:], os.LookupEnv, stderr)
+	switch args[0] {
+	case "serve":
+	case "help", "-h", "-help", "--help":
+		// serve is the only command, so its help is lockd's.
+		args = []string{"serve", "--help"}
+	case "version", "-version", "--version":
+		fmt.Fprint(stdout, version.String("lockd"))
+		return 0
+	default:
+		fmt.Fprintf(stderr, "lockd: unknown command %q\n\n%s", args[0], usage)
+		return exitUsage
+	}
+	opts, err := parseServeOptions(args[1:], lookupEnv)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintf(stdout, "%s\nFlags of lockd serve:\n", usage)
+		envflag.PrintFlags(stdout, opts.flags)
+		return 0
+	}
+	var level zerolog.Level
+	if err == nil {
+		if level, err = zerolog.ParseLevel(opts.logLevel); err != nil {
+			err = fmt.Errorf("--log-level %q: want trace, debug, info, warn or error", opts.logLevel)
+		}
+	}
 	if err != nil {
-		return err
+		fmt.Fprintf(stderr, "lockd serve: %v\nRun 'lockd serve --help' for the flags.\n", err)
+		return exitUsage
 	}
-	cfg, logLevel, authFile := opts.server, opts.logLevel, opts.authFile
-	level, err := zerolog.ParseLevel(logLevel)
-	if err != nil {
-		return fmt.Errorf("--log-level: %w", err)
+	if err := serve(opts, level); err != nil {
+		fmt.Fprintln(stderr, "lockd:", err)
+		return exitFailure
 	}
+	return 0
+}
+
+// serve runs the server until SIGTERM or SIGINT.
+func serve(opts serveOptions, level zerolog.Level) error {
+	cfg, authFile := opts.server, opts.authFile
 	cfg.Logger = zerolog.New(os.Stderr).Level(level).With().Timestamp().Logger()
 	if authFile != "" {
+		var err error
 		if cfg.Auth, err = server.LoadAuthFile(authFile); err != nil {
-			return err
+			return fmt.Errorf("--auth-file: %w", err)
 		}
 	}
 
@@ -65,6 +102,7 @@ func run(args []string, stderr io.Writer) error {
 		cc := opts.clusterCfg
 		cc.MaxKeys, cc.MaxWaiters, cc.MaxInflight = cfg.Engine.MaxKeys, cfg.Engine.MaxWaiters, cfg.Engine.MaxInflight
 		cc.Logger = cfg.Logger
+		var err error
 		if node, err = cluster.Start(cc); err != nil {
 			return err
 		}
@@ -87,11 +125,12 @@ type serveOptions struct {
 	authFile   string
 	cluster    bool
 	clusterCfg cluster.Config
+	flags      *flag.FlagSet // what they were read from, for --help
 }
 
 // parseServeOptions reads flags, with LOCKD_<NAME> environment variables
-// as their defaults.
-func parseServeOptions(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (serveOptions, error) {
+// as their defaults. It returns flag.ErrHelp for --help and -h.
+func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (serveOptions, error) {
 	var o serveOptions
 	cfg := &o.server
 	logLevel, authFile := &o.logLevel, &o.authFile
@@ -99,11 +138,11 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool), std
 	var peers string
 	var rttMs int
 	fs := flag.NewFlagSet("lockd serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
+	fs.SetOutput(io.Discard) // errors are returned, help is printed by run
+	o.flags = fs
 	fs.StringVar(&cfg.Listen, "listen", server.DefaultListen, "client protocol address")
 	fs.StringVar(&cfg.Admin, "admin", server.DefaultAdmin, "admin HTTP address (/healthz, /metrics); empty for none")
-	fs.StringVar(authFile, "auth-file", "", "file of tenant:hex-secret lines; turns authentication on")
+	fs.StringVar(authFile, "auth-file", "", "file of tenant:hex-secret lines (make a secret with openssl rand -hex 32); turns authentication on")
 	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow auth off on a non-loopback address")
 	fs.StringVar(&cfg.NodeName, "node-name", hostname(), "node name sent in the greeting (at most 64 bytes)")
 	fs.IntVar(&cfg.Engine.MaxKeys, "max-keys", engine.DefaultMaxKeys, "hard limit of live keys")

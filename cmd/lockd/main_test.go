@@ -20,7 +20,7 @@ import (
 func TestFlagsFromEnvironment(t *testing.T) {
 	env := map[string]string{"LOCKD_MAX_KEYS": "77", "LOCKD_LISTEN": "127.0.0.1:9000", "LOCKD_INSECURE_NO_AUTH": "true"}
 	lookup := func(k string) (string, bool) { v, ok := env[k]; return v, ok }
-	o, err := parseServeOptions([]string{"--listen", "127.0.0.1:9001", "--log-level", "warn"}, lookup, io.Discard)
+	o, err := parseServeOptions([]string{"--listen", "127.0.0.1:9001", "--log-level", "warn"}, lookup)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,10 +33,10 @@ func TestFlagsFromEnvironment(t *testing.T) {
 	}
 	if _, err := parseServeOptions(nil, func(k string) (string, bool) {
 		return "lots", k == "LOCKD_MAX_CONNS"
-	}, io.Discard); err == nil || !strings.Contains(err.Error(), "LOCKD_MAX_CONNS") {
+	}); err == nil || !strings.Contains(err.Error(), "LOCKD_MAX_CONNS") {
 		t.Fatalf("a bad environment value must name its variable: %v", err)
 	}
-	defaults, err := parseServeOptions(nil, func(string) (string, bool) { return "", false }, io.Discard)
+	defaults, err := parseServeOptions(nil, func(string) (string, bool) { return "", false })
 	if err != nil || defaults.server.Listen != "127.0.0.1:7420" || defaults.server.Admin != "127.0.0.1:7421" {
 		t.Fatalf("defaults: %+v %v", defaults, err)
 	}

@@ -1,11 +1,13 @@
 // Package envflag lets every lockd command read each of its flags from an
 // environment variable LOCKD_<NAME> (--max-keys as LOCKD_MAX_KEYS), with a
-// flag given on the command line winning. It owns only that mapping.
+// flag given on the command line winning. It owns that mapping and the
+// help text that shows it.
 package envflag
 
 import (
 	"flag"
 	"fmt"
+	"io"
 	"strings"
 )
 
@@ -30,4 +32,30 @@ func Apply(fs *flag.FlagSet, lookupEnv func(string) (string, bool)) error {
 		}
 	})
 	return err
+}
+
+// PrintFlags writes the help of every flag of fs: --name, the kind of
+// value it takes, its usage, its environment variable and its default,
+// the default only when it is not the zero value.
+func PrintFlags(w io.Writer, fs *flag.FlagSet) {
+	fs.VisitAll(func(f *flag.Flag) {
+		kind, usage := flag.UnquoteUsage(f)
+		head := "  --" + f.Name
+		if kind != "" {
+			head += " " + kind
+		}
+		note := Name(f.Name)
+		if !isZero(f.DefValue) {
+			note += "; default " + f.DefValue
+		}
+		fmt.Fprintf(w, "%s\n    \t%s (%s)\n", head, usage, note)
+	})
+}
+
+func isZero(value string) bool {
+	switch value {
+	case "", "0", "false", "0s":
+		return true
+	}
+	return false
 }

@@ -31,3 +31,25 @@ func TestApply(t *testing.T) {
 		t.Fatalf("a bad value must name its variable: %v", err)
 	}
 }
+
+func TestPrintFlags(t *testing.T) {
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.Int("max-keys", 1024, "hard limit of live `N`")
+	fs.Duration("wait", 0, "how long to wait")
+	fs.Bool("insecure-no-auth", false, "allow auth off")
+	fs.String("listen", "127.0.0.1:7420", "client protocol address")
+	var out strings.Builder
+	PrintFlags(&out, fs)
+	want := `  --insecure-no-auth
+    	allow auth off (LOCKD_INSECURE_NO_AUTH)
+  --listen string
+    	client protocol address (LOCKD_LISTEN; default 127.0.0.1:7420)
+  --max-keys N
+    	hard limit of live N (LOCKD_MAX_KEYS; default 1024)
+  --wait duration
+    	how long to wait (LOCKD_WAIT)
+`
+	if out.String() != want {
+		t.Fatalf("help:\n%s\nwant\n%s", out.String(), want)
+	}
+}

@@ -1,0 +1,115 @@
+package lockd_test
+
+import (
+	"io"
+	"net"
+	"os"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/lockd/lockd/codec"
+	"github.com/lockd/lockd/server"
+)
+
+// tourFrames are the frames the README's tour sends with printf, in
+// order, with printf's escapes decoded.
+func tourFrames(t *testing.T) [][]byte {
+	t.Helper()
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var frames [][]byte
+	for _, m := range regexp.MustCompile(`(?m)^printf '([^']*)' \| nc `).FindAllStringSubmatch(string(readme), -1) {
+		frames = append(frames, printfBytes(t, m[1]))
+	}
+	return frames
+}
+
+// printfBytes decodes the escapes the tour uses: \n, \\ and octal \NNN.
+func printfBytes(t *testing.T, format string) []byte {
+	t.Helper()
+	var out []byte
+	for i := 0; i < len(format); i++ {
+		if format[i] != '\\' {
+			out = append(out, format[i])
+			continue
+		}
+		i++
+		switch {
+		case i == len(format):
+			t.Fatalf("printf %q ends in a backslash", format)
+		case format[i] == 'n':
+			out = append(out, '\n')
+		case format[i] == '\\':
+			out = append(out, '\\')
+		case format[i] >= '0' && format[i] <= '7':
+			j := i
+			for j < len(format) && j < i+3 && format[j] >= '0' && format[j] <= '7' {
+				j++
+			}
+			v, _ := strconv.ParseUint(format[i:j], 8, 8)
+			out = append(out, byte(v))
+			i = j - 1
+		default:
+			t.Fatalf("printf %q: escape \\%c is not one the tour uses", format, format[i])
+		}
+	}
+	return out
+}
+
+// TestREADMETour plays the tour's frames against a server, one
+// connection each as nc makes them, and checks the answers the README
+// describes: granted with token 1, then TIMEOUT while the first grant is
+// held, RELEASED with token 1, then granted again with token 2.
+func TestREADMETour(t *testing.T) {
+	frames := tourFrames(t)
+	if len(frames) != 2 {
+		t.Fatalf("the tour has %d printf frames, want the ACQUIRE and the RELEASE", len(frames))
+	}
+	acquire, release := frames[0], frames[1]
+	srv, err := server.Start(server.Config{Listen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+
+	type answer struct {
+		op    byte
+		owner uint64
+		token uint64
+	}
+	for i, step := range []struct {
+		send []byte
+		want answer
+	}{
+		{acquire, answer{codec.OpAcquired, 1, 1}},
+		{acquire, answer{codec.OpTimeout, 1, 0}},
+		{release, answer{codec.OpReleased, 2, 0}},
+		{acquire, answer{codec.OpAcquired, 1, 2}},
+	} {
+		conn, err := net.Dial("tcp", srv.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := conn.Write(step.send); err != nil {
+			t.Fatal(err)
+		}
+		reader := codec.NewResponseReader(conn, 512)
+		var greeting, resp codec.Response
+		if err := reader.Next(&greeting); err != nil || greeting.Op != codec.OpGreeting || greeting.Flags != 0 {
+			t.Fatalf("step %d: greeting %+v, %v", i+1, greeting, err)
+		}
+		if err := reader.Next(&resp); err != nil && err != io.EOF {
+			t.Fatalf("step %d: %v", i+1, err)
+		}
+		if got := (answer{resp.Op, resp.Owner, resp.Token}); got != step.want {
+			t.Errorf("step %d: answer %q owner %d token %d, want %q owner %d token %d",
+				i+1, got.op, got.owner, got.token, step.want.op, step.want.owner, step.want.token)
+		}
+		conn.Close()
+	}
+}
