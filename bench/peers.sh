@@ -45,7 +45,7 @@ refuse_busy_ports "$LOCKD_PORT" "$ADMISSION_PORT" "$REDIS_PORT" "$ETCD_PORT" "$E
 # Every server keeps its state in memory: Redis without persistence, etcd
 # with its data directory on tmpfs where there is one (its fsyncs then cost
 # what memory costs), lockd single mode by design — all but its token mark,
-# which goes to the same place as etcd's data (one fsync per million tokens).
+# which goes to the same place as etcd's data (two fsyncs per 2^24 tokens).
 shm=/dev/shm
 [ -d "$shm" ] && [ -w "$shm" ] || shm=${TMPDIR:-/tmp}
 start_work_dir "$shm" lockbench-peers

@@ -26,10 +26,12 @@ type HighWaterMark interface {
 }
 
 // DefaultTokenBlock is how many tokens one reservation adds. A restart
-// skips at most one and a half blocks, a negligible part of the 64-bit
-// range; a grant finds the next block recorded unless the busiest shard
-// issues half a block in less time than one write and fsync takes.
-const DefaultTokenBlock = 1 << 20
+// skips at most one and a half blocks (25 million tokens: 2^63 is more
+// than 10^11 restarts away), and a grant finds the next block recorded
+// unless the busiest shard issues half a block — 8 million tokens, about a
+// second at the engine's own single-shard rate and over ten at the
+// server's — before a write and two fsyncs complete.
+const DefaultTokenBlock = 1 << 24
 
 // reserveRetry is how long Run waits before it tries again to record a
 // mark that could not be recorded. Grants go on from what is reserved
