@@ -44,7 +44,8 @@ refuse_busy_ports "$LOCKD_PORT" "$ADMISSION_PORT" "$REDIS_PORT" "$ETCD_PORT" "$E
 
 # Every server keeps its state in memory: Redis without persistence, etcd
 # with its data directory on tmpfs where there is one (its fsyncs then cost
-# what memory costs), lockd single mode by design.
+# what memory costs), lockd single mode by design — all but its token mark,
+# which goes to the same place as etcd's data (two fsyncs per 2^24 tokens).
 shm=/dev/shm
 [ -d "$shm" ] && [ -w "$shm" ] || shm=${TMPDIR:-/tmp}
 start_work_dir "$shm" lockbench-peers
@@ -54,10 +55,10 @@ if [ "$PIN" = 1 ]; then
 	server_cpu=(taskset -c 0) bench_cpu=(taskset -c 1) lockd_pin=(--loops 1)
 	export GOMAXPROCS=1 # for the lockd servers; lockbench gets its own below
 fi
-"${server_cpu[@]}" "$BIN/lockd" serve --listen "127.0.0.1:$LOCKD_PORT" --admin '' --log-level warn "${lockd_pin[@]}" \
+"${server_cpu[@]}" "$BIN/lockd" serve --listen "127.0.0.1:$LOCKD_PORT" --admin '' --data-dir "$work/lockd" --log-level warn "${lockd_pin[@]}" \
 	>"$work/lockd.log" 2>&1 &
 pids+=($!)
-"${server_cpu[@]}" "$BIN/lockd" serve --listen "127.0.0.1:$ADMISSION_PORT" --admin '' --max-inflight "$ADMISSION_LIMIT" \
+"${server_cpu[@]}" "$BIN/lockd" serve --listen "127.0.0.1:$ADMISSION_PORT" --admin '' --data-dir "$work/lockd-admission" --max-inflight "$ADMISSION_LIMIT" \
 	--log-level warn "${lockd_pin[@]}" >"$work/lockd-admission.log" 2>&1 &
 pids+=($!)
 unset GOMAXPROCS

@@ -15,3 +15,21 @@ func TestAcquireReleaseExistingKeyDoesNotAllocate(t *testing.T) {
 		t.Fatalf("acquire+release of an existing key: %v allocs, want 0", n)
 	}
 }
+
+// With a token mark, a grant compares against the reserved limit and, from
+// half a block before it, asks for the next block: neither allocates.
+func TestAcquireReleaseUnderATokenMarkDoesNotAllocate(t *testing.T) {
+	e := New(Config{Clock: NewFakeClock(), HighWater: &memMark{}, TokenBlock: 4096, Shards: 1})
+	if err := e.ReserveTokens(); err != nil {
+		t.Fatal(err)
+	}
+	ns := e.Namespace("t")
+	var buf [16]byte
+	key := benchKey(&buf, 7)
+	for range 2100 { // past half the block: every grant now asks for more
+		acquireRelease(t, e, ns, key)
+	}
+	if n := testing.AllocsPerRun(1000, func() { acquireRelease(t, e, ns, key) }); n != 0 {
+		t.Fatalf("acquire+release of an existing key under a token mark: %v allocs, want 0", n)
+	}
+}

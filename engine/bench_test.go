@@ -1,11 +1,14 @@
 package engine
 
 import (
+	"context"
 	"encoding/binary"
 	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/lockd/lockd/engine/tokenfile"
 )
 
 // benchKey writes a 16-byte key for i into buf.
@@ -26,32 +29,65 @@ func acquireRelease(tb testing.TB, e *Engine, ns Namespace, key []byte) {
 }
 
 // BenchmarkAcquireReleaseExistingKey is the hot path of SPEC §6: a key that
-// was used before is acquired and released without allocating.
+// was used before is acquired and released without allocating. The
+// data-dir variants run single mode's default: tokens reserved through a
+// token mark file, recorded by Run in the background.
 func BenchmarkAcquireReleaseExistingKey(b *testing.B) {
-	b.Run("sequential", func(b *testing.B) {
-		e := New(Config{})
-		ns := e.Namespace("bench")
-		var buf [16]byte
-		key := benchKey(&buf, 0)
-		acquireRelease(b, e, ns, key)
-		b.ReportAllocs()
-		for b.Loop() {
-			acquireRelease(b, e, ns, key)
+	for _, dataDir := range []bool{false, true} {
+		suffix := ""
+		if dataDir {
+			suffix = "-data-dir"
 		}
-	})
-	b.Run("parallel", func(b *testing.B) {
-		e := New(Config{})
-		ns := e.Namespace("bench")
-		var goroutines atomic.Uint64
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
+		b.Run("sequential"+suffix, func(b *testing.B) {
+			e := benchEngine(b, dataDir)
+			ns := e.Namespace("bench")
 			var buf [16]byte
-			key := benchKey(&buf, goroutines.Add(1))
-			for pb.Next() {
+			key := benchKey(&buf, 0)
+			acquireRelease(b, e, ns, key)
+			b.ReportAllocs()
+			for b.Loop() {
 				acquireRelease(b, e, ns, key)
 			}
 		})
+		b.Run("parallel"+suffix, func(b *testing.B) {
+			e := benchEngine(b, dataDir)
+			ns := e.Namespace("bench")
+			var goroutines atomic.Uint64
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				var buf [16]byte
+				key := benchKey(&buf, goroutines.Add(1))
+				for pb.Next() {
+					acquireRelease(b, e, ns, key)
+				}
+			})
+		})
+	}
+}
+
+// benchEngine is a default engine, on a token mark in a temporary data
+// dir when dataDir is set, with Run recording the mark until b ends.
+func benchEngine(b *testing.B, dataDir bool) *Engine {
+	if !dataDir {
+		return New(Config{})
+	}
+	mark, err := tokenfile.Open(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	e := New(Config{HighWater: mark})
+	if err := e.ReserveTokens(); err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); e.Run(ctx) }()
+	b.Cleanup(func() {
+		cancel()
+		<-done
+		mark.Close()
 	})
+	return e
 }
 
 // BenchmarkAcquireReleaseManyKeys is lockbench's uncontended workload on

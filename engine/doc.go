@@ -19,4 +19,10 @@
 // Tokens come from one counter per shard, starting at Config.FirstToken
 // (default 1) and failing closed before it would wrap; a key always lives in
 // the same shard, so its tokens strictly increase for the engine's lifetime.
+// With a Config.HighWater they also grow across restarts: every counter stays
+// below a mark recorded durably a block ahead, a grant only compares against
+// it and wakes the next reservation half a block early (Run records it in the
+// background, so no grant waits for a disk), and an engine started on the
+// same mark begins above every token issued before. The engine never sees the
+// file behind a HighWaterMark.
 package engine

@@ -3,7 +3,6 @@ package engine
 import (
 	"encoding/binary"
 	"hash/maphash"
-	"math"
 	"math/bits"
 	"strconv"
 	"sync"
@@ -18,10 +17,18 @@ type Config struct {
 	MaxWaiters  int   // hard limit of queued waiters, global; default DefaultMaxWaiters
 	MaxInflight int   // hard limit of in-flight acquires (being processed + queued), global; default DefaultMaxInflight
 	Clock       Clock // default RealClock()
-	// FirstToken is the first token of every shard's counter; default 1. A
-	// single-mode process restarted with it above the old process's tokens
-	// keeps them increasing across the restart.
+	// FirstToken is the first token of every shard's counter; default 1.
+	// With HighWater, tokens start at its recorded mark if that is higher.
 	FirstToken uint64
+	// HighWater, when set, makes tokens grow across restarts (SPEC §4): no
+	// token is issued at or above the mark it has recorded, ReserveTokens
+	// and Run record the next mark a block ahead of the grants, and an
+	// engine started on the same HighWater begins at its mark. Nil keeps
+	// tokens increasing for the engine's lifetime only.
+	HighWater HighWaterMark
+	// TokenBlock is how many tokens one reservation adds; default
+	// DefaultTokenBlock.
+	TokenBlock uint64
 }
 
 // Defaults of the Config limits.
@@ -84,10 +91,11 @@ type Result struct {
 
 // Waiter receives the outcome of a queued acquire. Resolve is called exactly
 // once per Queued acquire that was not cancelled, with Granted, TimedOut,
-// ShuttingDown, or TokenExhausted when the lock freed but no token was left
-// to give. It may be called from inside another engine call (Release, Tick,
-// Acquire, Shutdown) while a shard lock is held, so it must not block and
-// must not call back into the engine.
+// ShuttingDown, or, when the lock freed but no token could be given,
+// TokenExhausted (the counter is at its end) or Busy (the tokens reserved
+// so far had run out). It may be called from inside another engine call
+// (Release, Tick, Acquire, Shutdown) while a shard lock is held, so it must
+// not block and must not call back into the engine.
 type Waiter interface{ Resolve(owner uint64, r Result) }
 
 // Wait is the handle of a queued acquire, for Cancel.
@@ -127,6 +135,7 @@ type Engine struct {
 	wake     chan struct{}
 
 	tenants Tenants
+	tokens  tokenReserve
 }
 
 // entry is one live key of the table: held, or with waiters. A retired
@@ -148,7 +157,7 @@ type shard struct {
 	mu        sync.Mutex
 	table     keyTable
 	timers    DeadlineHeap[timer]
-	lastToken uint64 // the last token issued; tokens start at Config.FirstToken
+	lastToken uint64 // the last token issued; tokens start at the first token
 	issued    uint64
 	// free holds retired entries for reuse, at most freePerShard;
 	// freeLow is its smallest length since the last Sweep, so that Sweep
@@ -188,9 +197,7 @@ func New(cfg Config) *Engine {
 		wake:         make(chan struct{}, 1),
 	}
 	e.nextTick.Store(int64(noDeadline))
-	// lastToken is one below the next token; FirstToken 0 would make it
-	// wrap, so it means the default instead.
-	lastToken := max(cfg.FirstToken, 1) - 1
+	lastToken := e.tokens.init(cfg) - 1
 	for i := range e.shards {
 		e.shards[i].lastToken = lastToken
 	}
@@ -308,15 +315,15 @@ func (e *Engine) acquireLocked(s *shard, h uint64, ns Namespace, key []byte, own
 		ent = e.settle(s, h, ent, now)
 	}
 	if ent == nil {
-		if s.lastToken == math.MaxUint64 {
-			return Result{Outcome: TokenExhausted}, nil
+		if limit := e.tokens.limit.Load(); s.lastToken >= limit {
+			return Result{Outcome: e.tokens.shortage(limit)}, nil
 		}
 		if !e.keys.Admit() {
 			return Result{Outcome: Busy}, nil
 		}
 		ent = s.newEntry(ns, key)
 		s.table.insert(h, ent)
-		s.grant(ent, now, lease)
+		e.grant(s, ent, now, lease)
 		return Result{Outcome: Granted, Token: ent.token}, nil
 	}
 	if wait == 0 {
@@ -397,10 +404,17 @@ type Stats struct {
 	// straight to the head waiter), so it equals Keys.
 	HeldLocks    int
 	TokensIssued uint64 // total grants
-	// LastToken is the highest token any shard has issued: a restarted
-	// process given FirstToken above it keeps every key's tokens growing.
-	LastToken                           uint64
-	KeysGate, WaitersGate, InflightGate GateStats
+	// LastToken is the highest token any shard has issued, or one below
+	// the first token before any grant.
+	LastToken uint64
+	// TokenMark is the mark Config.HighWater recorded last, 0 without one:
+	// every token issued is below it, and a restart starts at it.
+	TokenMark uint64
+	// TokensUnreserved counts grants refused (answered Busy) because the
+	// tokens reserved so far had run out; TokenReserveFailures counts
+	// marks that could not be recorded.
+	TokensUnreserved, TokenReserveFailures uint64
+	KeysGate, WaitersGate, InflightGate    GateStats
 }
 
 // Stats returns a snapshot of the counters.
@@ -421,20 +435,29 @@ func (e *Engine) Stats() Stats {
 		HeldLocks:    keys.Count,
 		TokensIssued: issued,
 		LastToken:    last,
+		TokenMark:    e.tokens.mark.Load(),
+
+		TokensUnreserved:     e.tokens.unreserved.Load(),
+		TokenReserveFailures: e.tokens.failures.Load(),
+
 		KeysGate:     keys,
 		WaitersGate:  waiters,
 		InflightGate: inflight,
 	}
 }
 
-// grant gives ent a fresh token; the caller has checked the counter is not
-// exhausted.
-func (s *shard) grant(ent *entry, now, lease time.Duration) {
+// grant gives ent a fresh token; the caller has checked that the counter
+// is below the token limit. Half a block before the limit it asks for the
+// next block, which is recorded in the background.
+func (e *Engine) grant(s *shard, ent *entry, now, lease time.Duration) {
 	s.lastToken++
 	s.issued++
 	ent.token = s.lastToken
 	ent.leaseEnd = now + lease
 	ent.leaseArmed = false
+	if s.lastToken >= e.tokens.refillAt.Load() {
+		e.tokens.want()
+	}
 }
 
 // newEntry returns an entry for a key new to the table, reusing a retired
@@ -472,13 +495,14 @@ func (e *Engine) handoff(s *shard, h uint64, ent *entry, now time.Duration) *ent
 	for ent.head != nil {
 		w := ent.head
 		e.unqueue(s, w)
+		limit := e.tokens.limit.Load()
 		switch {
 		case w.deadline <= now:
 			e.resolve(w, Result{Outcome: TimedOut})
-		case s.lastToken == math.MaxUint64:
-			e.resolve(w, Result{Outcome: TokenExhausted})
+		case s.lastToken >= limit:
+			e.resolve(w, Result{Outcome: e.tokens.shortage(limit)})
 		default:
-			s.grant(ent, now, w.lease)
+			e.grant(s, ent, now, w.lease)
 			e.resolve(w, Result{Outcome: Granted, Token: ent.token, Waited: now - w.arrived})
 			e.armLease(s, ent)
 			return ent

@@ -141,9 +141,16 @@ func (e *Engine) Sweep() {
 }
 
 // Run drives Tick in real time, waking early when an earlier deadline is
-// scheduled, and calls Sweep every SweepInterval, until ctx is done. Tests on
-// a FakeClock call Tick and Sweep themselves instead.
+// scheduled, and calls Sweep every SweepInterval, until ctx is done. With
+// Config.HighWater it also keeps tokens reserved ahead of the grants, on a
+// goroutine of its own so that a slow disk never delays a hand-off. Tests
+// on a FakeClock call Tick, Sweep and ReserveTokens themselves instead.
 func (e *Engine) Run(ctx context.Context) {
+	if e.tokens.hw != nil {
+		reserving := make(chan struct{})
+		go func() { defer close(reserving); e.reserveAhead(ctx) }()
+		defer func() { <-reserving }()
+	}
 	sweep := time.NewTicker(SweepInterval)
 	defer sweep.Stop()
 	timer := time.NewTimer(noDeadline)

@@ -174,7 +174,12 @@ func (s *Server) writePrometheus(w io.Writer) {
 	gauge("lockd_waiters", "Queued waiters.", st.Waiters)
 	gauge("lockd_inflight_acquires", "Acquires being processed or queued.", st.Inflight)
 	gauge("lockd_connections", "Open client connections.", s.conns.Load())
-	gauge("lockd_token_counter", "Highest fencing token issued; start a replacement process above it with --first-token.", st.LastToken)
+	gauge("lockd_token_counter", "Highest fencing token issued (before any grant, one below the first token); a replacement process without this data dir must start above it with --first-token.", st.LastToken)
+	if st.TokenMark != 0 {
+		gauge("lockd_token_mark", "Token high-water mark recorded in the data dir: every token issued is below it, and a restart starts at it.", st.TokenMark)
+		counter("lockd_token_reserve_busy_total", "Acquires answered B because the tokens reserved on disk had run out.", st.TokensUnreserved)
+		counter("lockd_token_reserve_failures_total", "Token marks the data dir could not record.", st.TokenReserveFailures)
+	}
 	counter("lockd_tokens_issued_total", "Fencing tokens issued (grants).", st.TokensIssued)
 	counter("lockd_response_writes_total", "Write calls carrying responses (at most 64 responses each).", m.writes.Load())
 	counter("lockd_connections_accepted_total", "Client connections accepted.", m.connsAccepted.Load())

@@ -1,9 +1,11 @@
 // Package server glues the gnet reactor to the lock engine: it owns
 // sockets, the handshake, per-connection framing state, response batching,
-// connection limits, graceful shutdown and the admin HTTP endpoint. It
-// decodes and encodes frames only through codec and decides nothing about
-// locks itself: every lock rule lives in engine, so cluster mode can put
-// the same rules behind Raft without touching this package's wire logic.
+// connection limits, graceful shutdown and the admin HTTP endpoint, and in
+// single mode it opens the data dir whose token mark the engine reserves
+// through (engine/tokenfile). It decodes and encodes frames only through
+// codec and decides nothing about locks itself: every lock rule lives in
+// engine, so cluster mode can put the same rules behind Raft without
+// touching this package's wire logic.
 package server
 
 import (
@@ -19,6 +21,7 @@ import (
 
 	"github.com/lockd/lockd/codec"
 	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/engine/tokenfile"
 	"github.com/panjf2000/gnet/v2"
 	"github.com/rs/zerolog"
 )
@@ -32,8 +35,11 @@ const (
 
 // Operational defaults, overridable by Config; documented in docs/operations.md.
 const (
-	DefaultListen          = "127.0.0.1:7420"
-	DefaultAdmin           = "127.0.0.1:7421"
+	DefaultListen = "127.0.0.1:7420"
+	DefaultAdmin  = "127.0.0.1:7421"
+	// DefaultDataDir is lockd serve's data dir, relative to the working
+	// directory like etcd's default.etcd.
+	DefaultDataDir         = "lockd.data"
 	DefaultMaxConns        = 65536
 	DefaultMaxConnInflight = 4096
 	// DefaultMaxOutbound is how many response bytes may wait for a client
@@ -70,7 +76,13 @@ type Config struct {
 	// MaxOpenTenants bounds the tenants HELLO may name while auth is off;
 	// past it a new tenant is answered auth_failed.
 	MaxOpenTenants int
-	Engine         engine.Config
+	// DataDir is single mode's data directory, created if missing: it
+	// keeps the token high-water mark so that tokens grow across restarts,
+	// crashes included. Empty runs volatile: tokens start again at
+	// Engine.FirstToken on every start. A non-zero Engine.FirstToken below
+	// the recorded mark is refused. Ignored with a Backend.
+	DataDir string
+	Engine  engine.Config
 	// Backend, when set, replaces the single-mode engine (cluster mode);
 	// Engine's limits are then ignored and Engine.Clock only times frames.
 	// The server calls its Shutdown and Run but does not own what it
@@ -105,11 +117,14 @@ func (c *Config) applyDefaults() {
 
 // Server is a running single-mode lockd.
 type Server struct {
-	cfg     Config
-	log     zerolog.Logger
-	clock   engine.Clock
-	engine  *engine.Engine // nil when Config.Backend is set
-	backend Backend
+	cfg    Config
+	log    zerolog.Logger
+	clock  engine.Clock
+	engine *engine.Engine // nil when Config.Backend is set
+	// tokenMark is the data dir's token mark, nil when volatile or with a
+	// Backend; closed once the engine's driver has stopped.
+	tokenMark *tokenfile.File
+	backend   Backend
 	// asyncRelease: RELEASE answers come through the Waiter path.
 	asyncRelease bool
 	gnetEng      gnet.Engine
@@ -166,7 +181,9 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.Backend != nil {
 		s.backend = cfg.Backend
 	} else {
-		s.engine = engine.New(cfg.Engine)
+		if err := s.startEngine(); err != nil {
+			return nil, err
+		}
 		s.backend = engineBackend{s.engine}
 	}
 	s.asyncRelease = s.backend.AsyncRelease()
@@ -208,6 +225,70 @@ func Start(cfg Config) (*Server, error) {
 	return s, nil
 }
 
+// startEngine starts the single-mode engine on the data dir's token mark
+// and reserves its first block of tokens, so that a mark that cannot be
+// read or recorded stops the start before any client is served.
+func (s *Server) startEngine() error {
+	ec := s.cfg.Engine
+	var logged *loggedMark
+	if s.cfg.DataDir == "" {
+		s.log.Warn().Uint64("first_token", max(ec.FirstToken, 1)).
+			Msg("no data dir: running volatile, fencing tokens start again at the first token on every start")
+	} else {
+		mark, err := tokenfile.Open(s.cfg.DataDir)
+		if err != nil {
+			return fmt.Errorf("server: %w", err)
+		}
+		if ec.FirstToken != 0 && ec.FirstToken < mark.Reserved() {
+			mark.Close()
+			return fmt.Errorf("server: --first-token %d is below the token mark %d recorded in %s: tokens up to %d may have been issued already; start without --first-token to continue above the mark",
+				ec.FirstToken, mark.Reserved(), mark.Path(), mark.Reserved()-1)
+		}
+		s.tokenMark = mark
+		logged = &loggedMark{File: mark, log: s.log}
+		ec.HighWater = logged
+	}
+	s.engine = engine.New(ec)
+	if err := s.engine.ReserveTokens(); err != nil {
+		s.closeTokenMark()
+		return fmt.Errorf("server: %w", err)
+	}
+	if logged != nil {
+		// Before the engine's Run, which makes every later reservation.
+		logged.serving = true
+		s.log.Info().Str("data_dir", s.cfg.DataDir).Uint64("first_token", s.engine.Stats().LastToken+1).
+			Uint64("token_mark", s.tokenMark.Reserved()).Msg("fencing tokens continue above the data dir's mark")
+	}
+	return nil
+}
+
+func (s *Server) closeTokenMark() {
+	if s.tokenMark == nil {
+		return
+	}
+	if err := s.tokenMark.Close(); err != nil {
+		s.log.Error().Err(err).Msg("cannot close the data dir")
+	}
+}
+
+// loggedMark logs every mark the data dir could not record while the
+// server serves (at start, the error stops the start instead). The engine
+// retries, and grants go on from the tokens already reserved; once those
+// run out, acquires are answered B.
+type loggedMark struct {
+	*tokenfile.File
+	log     zerolog.Logger
+	serving bool
+}
+
+func (m *loggedMark) Reserve(mark uint64) error {
+	err := m.File.Reserve(mark)
+	if err != nil && m.serving {
+		m.log.Error().Err(err).Msg("cannot reserve fencing tokens; acquires are answered B once the reserved ones run out")
+	}
+	return err
+}
+
 // checkExposure refuses auth off on an address other machines can reach.
 func checkExposure(cfg Config) error {
 	if cfg.Auth != nil || cfg.InsecureNoAuth {
@@ -244,7 +325,8 @@ func (s *Server) Engine() *engine.Engine { return s.engine }
 
 // Close drains the server: new connections and requests are refused,
 // queued waiters are answered E shutting_down, then every connection is
-// closed. Held locks die with the process (single mode keeps no state).
+// closed. Held locks die with the process (single mode keeps no state but
+// its token mark).
 func (s *Server) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
@@ -272,6 +354,7 @@ func (s *Server) Close() error {
 func (s *Server) stopBackground() {
 	s.stopDriver()
 	s.done.Wait()
+	s.closeTokenMark()
 }
 
 // releaseOrphans releases queued orphan grants until ctx ends, then those

@@ -148,7 +148,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.IntVar(&cfg.Engine.MaxKeys, "max-keys", engine.DefaultMaxKeys, "hard limit of live keys")
 	fs.IntVar(&cfg.Engine.MaxWaiters, "max-waiters", engine.DefaultMaxWaiters, "hard limit of queued waiters")
 	fs.IntVar(&cfg.Engine.MaxInflight, "max-inflight", engine.DefaultMaxInflight, "hard limit of in-flight acquires")
-	fs.Uint64Var(&cfg.Engine.FirstToken, "first-token", 1, "first fencing token; set above a previous process's lockd_token_counter")
+	fs.Uint64Var(&cfg.Engine.FirstToken, "first-token", 0, "first fencing token, for a move to a new data dir: above the old process's lockd_token_counter; refused below the data dir's mark (default: continue above the mark, 1 on a first start)")
 	fs.IntVar(&cfg.MaxConns, "max-conns", server.DefaultMaxConns, "hard limit of client connections")
 	fs.IntVar(&cfg.MaxConnInflight, "max-conn-inflight", server.DefaultMaxConnInflight, "hard limit of in-flight requests per connection")
 	fs.IntVar(&cfg.MaxOpenTenants, "max-open-tenants", server.DefaultMaxOpenTenants, "with auth off, how many tenants besides \"default\" HELLO may name")
@@ -158,7 +158,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.Uint64Var(&cc.NodeID, "node-id", 0, "cluster: this node's id, a key of --peers")
 	fs.StringVar(&cc.RaftAddr, "raft-addr", "", "cluster: this node's Raft address (default: its --peers entry)")
 	fs.StringVar(&peers, "peers", "", "cluster: every node as id=host:port, comma-separated (3 or 5 nodes)")
-	fs.StringVar(&cc.DataDir, "data-dir", "", "cluster: Raft log and snapshot directory; restarting with it rejoins")
+	fs.StringVar(&cfg.DataDir, "data-dir", server.DefaultDataDir, "single mode: keeps the fencing-token mark, so tokens grow across restarts ('' runs volatile); cluster: the Raft log and snapshots, restarting with it rejoins; cluster mode needs it given explicitly")
 	fs.IntVar(&cc.Groups, "groups", cluster.DefaultGroups, "cluster: Raft groups, fixed at bootstrap")
 	fs.IntVar(&rttMs, "rtt-ms", int(cluster.DefaultRTT/time.Millisecond), "cluster: network round trip in ms (election timeout is 30-60 RTTs, heartbeat every 5)")
 	fs.BoolVar(&cc.FixedLeaders, "fixed-leaders", false, "cluster: never move a group's leadership to the node proposing most of its requests")
@@ -176,6 +176,12 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	if !o.cluster {
 		return o, nil
 	}
+	// A node's Raft state is never put in the single-mode default.
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "data-dir" {
+			cc.DataDir = cfg.DataDir
+		}
+	})
 	if peers == "" || cc.NodeID == 0 || cc.DataDir == "" {
 		return o, errors.New("--cluster needs --node-id, --peers and --data-dir")
 	}

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -45,11 +44,9 @@ func TestFlagsFromEnvironment(t *testing.T) {
 // TestServeAndSIGTERM runs the real binary: it serves, answers on the
 // admin port, and exits 0 on SIGTERM.
 func TestServeAndSIGTERM(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "lockd")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	bin := buildLockd(t)
 	cmd := exec.Command(bin, "serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0")
+	cmd.Dir = t.TempDir() // for the default data dir
 	cmd.Env = append(os.Environ(), "LOCKD_LOG_LEVEL=info")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
