@@ -29,8 +29,10 @@ import (
 //   - syscr / syscw: /proc/PID/io, for the whole thread group, threads that
 //     exited included (the kernel folds an exiting thread's counts into its
 //     process's). They count the read-like (read, readv, pread, ...) and
-//     write-like (write, writev, pwrite, ...) calls that go through the VFS;
-//     send/recv-family calls and epoll_wait are not in them. Go's net
+//     write-like (write, writev, pwrite, ...) calls that go through the VFS,
+//     a read that finds nothing included (Go's net package tries one before
+//     it parks a goroutine on the poller); send/recv-family calls and
+//     epoll_wait are not in them. Go's net
 //     package, gnet, Redis and etcd move socket bytes with read/write and
 //     writev, so these are the I/O calls of every target here. Reading
 //     another process's io file needs ptrace-read access (the same user, or

@@ -107,7 +107,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	loads := fs.String("admission-loads", joinFloats(bench.DefaultAdmissionLoads), "admission phases' offered load, as fractions of --admission-limit")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "length of each run")
 	fs.IntVar(&o.target.Conns, "conns", 0, "connections per target: lockd client Sessions, --raw connections, rueidis pipelined connections (a power of two), go-redis PoolSize, etcd clients (0: each library's default; 4 for --raw and etcd)")
-	fs.IntVar(&o.keys, "keys", 0, fmt.Sprintf("key space (0: %d for uncontended and the probes, %d hot keys for contended, %d for timeouts)", bench.DefaultUncontendedKeys, bench.DefaultContendedKeys, bench.DefaultTimeoutsKeys))
+	fs.IntVar(&o.keys, "keys", 0, fmt.Sprintf("key space (0: %d for uncontended and the admission probes, %d hot keys for contended, %d hot key for timeouts, whose probes draw from %[1]d)", bench.DefaultUncontendedKeys, bench.DefaultContendedKeys, bench.DefaultTimeoutsKeys))
 	fs.DurationVar(&o.wait, "wait", 0, fmt.Sprintf("how long a contended or timeouts acquire may wait (0: %v contended, %v timeouts)", bench.DefaultWait, bench.DefaultTimeoutsWait))
 	fs.DurationVar(&o.hold, "hold", 0, fmt.Sprintf("time a lock is held before its release (timeouts: the waiting callers' hold, 0 meaning %v)", bench.DefaultTimeoutsHold))
 	fs.DurationVar(&o.target.Lease, "lease", 30*time.Second, "lease of every lock")
@@ -120,7 +120,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.jsonPath, "json", "", "write the results as JSON to this file")
 	fs.StringVar(&o.reportDir, "report", "", "write an HTML report with charts into this directory")
 	fs.DurationVar(&o.progress, "progress", time.Second, "interval of the progress line on stderr; 0 for none")
-	fs.BoolVar(&o.check, "check", false, "exit non-zero unless every run is sane: cycles done, no errors, percentiles in order (never a speed threshold)")
+	fs.BoolVar(&o.check, "check", false, "exit non-zero unless every run is sane: cycles done, no errors, no indeterminate outcome (timeouts: some wait ran out instead), percentiles in order (never a speed threshold)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
