@@ -20,7 +20,7 @@ help:
 	@echo "make dist    static lockd and lockctl for $(DIST_PLATFORMS) in $(DIST)/, with SHA256SUMS"
 	@echo "make test    vet, the allocation checks, then every test with the race detector"
 	@echo "make bench   Go benchmarks with -benchmem"
-	@echo "make bench-peers  lockd vs Redis vs etcd on loopback (installs redis-server, etcd-server if missing)"
+	@echo "make bench-peers  lockd vs Redis (through rueidis and go-redis) vs etcd on loopback (installs redis-server, etcd-server if missing)"
 	@echo "make bench-cluster  3-node lockd cluster vs 3-node etcd cluster on loopback, data on disk, fsync on (installs etcd-server if missing)"
 	@echo "make fuzz    each fuzz target for FUZZTIME (default $(FUZZTIME))"
 	@echo "make reliability  the hostile-client, overload and model-check suite, figures in the log"

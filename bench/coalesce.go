@@ -8,8 +8,8 @@ import (
 // coalescingWriter lets many callers share one connection without a writer
 // goroutine: a caller appends its bytes, and whoever finds no write in
 // progress writes everything queued, what others appended meanwhile
-// included. The lockd raw target and the Redis target share it, so the
-// two servers are compared through the same transport shape.
+// included: the lockd raw target's pipelining, one write for whatever the
+// callers queued while the last write was under way.
 type coalescingWriter struct {
 	nc       net.Conn
 	out      []byte

@@ -26,6 +26,9 @@ type etcdTarget struct {
 
 func openEtcd(ctx context.Context, addr string, opts TargetOptions) (*etcdTarget, error) {
 	t := &etcdTarget{ttl: int(max(wholeSeconds(opts.Lease), 1))}
+	if opts.Conns == 0 {
+		opts.Conns = defaultConns
+	}
 	for range opts.Conns {
 		c, err := clientv3.New(clientv3.Config{
 			Endpoints:   []string{addr},
@@ -49,6 +52,11 @@ func openEtcd(ctx context.Context, addr string, opts TargetOptions) (*etcdTarget
 }
 
 func (t *etcdTarget) Kind() string { return SchemeEtcd }
+
+func (t *etcdTarget) Transport() string { return fmt.Sprintf("%d etcd clients", len(t.clients)) }
+
+// Conns counts the clients: each holds one gRPC connection.
+func (t *etcdTarget) Conns(context.Context) (int, error) { return len(t.clients), nil }
 
 func (t *etcdTarget) NewCaller(ctx context.Context, id int) (Caller, error) {
 	s, err := concurrency.NewSession(t.clients[id%len(t.clients)], concurrency.WithTTL(t.ttl))

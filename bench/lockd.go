@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/lockd/lockd/client"
@@ -10,8 +11,9 @@ import (
 
 // lockdTarget drives lockd through the official client, as applications do.
 type lockdTarget struct {
-	c     *client.Client
-	lease time.Duration
+	c         *client.Client
+	lease     time.Duration
+	transport string
 }
 
 func openLockd(ctx context.Context, addr string, opts TargetOptions) (*lockdTarget, error) {
@@ -27,10 +29,21 @@ func openLockd(ctx context.Context, addr string, opts TargetOptions) (*lockdTarg
 	if err != nil {
 		return nil, err
 	}
-	return &lockdTarget{c: c, lease: opts.Lease}, nil
+	transport := "official client, its default Sessions"
+	if opts.Conns > 0 {
+		transport = fmt.Sprintf("official client, Sessions %d", opts.Conns)
+	}
+	return &lockdTarget{c: c, lease: opts.Lease, transport: transport}, nil
 }
 
 func (t *lockdTarget) Kind() string { return SchemeLockd }
+
+func (t *lockdTarget) Transport() string { return t.transport }
+
+func (t *lockdTarget) Conns(context.Context) (int, error) { return t.c.Stats().Sessions, nil }
+
+// Reconnects is the client's count of sessions dialled after Dial.
+func (t *lockdTarget) Reconnects() uint64 { return t.c.Stats().Reconnects }
 
 func (t *lockdTarget) NewCaller(context.Context, int) (Caller, error) {
 	return &lockdCaller{t: t}, nil
@@ -50,14 +63,25 @@ func (c *lockdCaller) Acquire(ctx context.Context, key string, wait time.Duratio
 		// The benchmark's critical section is empty.
 		MinWorkBudget: client.Budget(0),
 	})
+	if err == nil {
+		c.ticket = ticket
+	}
+	return acquireOutcome(err)
+}
+
+// acquireOutcome classifies the client's answer to Acquire.
+func acquireOutcome(err error) (Outcome, error) {
 	switch {
 	case err == nil:
-		c.ticket = ticket
 		return Acquired, nil
 	case errors.Is(err, client.ErrTimeout):
 		return TimedOut, nil
 	case errors.Is(err, client.ErrBusy):
 		return Busy, nil
+	case errors.Is(err, client.ErrWaitElapsed):
+		return WaitElapsed, err
+	case errors.Is(err, client.ErrIndeterminate):
+		return Indeterminate, err
 	}
 	return Failed, err
 }
@@ -65,11 +89,18 @@ func (c *lockdCaller) Acquire(ctx context.Context, key string, wait time.Duratio
 func (c *lockdCaller) Release(ctx context.Context) (Outcome, error) {
 	err := c.t.c.Release(ctx, c.ticket)
 	c.ticket = client.Ticket{}
+	return releaseOutcome(err)
+}
+
+// releaseOutcome classifies the client's answer to Release.
+func releaseOutcome(err error) (Outcome, error) {
 	switch {
 	case err == nil:
 		return Released, nil
 	case errors.Is(err, client.ErrNotHeld):
 		return NotHeld, nil
+	case errors.Is(err, client.ErrIndeterminate):
+		return Indeterminate, err
 	}
 	return Failed, err
 }

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"os"
 	"testing"
 
 	"github.com/lockd/lockd/server/servertest"
@@ -8,5 +9,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(usageHelperEnv) != "" {
+		usageHelper()
+		return
+	}
 	goleak.VerifyTestMain(m, servertest.IgnoreGnetWorkers()...)
 }

@@ -1,22 +1,28 @@
 #!/usr/bin/env bash
-# `make bench-peers`: lockd, Redis and etcd side by side on this machine's
-# loopback. Installs redis-server and etcd-server from Debian when they are
-# missing, starts every server on a loopback port, runs lockbench against
-# them, and stops them again however the run ends.
+# `make bench-peers`: lockd, Redis (through rueidis and through go-redis)
+# and etcd side by side on this machine's loopback, in one lockbench run
+# with every server's pid, so that each result has the server's CPU time,
+# syscalls and context switches per cycle beside lockbench's own. Installs
+# redis-server and etcd-server from Debian when they are missing, starts
+# every server on a loopback port, runs lockbench against them, and stops
+# them again however the run ends.
 #
-# Knobs (environment): DURATION, CALLERS, CONNS, ADMISSION_DURATION,
-# ADMISSION_LIMIT, OUT (results directory), BIN (binaries directory), the
-# ports LOCKD_PORT, ADMISSION_PORT, REDIS_PORT, ETCD_PORT, ETCD_PEER_PORT,
-# and PIN=1 to give the servers CPU 0 and lockbench CPU 1 (lockd then runs
-# one event loop on GOMAXPROCS=1), so that server and load generator never
-# take each other's core.
+# Knobs (environment): DURATION, CALLERS, CONNS (empty: each client
+# library's own default; a number is passed to every target as --conns,
+# and must then be a power of two for rueidis), ADMISSION_DURATION,
+# ADMISSION_LIMIT, TIMEOUTS_DURATION, OUT (results directory), BIN
+# (binaries directory), the ports LOCKD_PORT, ADMISSION_PORT, REDIS_PORT,
+# ETCD_PORT, ETCD_PEER_PORT, and PIN=1 to give the servers CPU 0 and
+# lockbench CPU 1 (lockd then runs one event loop on GOMAXPROCS=1), so
+# that server and load generator never take each other's core.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${DURATION:-10s}
 CALLERS=${CALLERS:-64,256}
-CONNS=${CONNS:-4}
+CONNS=${CONNS:-}
 ADMISSION_DURATION=${ADMISSION_DURATION:-20s}
+TIMEOUTS_DURATION=${TIMEOUTS_DURATION:-10s}
 ADMISSION_LIMIT=${ADMISSION_LIMIT:-2000}
 OUT=${OUT:-lockbench-report}
 BIN=${BIN:-bin}
@@ -76,12 +82,17 @@ for port in "$LOCKD_PORT" "$ADMISSION_PORT" "$REDIS_PORT" "$ETCD_PORT"; do
 done
 
 mkdir -p "$OUT"
-echo "== $(nproc) CPUs, $(go version | cut -d' ' -f3), redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/'), etcd $(etcd --version | sed -n 's/etcd Version: //p'), PIN=$PIN"
+echo "== $(nproc) CPUs, $(go version | cut -d' ' -f3), redis $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/')" \
+	"(rueidis $(go list -m -f '{{.Version}}' github.com/redis/rueidis), go-redis $(go list -m -f '{{.Version}}' github.com/redis/go-redis/v9))," \
+	"etcd $(etcd --version | sed -n 's/etcd Version: //p'), PIN=$PIN"
 lockd_pid=${pids[0]} admission_pid=${pids[1]} redis_pid=${pids[2]} etcd_pid=${pids[3]}
-common=(--callers "$CALLERS" --conns "$CONNS" --duration "$DURATION" --progress 0)
-echo "== lockd (official client), Redis, etcd"
-"${bench_cpu[@]}" "$BIN/lockbench" --target "lockd://127.0.0.1:$LOCKD_PORT,redis://127.0.0.1:$REDIS_PORT,etcd://127.0.0.1:$ETCD_PORT" \
-	--server-pids "$lockd_pid,$redis_pid,$etcd_pid" --workload uncontended,contended "${common[@]}" \
+conns=()
+[ -z "$CONNS" ] || conns=(--conns "$CONNS")
+common=(--callers "$CALLERS" "${conns[@]}" --duration "$DURATION" --progress 0)
+echo "== lockd (official client), Redis through rueidis, Redis through go-redis, etcd"
+"${bench_cpu[@]}" "$BIN/lockbench" \
+	--target "lockd://127.0.0.1:$LOCKD_PORT,redis://127.0.0.1:$REDIS_PORT,goredis://127.0.0.1:$REDIS_PORT,etcd://127.0.0.1:$ETCD_PORT" \
+	--server-pids "$lockd_pid,$redis_pid,$redis_pid,$etcd_pid" --workload uncontended,contended "${common[@]}" \
 	--json "$OUT/peers.json" --report "$OUT/peers" | tee "$OUT/peers.txt"
 echo "== lockd in bare frames (--raw): the server without the client's cost"
 "${bench_cpu[@]}" "$BIN/lockbench" --raw --target "lockd://127.0.0.1:$LOCKD_PORT" --server-pids "$lockd_pid" \
@@ -89,6 +100,10 @@ echo "== lockd in bare frames (--raw): the server without the client's cost"
 	--json "$OUT/raw.json" --report "$OUT/raw" | tee "$OUT/raw.txt"
 echo "== admission gate (lockd --max-inflight $ADMISSION_LIMIT)"
 "${bench_cpu[@]}" "$BIN/lockbench" --target "lockd://127.0.0.1:$ADMISSION_PORT" --server-pids "$admission_pid" \
-	--workload admission --admission-limit "$ADMISSION_LIMIT" --duration "$ADMISSION_DURATION" --conns "$CONNS" --progress 0 \
+	--workload admission --admission-limit "$ADMISSION_LIMIT" --duration "$ADMISSION_DURATION" "${conns[@]}" --progress 0 \
 	--json "$OUT/admission.json" --report "$OUT/admission" | tee "$OUT/admission.txt"
+echo "== timeouts: waits that run out beside uncontended callers sharing the client"
+"${bench_cpu[@]}" "$BIN/lockbench" --target "lockd://127.0.0.1:$LOCKD_PORT" --server-pids "$lockd_pid" \
+	--workload timeouts --duration "$TIMEOUTS_DURATION" "${conns[@]}" --progress 0 \
+	--json "$OUT/timeouts.json" --report "$OUT/timeouts" | tee "$OUT/timeouts.txt"
 echo "== results in $OUT/"

@@ -5,12 +5,17 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // These tests run the peer targets against real servers, and skip when
-// redis-server or etcd is not installed (`make bench-peers` installs both).
+// redis-server or etcd is not installed (`make bench-peers` installs both;
+// `apt-get install redis-server etcd-server` does too).
 
 // freePort returns a loopback port that was free a moment ago.
 func freePort(t *testing.T) int {
@@ -29,7 +34,7 @@ func startPeer(t *testing.T, binary, addr string, args ...string) {
 	t.Helper()
 	path, err := exec.LookPath(binary)
 	if err != nil {
-		t.Skipf("%s is not installed", binary)
+		t.Skipf("%s is not installed, so its target cannot be tested (apt-get install %s-server)", binary, binary)
 	}
 	cmd := exec.Command(path, args...)
 	if err := cmd.Start(); err != nil {
@@ -48,10 +53,29 @@ func startPeer(t *testing.T, binary, addr string, args ...string) {
 	t.Fatalf("%s did not listen on %s", binary, addr)
 }
 
-func runPeerWorkloads(t *testing.T, spec TargetSpec) {
+// startRedis runs a redis-server without persistence for the test.
+func startRedis(t *testing.T) string {
+	t.Helper()
+	port := freePort(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	startPeer(t, "redis-server", addr,
+		"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning")
+	return addr
+}
+
+// redisTargets are the two client libraries' targets.
+var redisTargets = []struct{ scheme, kind string }{
+	{SchemeRedis, "redis/rueidis"},
+	{SchemeGoRedis, "redis/go-redis"},
+}
+
+func runPeerWorkloads(t *testing.T, spec TargetSpec, kind string) {
 	for _, cfg := range []Config{
 		{Workload: Uncontended, Callers: 8, Duration: time.Second},
 		{Workload: Contended, Callers: 8, Keys: 1, Duration: time.Second},
+		// 8 callers holding one key 100 ms each queue 800 ms deep: most
+		// of their 250 ms waits run out.
+		{Workload: Timeouts, Callers: 8, Wait: 250 * time.Millisecond, Hold: 100 * time.Millisecond, Rate: 200, Duration: time.Second},
 	} {
 		t.Run(cfg.Workload, func(t *testing.T) {
 			res, err := Run(context.Background(), spec, testTargetOptions, cfg)
@@ -59,19 +83,195 @@ func runPeerWorkloads(t *testing.T, spec TargetSpec) {
 				t.Fatal(err)
 			}
 			checkSane(t, res)
-			if res.Kind != spec.Scheme {
-				t.Fatalf("kind %q", res.Kind)
+			if res.Kind != kind || res.Conns < 1 || res.Transport == "" {
+				t.Fatalf("kind %q, %d connections, transport %q", res.Kind, res.Conns, res.Transport)
+			}
+			// A peer's waits that run out end T; it has no indeterminate
+			// outcome and no reconnect count.
+			if to := res.Timeouts; to != nil && (to.Waiting.TimedOut == 0 || to.Waiting.OwnIndeterminate+to.Waiting.Collateral != 0 || to.LoadedReconnects != nil) {
+				t.Fatalf("timeouts: %+v", to)
 			}
 		})
 	}
 }
 
-func TestRedisTargetAgainstRedisServer(t *testing.T) {
-	port := freePort(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	startPeer(t, "redis-server", addr,
-		"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning")
-	runPeerWorkloads(t, TargetSpec{Scheme: SchemeRedis, Addr: addr})
+func TestRedisTargetsAgainstRedisServer(t *testing.T) {
+	addr := startRedis(t)
+	for _, rt := range redisTargets {
+		t.Run(rt.scheme, func(t *testing.T) {
+			runPeerWorkloads(t, TargetSpec{Scheme: rt.scheme, Addr: addr}, rt.kind)
+		})
+	}
+}
+
+// commandCalls reads how often Redis ran command (INFO commandstats).
+func commandCalls(t *testing.T, admin *redis.Client, command string) int {
+	t.Helper()
+	info, err := admin.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(info) {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_"+command+":calls="); ok {
+			var n int
+			fmt.Sscan(strings.SplitN(rest, ",", 2)[0], &n)
+			return n
+		}
+	}
+	return 0
+}
+
+// The lock recipe, through each library, against a real Redis: SET NX
+// with the lease, a polling wait, compare-and-delete by EVALSHA, loaded
+// again by EVAL once after the server lost its scripts.
+func TestRedisLockRecipe(t *testing.T) {
+	addr := startRedis(t)
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	ctx := context.Background()
+	for _, rt := range redisTargets {
+		t.Run(rt.scheme, func(t *testing.T) {
+			target, err := Open(ctx, TargetSpec{Scheme: rt.scheme, Addr: addr}, TargetOptions{Lease: 30 * time.Second, RedisRetry: time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer target.Close()
+			a, _ := target.NewCaller(ctx, 0)
+			b, _ := target.NewCaller(ctx, 1)
+			key := "recipe/" + rt.scheme
+			expect := func(what string, got Outcome, err error, want Outcome) {
+				t.Helper()
+				if got != want || err != nil {
+					t.Fatalf("%s: %v %v, want %v", what, got, err, want)
+				}
+			}
+			out, err := a.Acquire(ctx, key, 0)
+			expect("first acquire", out, err, Acquired)
+			if ttl := admin.PTTL(ctx, key).Val(); ttl <= 29*time.Second || ttl > 30*time.Second {
+				t.Fatalf("the lock's expiry is %v, want the 30 s lease", ttl)
+			}
+			holder := admin.Get(ctx, key).Val()
+			out, err = b.Acquire(ctx, key, 0)
+			expect("acquire of a held key without waiting", out, err, TimedOut)
+			sets := commandCalls(t, admin, "set")
+			start := time.Now()
+			out, err = b.Acquire(ctx, key, 50*time.Millisecond)
+			expect("acquire of a held key with a wait", out, err, TimedOut)
+			if waited := time.Since(start); waited < 50*time.Millisecond {
+				t.Fatalf("a waiting acquire gave up after %v", waited)
+			}
+			// Polls every 1 ms ± 50 %: at least a poll per 1.5 ms.
+			if polls := commandCalls(t, admin, "set") - sets; polls < 50/2 {
+				t.Fatalf("%d SET NX polls in a 50 ms wait", polls)
+			}
+			if admin.Get(ctx, key).Val() != holder {
+				t.Fatal("a failed acquire changed the lock's value")
+			}
+			out, err = b.Release(ctx)
+			expect("release by a caller that does not hold it", out, err, NotHeld)
+			if admin.Exists(ctx, key).Val() != 1 {
+				t.Fatal("another caller's release deleted the lock")
+			}
+			out, err = a.Release(ctx)
+			expect("release", out, err, Released)
+			out, err = a.Release(ctx)
+			expect("second release", out, err, NotHeld)
+
+			out, err = b.Acquire(ctx, key, 0)
+			expect("acquire after the release", out, err, Acquired)
+			if admin.Get(ctx, key).Val() == holder {
+				t.Fatal("two acquires used the same value")
+			}
+			// The server lost its scripts: EVALSHA answers NOSCRIPT, and
+			// the library sends the script itself once.
+			if err := admin.ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+			evals, evalshas := commandCalls(t, admin, "eval"), commandCalls(t, admin, "evalsha")
+			out, err = b.Release(ctx)
+			expect("release after SCRIPT FLUSH", out, err, Released)
+			if got := commandCalls(t, admin, "evalsha") - evalshas; got != 1 {
+				t.Fatalf("%d EVALSHA for one release", got)
+			}
+			if got := commandCalls(t, admin, "eval") - evals; got != 1 {
+				t.Fatalf("%d EVAL after NOSCRIPT, want 1", got)
+			}
+			out, err = b.Acquire(ctx, key, 0)
+			expect("acquire after the reload", out, err, Acquired)
+			evals = commandCalls(t, admin, "eval")
+			out, err = b.Release(ctx)
+			expect("release after the reload", out, err, Released)
+			if got := commandCalls(t, admin, "eval") - evals; got != 0 {
+				t.Fatalf("%d EVAL once the script is loaded again", got)
+			}
+		})
+	}
+}
+
+// --conns reaches each library as its users configure it, and the result
+// counts the connections Redis sees.
+func TestRedisConnections(t *testing.T) {
+	addr := startRedis(t)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		scheme      string
+		conns       int
+		min, max    int
+		inTransport string
+	}{
+		{SchemeRedis, 1, 1, 1, "PipelineMultiplex -1"},
+		{SchemeRedis, 4, 4, 4, "PipelineMultiplex 2"},
+		{SchemeRedis, 0, 1, 4, "its default PipelineMultiplex"},
+		{SchemeGoRedis, 3, 1, 3, "PoolSize 3"},
+		{SchemeGoRedis, 0, 1, 10 * 64, "its default PoolSize"},
+	} {
+		t.Run(fmt.Sprintf("%s conns %d", tc.scheme, tc.conns), func(t *testing.T) {
+			target, err := Open(ctx, TargetSpec{Scheme: tc.scheme, Addr: addr}, TargetOptions{Conns: tc.conns, Lease: 30 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer target.Close()
+			// 16 callers at once, as many commands in flight as they make.
+			var wg sync.WaitGroup
+			for i := range 16 {
+				c, _ := target.NewCaller(ctx, i)
+				wg.Go(func() {
+					for j := range 50 {
+						if out, err := c.Acquire(ctx, fmt.Sprintf("conns/%s/%d/%d/%d", tc.scheme, tc.conns, i, j), 0); out != Acquired {
+							t.Errorf("acquire: %v %v", out, err)
+							return
+						}
+						if out, err := c.Release(ctx); out != Released {
+							t.Errorf("release: %v %v", out, err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			n, err := target.Conns(ctx)
+			if err != nil || n < tc.min || n > tc.max {
+				t.Fatalf("%d connections (%v), want %d to %d", n, err, tc.min, tc.max)
+			}
+			if !strings.Contains(target.Transport(), tc.inTransport) {
+				t.Fatalf("transport %q lacks %q", target.Transport(), tc.inTransport)
+			}
+		})
+	}
+	_, err := Open(ctx, TargetSpec{Scheme: SchemeRedis, Addr: addr}, TargetOptions{Conns: 3})
+	if err == nil || !strings.Contains(err.Error(), "power of two") {
+		t.Fatalf("rueidis with 3 connections: %v", err)
+	}
+}
+
+func TestCountNamedClients(t *testing.T) {
+	list := "id=3 addr=127.0.0.1:1 laddr=127.0.0.1:6379 fd=8 name=lockbench-ab age=1\n" +
+		"id=4 addr=127.0.0.1:2 laddr=127.0.0.1:6379 fd=9 name=lockbench-abc age=1\n" +
+		"id=5 addr=127.0.0.1:3 laddr=127.0.0.1:6379 fd=10 name= age=1\n" +
+		"id=6 addr=127.0.0.1:4 laddr=127.0.0.1:6379 fd=11 name=lockbench-ab age=2\n"
+	if n := countNamedClients(list, "lockbench-ab"); n != 2 {
+		t.Fatalf("%d clients named lockbench-ab, want 2", n)
+	}
 }
 
 func TestEtcdTargetAgainstEtcdServer(t *testing.T) {
@@ -82,5 +282,5 @@ func TestEtcdTargetAgainstEtcdServer(t *testing.T) {
 		"--listen-client-urls", "http://"+client, "--advertise-client-urls", "http://"+client,
 		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
 		"--initial-cluster", "lockbench="+peer, "--log-level", "error")
-	runPeerWorkloads(t, TargetSpec{Scheme: SchemeEtcd, Addr: client})
+	runPeerWorkloads(t, TargetSpec{Scheme: SchemeEtcd, Addr: client}, SchemeEtcd)
 }

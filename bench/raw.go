@@ -37,6 +37,9 @@ type rawConn struct {
 
 func openRaw(ctx context.Context, addr string, opts TargetOptions) (*rawTarget, error) {
 	t := &rawTarget{lease: uint16(min(wholeSeconds(opts.Lease), codec.MaxLeaseSeconds))}
+	if opts.Conns == 0 {
+		opts.Conns = defaultConns
+	}
 	for range opts.Conns {
 		nc, leftover, err := rawDial(ctx, addr, opts.Tenant, opts.Secret)
 		if err != nil {
@@ -110,6 +113,24 @@ func readResponse(nc net.Conn, buf []byte, resp *codec.Response) ([]byte, error)
 }
 
 func (t *rawTarget) Kind() string { return SchemeLockd + "-raw" }
+
+func (t *rawTarget) Transport() string {
+	return fmt.Sprintf("%d bare-frame connections", len(t.conns))
+}
+
+// Conns counts the connections that have not failed; a failed one is not
+// redialled.
+func (t *rawTarget) Conns(context.Context) (int, error) {
+	n := 0
+	for _, rc := range t.conns {
+		rc.mu.Lock()
+		if rc.err == nil {
+			n++
+		}
+		rc.mu.Unlock()
+	}
+	return n, nil
+}
 
 func (t *rawTarget) NewCaller(_ context.Context, id int) (Caller, error) {
 	timer := time.NewTimer(time.Hour)

@@ -67,7 +67,7 @@ func newRecorder(start time.Time, series int, span time.Duration, fromSend bool)
 
 // record counts one answer that came at done: its outcome and its latency
 // from the scheduled instant (and, with fromSend, from the send). worker
-// picks the shard; err is kept if it is the run's first.
+// picks the shard; err is kept if it is the first of a Failed outcome.
 func (r *recorder) record(worker, series int, out Outcome, scheduled, sent, done time.Time, err error) {
 	sh := &r.shards[worker%len(r.shards)]
 	sh.mu.Lock()
@@ -80,7 +80,7 @@ func (r *recorder) record(worker, series int, out Outcome, scheduled, sent, done
 	r.totals[out].Add(1)
 	step := min(int(done.Sub(r.start)/timelineStep), len(r.timeline)-1)
 	r.timeline[max(step, 0)][out].Add(1)
-	if err != nil {
+	if out == Failed && err != nil {
 		r.firstErrOnce.Do(func() { r.firstErr = err })
 	}
 }

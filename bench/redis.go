@@ -1,12 +1,13 @@
 package bench
 
 import (
-	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
-	"math/rand/v2"
+	mrand "math/rand/v2"
 	"strconv"
-	"sync"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -15,112 +16,121 @@ import (
 // single-instance lock: delete the key only if it still holds our value.
 const releaseScript = `if redis.call("get", KEYS[1]) == ARGV[1] then return redis.call("del", KEYS[1]) else return 0 end`
 
-// redisTarget is Redis's standard single-instance lock: SET key value NX
-// PX lease to acquire, the compare-and-delete script by EVALSHA to release.
-// Redis has no waiters, so a caller that may wait polls with SET NX at a
-// jittered interval, as lock libraries for Redis do.
-type redisTarget struct {
-	conns   []*respConn
-	leaseMs []byte
-	retry   time.Duration
-	sha     atomic.Pointer[[]byte]
-	wg      sync.WaitGroup
+// redisClient is one Redis client library's way of sending the two
+// commands of the lock recipe. Both libraries are used as their users use
+// them: the library's own connection handling, its own script helper.
+type redisClient interface {
+	// setNX runs SET key value NX with the lease as expiry; it reports
+	// whether the key was set.
+	setNX(ctx context.Context, key, value string, lease time.Duration) (bool, error)
+	// compareAndDelete runs releaseScript by EVALSHA, loading it again by
+	// EVAL when Redis answers NOSCRIPT; it returns the script's answer, 1
+	// when it deleted the key and 0 when the key held another value or
+	// none.
+	compareAndDelete(ctx context.Context, key, value string) (int64, error)
+	// clientList runs CLIENT LIST.
+	clientList(ctx context.Context) (string, error)
+	close()
 }
 
-func openRedis(ctx context.Context, addr string, opts TargetOptions) (*redisTarget, error) {
+// redisTarget is Redis's standard single-instance lock: SET key value NX
+// with the lease as expiry to acquire, the compare-and-delete script to
+// release. Redis has no waiters, so a caller that may wait polls with SET
+// NX at a jittered interval, as lock libraries for Redis do.
+type redisTarget struct {
+	kind      string
+	transport string
+	client    redisClient
+	// name is the CLIENT SETNAME of every connection of this target, so
+	// that CLIENT LIST can count them.
+	name  string
+	lease time.Duration
+	retry time.Duration
+	// values and valuePrefix make every lock value unique: within the
+	// target by the counter, across targets and runs by the prefix.
+	values      atomic.Uint64
+	valuePrefix string
+}
+
+func newRedisTarget(kind, name string, opts TargetOptions) *redisTarget {
 	t := &redisTarget{
-		leaseMs: strconv.AppendInt(nil, opts.Lease.Milliseconds(), 10),
-		retry:   opts.RedisRetry,
+		kind:        kind,
+		name:        name,
+		lease:       opts.Lease,
+		retry:       opts.RedisRetry,
+		valuePrefix: name + "-",
 	}
 	if t.retry <= 0 {
 		t.retry = time.Millisecond
 	}
-	for range opts.Conns {
-		rc, err := dialResp(ctx, addr)
-		if err != nil {
-			t.Close()
-			return nil, fmt.Errorf("redis %s: %w", addr, err)
+	return t
+}
+
+// redisClientName makes a fresh CLIENT SETNAME for one target.
+func redisClientName() string {
+	var b [4]byte
+	rand.Read(b[:])
+	return "lockbench-" + hex.EncodeToString(b[:])
+}
+
+func (t *redisTarget) Kind() string { return t.kind }
+
+func (t *redisTarget) Transport() string { return t.transport }
+
+// Conns counts the connections Redis lists under the target's client name.
+func (t *redisTarget) Conns(ctx context.Context) (int, error) {
+	list, err := t.client.clientList(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("redis CLIENT LIST: %w", err)
+	}
+	return countNamedClients(list, t.name), nil
+}
+
+// countNamedClients counts the lines of a CLIENT LIST answer whose name
+// field is name.
+func countNamedClients(list, name string) int {
+	n := 0
+	for line := range strings.Lines(list) {
+		for _, field := range strings.Fields(line) {
+			if field == "name="+name {
+				n++
+				break
+			}
 		}
-		t.conns = append(t.conns, rc)
-		t.wg.Go(rc.readLoop)
 	}
-	if err := t.loadScript(ctx, t.conns[0], newRespCall()); err != nil {
-		t.Close()
-		return nil, err
-	}
-	return t, nil
+	return n
 }
-
-// loadScript (re)loads the release script, after a start or a SCRIPT
-// FLUSH, and keeps its SHA.
-func (t *redisTarget) loadScript(ctx context.Context, rc *respConn, call *respCall) error {
-	cmd := appendCommand(nil, []byte("SCRIPT"), []byte("LOAD"), []byte(releaseScript))
-	if err := rc.do(ctx, cmd, call); err != nil {
-		return fmt.Errorf("redis SCRIPT LOAD: %w", err)
-	}
-	if call.reply.kind != replyBulk {
-		return fmt.Errorf("redis SCRIPT LOAD answered %q %s", call.reply.kind, call.reply.text)
-	}
-	sha := bytes.Clone(call.reply.text)
-	t.sha.Store(&sha)
-	return nil
-}
-
-func (t *redisTarget) Kind() string { return SchemeRedis }
 
 func (t *redisTarget) NewCaller(_ context.Context, id int) (Caller, error) {
-	return &redisCaller{
-		t:      t,
-		conn:   t.conns[id%len(t.conns)],
-		call:   newRespCall(),
-		prefix: strconv.AppendInt(nil, int64(id), 36),
-		rng:    rand.New(rand.NewPCG(uint64(id), 0x5eed)),
-	}, nil
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	return &redisCaller{t: t, rng: mrand.New(mrand.NewPCG(uint64(id), 0x5eed)), timer: timer}, nil
 }
 
 func (t *redisTarget) Close() error {
-	for _, rc := range t.conns {
-		rc.nc.Close()
-	}
-	t.wg.Wait()
+	t.client.close()
 	return nil
 }
 
 type redisCaller struct {
-	t      *redisTarget
-	conn   *respConn
-	call   *respCall
-	prefix []byte // makes values unique across callers
-	seq    uint64
-	rng    *rand.Rand
-	cmd    []byte
-	key    []byte
-	value  []byte // the value of the lock held or being acquired
+	t     *redisTarget
+	rng   *mrand.Rand
+	timer *time.Timer
+	key   string
+	value string // the value of the lock held or being acquired
 }
-
-var (
-	cmdSET     = []byte("SET")
-	cmdNX      = []byte("NX")
-	cmdPX      = []byte("PX")
-	cmdEVALSHA = []byte("EVALSHA")
-	oneKey     = []byte("1")
-)
 
 func (c *redisCaller) Acquire(ctx context.Context, key string, wait time.Duration) (Outcome, error) {
 	deadline := time.Now().Add(wait)
-	c.key = append(c.key[:0], key...)
-	c.seq++
-	c.value = strconv.AppendUint(append(append(c.value[:0], c.prefix...), '-'), c.seq, 36)
-	c.cmd = appendCommand(c.cmd[:0], cmdSET, c.key, c.value, cmdNX, cmdPX, c.t.leaseMs)
+	c.key = key
+	c.value = c.t.valuePrefix + strconv.FormatUint(c.t.values.Add(1), 36)
 	for {
-		if err := c.conn.do(ctx, c.cmd, c.call); err != nil {
-			return Failed, err
+		set, err := c.t.client.setNX(ctx, key, c.value, c.t.lease)
+		if err != nil {
+			return Failed, fmt.Errorf("redis SET NX: %w", err)
 		}
-		switch r := &c.call.reply; {
-		case r.kind == replySimple:
+		if set {
 			return Acquired, nil
-		case r.kind != replyNull:
-			return Failed, fmt.Errorf("redis SET answered %q %s", r.kind, r.text)
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
@@ -128,39 +138,27 @@ func (c *redisCaller) Acquire(ctx context.Context, key string, wait time.Duratio
 		}
 		// Uniform in [retry/2, 3*retry/2): polls of many callers spread out.
 		pause := c.t.retry/2 + time.Duration(c.rng.Int64N(int64(c.t.retry)))
-		c.call.timer.Reset(min(pause, left))
+		c.timer.Reset(min(pause, left))
 		select {
-		case <-c.call.timer.C:
+		case <-c.timer.C:
 		case <-ctx.Done():
-			c.call.timer.Stop()
+			c.timer.Stop()
 			return Failed, context.Cause(ctx)
 		}
 	}
 }
 
 func (c *redisCaller) Release(ctx context.Context) (Outcome, error) {
-	r := &c.call.reply
-	// A second attempt only follows a NOSCRIPT: the server lost its
-	// scripts (a restart, SCRIPT FLUSH) and the script is loaded again.
-	for attempt := 0; ; attempt++ {
-		c.cmd = appendCommand(c.cmd[:0], cmdEVALSHA, *c.t.sha.Load(), oneKey, c.key, c.value)
-		if err := c.conn.do(ctx, c.cmd, c.call); err != nil {
-			return Failed, err
-		}
-		if r.kind != replyError || !bytes.HasPrefix(r.text, []byte("NOSCRIPT")) || attempt > 0 {
-			break
-		}
-		if err := c.t.loadScript(ctx, c.conn, c.call); err != nil {
-			return Failed, err
-		}
-	}
+	deleted, err := c.t.client.compareAndDelete(ctx, c.key, c.value)
 	switch {
-	case r.kind == replyInteger && r.integer == 1:
+	case err != nil:
+		return Failed, fmt.Errorf("redis compare-and-delete: %w", err)
+	case deleted == 1:
 		return Released, nil
-	case r.kind == replyInteger && r.integer == 0:
+	case deleted == 0:
 		return NotHeld, nil
 	}
-	return Failed, fmt.Errorf("redis EVALSHA answered %q %s %d", r.kind, r.text, r.integer)
+	return Failed, fmt.Errorf("redis compare-and-delete answered %d", deleted)
 }
 
 func (c *redisCaller) Close() error { return nil }

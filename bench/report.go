@@ -118,11 +118,17 @@ code{background:#f4f4f4;padding:1px 4px}</style></head><body>`)
 			b.WriteString(admissionChart(r).svg())
 			writeAdmissionHTML(&b, r.Admission)
 		}
+		if r.Timeouts != nil {
+			fmt.Fprintf(&b, "<h2>Timeouts: %s (%s)</h2>", html.EscapeString(r.Target), html.EscapeString(r.Kind))
+			writeTimeoutsHTML(&b, r)
+		}
 	}
 	b.WriteString("<h2>Runs</h2>")
 	for _, r := range rep.Runs {
-		fmt.Fprintf(&b, "<h3>%s (%s) — %s</h3><p>%.1f s, %d cycles, %.0f cycles/s, %d errors, %d drops</p>",
-			html.EscapeString(r.Target), r.Kind, html.EscapeString(r.describe()), r.DurationS, r.Cycles, r.CyclesPerS, r.Errors, r.Drops)
+		fmt.Fprintf(&b, "<h3>%s (%s) — %s</h3><p>%.1f s, %d connections (%s), %d cycles, %.0f cycles/s, %d requests, %d errors, %d drops</p>",
+			html.EscapeString(r.Target), html.EscapeString(r.Kind), html.EscapeString(r.describe()), r.DurationS,
+			r.Conns, html.EscapeString(r.Transport), r.Cycles, r.CyclesPerS, r.Requests, r.Errors, r.Drops)
+		writeUsageHTML(&b, r)
 		writeOutcomesHTML(&b, r.Outcomes)
 		if r.Service != nil {
 			b.WriteString("<p>The same from each request's actual send:</p>")
@@ -132,6 +138,37 @@ code{background:#f4f4f4;padding:1px 4px}</style></head><body>`)
 	b.WriteString("</body></html>\n")
 	path := filepath.Join(dir, ReportFile)
 	return path, os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// writeUsageHTML is the run's CPU, syscalls and context switches per
+// cycle, for lockbench and the server, and its notes.
+func writeUsageHTML(b *strings.Builder, r *Result) {
+	b.WriteString("<table><tr><th>per cycle</th><th>CPU</th><th>reads</th><th>writes</th><th>context switches</th><th>requests per read</th></tr>")
+	fmt.Fprintf(b, "<tr><td>lockbench</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>",
+		formatMicros(r.perCycle(r.BenchCPUS*1e6)), r.formatPerCycle(r.BenchSyscr), r.formatPerCycle(r.BenchSyscw), r.formatPerCycle(r.BenchCtxsw), r.requestsPer(r.BenchSyscr))
+	if r.ServerCPUS > 0 {
+		fmt.Fprintf(b, "<tr><td>server</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr>",
+			formatMicros(r.serverMicrosPerCycle()), r.formatPerCycle(r.ServerSyscr), r.formatPerCycle(r.ServerSyscw), r.formatPerCycle(r.ServerCtxsw), r.requestsPer(r.ServerSyscr))
+	}
+	b.WriteString("</table>")
+	for _, note := range r.Notes {
+		fmt.Fprintf(b, "<p>Note: %s</p>", html.EscapeString(note))
+	}
+}
+
+func writeTimeoutsHTML(b *strings.Builder, r *Result) {
+	t := r.Timeouts
+	fmt.Fprintf(b, "<p>%s. Probe A p99: baseline %s, with timeouts %s (%s); from the actual send %s, %s (%s). Client reconnects: %s.</p>",
+		html.EscapeString(t.shape(r.Callers)),
+		formatMicros(t.Latency.BaselineP99), formatMicros(t.Latency.LoadedP99), formatRatio(t.Latency.Ratio),
+		formatMicros(t.Service.BaselineP99), formatMicros(t.Service.LoadedP99), formatRatio(t.Service.Ratio), html.EscapeString(t.reconnectSummary()))
+	b.WriteString("<table><tr><th>stream</th><th>acquired</th><th>timed out (T)</th><th>own indeterminate (W)</th><th>collateral (I)</th><th>errors</th></tr>")
+	for _, row := range t.rows() {
+		k := row.kinds
+		fmt.Fprintf(b, "<tr><td>%s</td><td>%d</td><td>%d</td><td>%d</td><td>%d</td><td>%d</td></tr>",
+			row.name, k.Acquired, k.TimedOut, k.OwnIndeterminate, k.Collateral, k.Errors)
+	}
+	b.WriteString("</table>")
 }
 
 func writeOutcomesHTML(b *strings.Builder, outcomes map[string]Percentiles) {
@@ -174,8 +211,8 @@ func loadCharts(results []*Result) []chart {
 	var groups []*group
 	byKey := make(map[string]*group)
 	for _, r := range results {
-		if r.Admission != nil {
-			continue
+		if r.Admission != nil || r.Timeouts != nil {
+			continue // their own sections: two streams in one run
 		}
 		key := r.Workload + ", " + r.Mode + " loop"
 		g := byKey[key]

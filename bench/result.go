@@ -7,13 +7,18 @@ import (
 // Result is what one run measured. Latencies are in microseconds.
 type Result struct {
 	// Target is the address as given ("lockd://127.0.0.1:7420"); Kind the
-	// implementation driven ("lockd", "lockd-raw", "redis", "etcd").
-	Target     string  `json:"target"`
-	Kind       string  `json:"kind"`
-	Workload   string  `json:"workload"`
-	Mode       string  `json:"mode"` // "closed" or "open"
-	Callers    int     `json:"callers"`
+	// implementation driven ("lockd", "lockd-raw", "redis/rueidis",
+	// "redis/go-redis", "etcd").
+	Target   string `json:"target"`
+	Kind     string `json:"kind"`
+	Workload string `json:"workload"`
+	Mode     string `json:"mode"` // "closed" or "open"
+	Callers  int    `json:"callers"`
+	// Conns is the connections the target had open at the end of the run,
+	// as the client or the server counts them; Transport how they were
+	// configured, in the client library's terms.
 	Conns      int     `json:"conns"`
+	Transport  string  `json:"transport"`
 	Rate       float64 `json:"rate,omitempty"`
 	Keys       int     `json:"keys"`
 	DurationS  float64 `json:"duration_s"`
@@ -22,11 +27,28 @@ type Result struct {
 	Errors     uint64  `json:"errors"`
 	FirstError string  `json:"first_error,omitempty"`
 	Drops      uint64  `json:"drops"`
+	// Requests counts the lock operations the callers made: every acquire
+	// and every release that got an outcome, whatever it was — 2 per cycle,
+	// plus the acquires that did not end in a grant. A waiting Redis
+	// acquire is one request however often it polled.
+	Requests uint64 `json:"requests"`
 	// BenchCPUS is the CPU time lockbench itself used during the run (an
 	// in-process server's included); ServerCPUS that of the target's
 	// server processes, summed, when their pids were given.
 	BenchCPUS  float64 `json:"bench_cpu_s"`
 	ServerCPUS float64 `json:"server_cpu_s,omitempty"`
+	// Syscr and Syscw are read-like and write-like system calls, Ctxsw
+	// voluntary plus involuntary context switches, during the run (see
+	// usage.go for what Linux counts): lockbench's own, and the server
+	// processes' summed, absent when unknown (Notes says why).
+	BenchSyscr  uint64 `json:"bench_syscr"`
+	BenchSyscw  uint64 `json:"bench_syscw"`
+	BenchCtxsw  uint64 `json:"bench_ctxsw"`
+	ServerSyscr uint64 `json:"server_syscr,omitempty"`
+	ServerSyscw uint64 `json:"server_syscw,omitempty"`
+	ServerCtxsw uint64 `json:"server_ctxsw,omitempty"`
+	// Notes say what could not be measured, and why.
+	Notes []string `json:"notes,omitempty"`
 	// SchedulerLag is how late open-loop arrivals were sent; the
 	// latencies include it, since they count from the scheduled instant.
 	SchedulerLag *Percentiles `json:"scheduler_lag,omitempty"`
@@ -38,6 +60,55 @@ type Result struct {
 	Outcomes  map[string]Percentiles `json:"outcomes"`
 	Timeline  []TimelinePoint        `json:"timeline"`
 	Admission *AdmissionResult       `json:"admission,omitempty"`
+	Timeouts  *TimeoutsResult        `json:"timeouts,omitempty"`
+}
+
+// TimeoutsResult is what the timeouts workload adds.
+type TimeoutsResult struct {
+	WaitS   float64 `json:"wait_s"`
+	HoldS   float64 `json:"hold_s"`
+	HotKeys int     `json:"hot_keys"`
+	// LoadedStartS is when the waiting callers started: the end of the
+	// baseline half.
+	LoadedStartS float64 `json:"loaded_start_s"`
+	// Waiting is the waiting callers' outcomes; BaselineProbes and
+	// LoadedProbes the probes' in each half.
+	Waiting        OutcomeKinds `json:"waiting"`
+	BaselineProbes OutcomeKinds `json:"baseline_probes"`
+	LoadedProbes   OutcomeKinds `json:"loaded_probes"`
+	// The probes' A p99 in each half, from the scheduled instant
+	// (Latency) and from the actual send (Service), and loaded ÷
+	// baseline of each.
+	Latency ProbeP99 `json:"latency"`
+	Service ProbeP99 `json:"service"`
+	// Reconnects counts the client's reconnects in each half, and
+	// ReconnectsPerS in the loaded half; both absent for a target whose
+	// client does not reconnect by itself (all but the lockd client).
+	BaselineReconnects *uint64 `json:"baseline_reconnects,omitempty"`
+	LoadedReconnects   *uint64 `json:"loaded_reconnects,omitempty"`
+	ReconnectsPerS     float64 `json:"loaded_reconnects_per_s,omitempty"`
+}
+
+// OutcomeKinds counts one stream's outcomes by kind. Acquired, TimedOut
+// and OwnIndeterminate are acquires; Collateral and Errors count acquires
+// and releases.
+type OutcomeKinds struct {
+	Acquired uint64 `json:"acquired"`
+	TimedOut uint64 `json:"timed_out"`
+	// OwnIndeterminate is W: the acquire's own wait ran out.
+	OwnIndeterminate uint64 `json:"indeterminate_own"`
+	// Collateral is I: indeterminate for a reason not the call's own.
+	Collateral uint64 `json:"indeterminate_collateral"`
+	Errors     uint64 `json:"errors"`
+}
+
+// ProbeP99 compares the probes' A p99 across the timeouts workload's
+// halves.
+type ProbeP99 struct {
+	BaselineP99 float64 `json:"baseline_a_p99_us"`
+	LoadedP99   float64 `json:"loaded_a_p99_us"`
+	// Ratio is LoadedP99 ÷ BaselineP99 (issue target: ≤ 1.5).
+	Ratio float64 `json:"loaded_over_baseline"`
 }
 
 // Percentiles summarise the latencies of one outcome.
@@ -128,7 +199,7 @@ func outcomeTable(hists [numOutcomes]*Histogram) map[string]Percentiles {
 
 // bRate is the share of B among the acquire answers counted in c.
 func bRate(c [numOutcomes]uint64) float64 {
-	acquires := c[Acquired] + c[TimedOut] + c[Busy]
+	acquires := c[Acquired] + c[TimedOut] + c[Busy] + c[WaitElapsed]
 	if acquires == 0 {
 		return 0
 	}
@@ -147,6 +218,7 @@ func (r *run) result(elapsed time.Duration) *Result {
 		DurationS:  elapsed.Seconds(),
 		Cycles:     r.rec.cycles.Load(),
 		CyclesPerS: float64(r.rec.cycles.Load()) / elapsed.Seconds(),
+		Requests:   requests(all),
 		Errors:     all[Failed].Count(),
 		Drops:      r.rec.drops.Load(),
 		Outcomes:   outcomeTable(all),
@@ -162,10 +234,73 @@ func (r *run) result(elapsed time.Duration) *Result {
 	}
 	steps := r.rec.counts()
 	res.Timeline = timeline(steps)
-	if cfg.Workload == Admission {
+	switch cfg.Workload {
+	case Admission:
 		res.Admission = r.admissionResult(steps)
+	case Timeouts:
+		res.Timeouts = r.timeoutsResult(elapsed)
 	}
 	return res
+}
+
+// requests counts every outcome recorded.
+func requests(hists [numOutcomes]*Histogram) uint64 {
+	var n uint64
+	for _, h := range hists {
+		n += h.Count()
+	}
+	return n
+}
+
+// setUsage puts what the meter read into the result.
+func (res *Result) setUsage(self, server usage) {
+	res.BenchCPUS = self.cpu.Seconds()
+	res.BenchSyscr, res.BenchSyscw, res.BenchCtxsw = self.syscr, self.syscw, self.switches
+	res.ServerCPUS = server.cpu.Seconds()
+	res.ServerSyscr, res.ServerSyscw, res.ServerCtxsw = server.syscr, server.syscw, server.switches
+}
+
+func outcomeKinds(hists [numOutcomes]*Histogram) OutcomeKinds {
+	return OutcomeKinds{
+		Acquired:         hists[Acquired].Count(),
+		TimedOut:         hists[TimedOut].Count(),
+		OwnIndeterminate: hists[WaitElapsed].Count(),
+		Collateral:       hists[Indeterminate].Count(),
+		Errors:           hists[Failed].Count(),
+	}
+}
+
+func (r *run) timeoutsResult(elapsed time.Duration) *TimeoutsResult {
+	half := r.cfg.Duration / timeoutsPhases
+	baseline, loaded := probeStream, streams+probeStream
+	out := &TimeoutsResult{
+		WaitS:          r.cfg.Wait.Seconds(),
+		HoldS:          r.cfg.Hold.Seconds(),
+		HotKeys:        r.cfg.Keys,
+		LoadedStartS:   half.Seconds(),
+		Waiting:        outcomeKinds(r.rec.merged(sinceScheduled, streams+pressureStream)),
+		BaselineProbes: outcomeKinds(r.rec.merged(sinceScheduled, baseline)),
+		LoadedProbes:   outcomeKinds(r.rec.merged(sinceScheduled, loaded)),
+		Latency:        r.probeP99(sinceScheduled, baseline, loaded),
+		Service:        r.probeP99(sinceSent, baseline, loaded),
+	}
+	if _, ok := r.target.(reconnectCounter); ok {
+		before, during := r.reconnects[1]-r.reconnects[0], r.reconnects[2]-r.reconnects[1]
+		out.BaselineReconnects, out.LoadedReconnects = &before, &during
+		out.ReconnectsPerS = float64(during) / (elapsed - half).Seconds()
+	}
+	return out
+}
+
+func (r *run) probeP99(clock, baseline, loaded int) ProbeP99 {
+	p := ProbeP99{
+		BaselineP99: micros(r.rec.merged(clock, baseline)[Acquired].Quantile(0.99)),
+		LoadedP99:   micros(r.rec.merged(clock, loaded)[Acquired].Quantile(0.99)),
+	}
+	if p.BaselineP99 > 0 {
+		p.Ratio = p.LoadedP99 / p.BaselineP99
+	}
+	return p
 }
 
 // timeline sums the fine steps into reportStep steps, up to the last step

@@ -19,34 +19,66 @@ func formatMicros(us float64) string {
 	return fmt.Sprintf("%.2fs", us/1e6)
 }
 
-// serverMicrosPerCycle is the server's CPU time per lock cycle.
-func (r *Result) serverMicrosPerCycle() float64 {
+// perCycle is n per lock cycle; 0 without cycles.
+func (r *Result) perCycle(n float64) float64 {
 	if r.Cycles == 0 {
 		return 0
 	}
-	return r.ServerCPUS * 1e6 / float64(r.Cycles)
+	return n / float64(r.Cycles)
+}
+
+// serverMicrosPerCycle is the server's CPU time per lock cycle.
+func (r *Result) serverMicrosPerCycle() float64 { return r.perCycle(r.ServerCPUS * 1e6) }
+
+// formatPerCycle prints a count per cycle, "–" when it is unknown (0).
+func (r *Result) formatPerCycle(n uint64) string {
+	if n == 0 || r.Cycles == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", r.perCycle(float64(n)))
+}
+
+// requestsPer prints requests per syscall, "–" when the syscalls are
+// unknown.
+func (r *Result) requestsPer(syscalls uint64) string {
+	if syscalls == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", float64(r.Requests)/float64(syscalls))
 }
 
 // describe names a run's shape: workload, loop and load.
 func (r *Result) describe() string {
-	s := fmt.Sprintf("%s  %s loop  callers %d  conns %d", r.Workload, r.Mode, r.Callers, r.Conns)
+	s := fmt.Sprintf("%s  %s loop  callers %d", r.Workload, r.Mode, r.Callers)
 	if r.Mode == "open" {
 		s += fmt.Sprintf("  rate %.0f/s", r.Rate)
 	}
 	return s
 }
 
-// WriteTable prints each run: its totals and its per-outcome latencies.
+// WriteTable prints each run: its totals, what the processes spent per
+// cycle, and its per-outcome latencies.
 func WriteTable(w io.Writer, results []*Result) {
 	for _, r := range results {
 		fmt.Fprintf(w, "\n%s (%s)  %s  %.1fs\n", r.Target, r.Kind, r.describe(), r.DurationS)
-		fmt.Fprintf(w, "  cycles %d  %.0f/s  errors %d  drops %d\n", r.Cycles, r.CyclesPerS, r.Errors, r.Drops)
+		fmt.Fprintf(w, "  %d connections: %s\n", r.Conns, r.Transport)
+		fmt.Fprintf(w, "  cycles %d  %.0f/s  requests %d  errors %d  drops %d\n", r.Cycles, r.CyclesPerS, r.Requests, r.Errors, r.Drops)
 		if r.DurationS > 0 {
-			fmt.Fprintf(w, "  CPU: lockbench %.1fs (%.2f cores)", r.BenchCPUS, r.BenchCPUS/r.DurationS)
+			fmt.Fprintf(w, "  CPU: lockbench %.1fs (%.2f cores, %s per cycle)", r.BenchCPUS, r.BenchCPUS/r.DurationS, formatMicros(r.perCycle(r.BenchCPUS*1e6)))
 			if r.ServerCPUS > 0 {
 				fmt.Fprintf(w, ", server %.1fs (%.2f cores, %s per cycle)", r.ServerCPUS, r.ServerCPUS/r.DurationS, formatMicros(r.serverMicrosPerCycle()))
 			}
 			fmt.Fprintln(w)
+		}
+		fmt.Fprintf(w, "  per cycle: lockbench %s reads, %s writes, %s context switches (%s requests per read)",
+			r.formatPerCycle(r.BenchSyscr), r.formatPerCycle(r.BenchSyscw), r.formatPerCycle(r.BenchCtxsw), r.requestsPer(r.BenchSyscr))
+		if r.ServerCPUS > 0 {
+			fmt.Fprintf(w, "; server %s reads, %s writes, %s context switches (%s requests per read)",
+				r.formatPerCycle(r.ServerSyscr), r.formatPerCycle(r.ServerSyscw), r.formatPerCycle(r.ServerCtxsw), r.requestsPer(r.ServerSyscr))
+		}
+		fmt.Fprintln(w)
+		for _, note := range r.Notes {
+			fmt.Fprintf(w, "  note: %s\n", note)
 		}
 		if l := r.SchedulerLag; l != nil {
 			fmt.Fprintf(w, "  arrivals sent late by p50 %s, p99 %s, max %s (included in the latencies)\n",
@@ -62,6 +94,9 @@ func WriteTable(w io.Writer, results []*Result) {
 		}
 		if a := r.Admission; a != nil {
 			writeAdmission(w, a)
+		}
+		if r.Timeouts != nil {
+			writeTimeouts(w, r)
 		}
 	}
 }
@@ -98,6 +133,70 @@ func writeAdmission(w io.Writer, a *AdmissionResult) {
 		formatMicros(a.Latency.BusyP99), formatMicros(a.Service.BusyP99), describeReopen(a.ReopenS))
 }
 
+func writeTimeouts(w io.Writer, r *Result) {
+	t := r.Timeouts
+	fmt.Fprintf(w, "  timeouts: %s\n", t.shape(r.Callers))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "  stream\tacquired\ttimed out (T)\town indeterminate (W)\tcollateral (I)\terrors\t\n")
+	for _, row := range t.rows() {
+		k := row.kinds
+		fmt.Fprintf(tw, "  %s\t%d\t%d\t%d\t%d\t%d\t\n", row.name, k.Acquired, k.TimedOut, k.OwnIndeterminate, k.Collateral, k.Errors)
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "  probe A p99: baseline %s, with timeouts %s (%s); from the actual send %s, %s (%s)\n",
+		formatMicros(t.Latency.BaselineP99), formatMicros(t.Latency.LoadedP99), formatRatio(t.Latency.Ratio),
+		formatMicros(t.Service.BaselineP99), formatMicros(t.Service.LoadedP99), formatRatio(t.Service.Ratio))
+	fmt.Fprintf(w, "  client reconnects: %s\n", t.reconnectSummary())
+}
+
+// shape says what the timeouts run did.
+func (t *TimeoutsResult) shape(callers int) string {
+	return fmt.Sprintf("probes alone until %.1fs, then also %d waiting callers queueing for %d hot key(s) with wait %s, hold %s",
+		t.LoadedStartS, callers, t.HotKeys, formatMicros(t.WaitS*1e6), formatMicros(t.HoldS*1e6))
+}
+
+// timeoutsRow is one stream of the timeouts table.
+type timeoutsRow struct {
+	name  string
+	kinds OutcomeKinds
+}
+
+func (t *TimeoutsResult) rows() []timeoutsRow {
+	return []timeoutsRow{
+		{"probes, baseline", t.BaselineProbes},
+		{"probes, with timeouts", t.LoadedProbes},
+		{"waiting callers", t.Waiting},
+	}
+}
+
+// reconnectSummary is the reconnects of each half, or why there are none.
+func (t *TimeoutsResult) reconnectSummary() string {
+	if t.LoadedReconnects == nil {
+		return "n/a (this target's client does not reconnect by itself)"
+	}
+	return fmt.Sprintf("baseline %d, with timeouts %d (%s)", *t.BaselineReconnects, *t.LoadedReconnects, t.reconnectRate())
+}
+
+// reconnectRate is the loaded half's reconnects per second and per
+// indeterminate outcome, or why there is none.
+func (t *TimeoutsResult) reconnectRate() string {
+	if t.LoadedReconnects == nil {
+		return "n/a"
+	}
+	s := fmt.Sprintf("%.1f/s", t.ReconnectsPerS)
+	if indeterminate := t.Waiting.OwnIndeterminate + t.Waiting.Collateral + t.LoadedProbes.Collateral; indeterminate > 0 {
+		s += fmt.Sprintf(", %.2f per indeterminate outcome", float64(*t.LoadedReconnects)/float64(indeterminate))
+	}
+	return s
+}
+
+func formatRatio(x float64) string {
+	if x == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f×", x)
+}
+
 func describeReopen(s float64) string {
 	switch {
 	case s > 0:
@@ -118,19 +217,47 @@ func WriteComparison(w io.Writer, results []*Result) {
 		first := group[0]
 		fmt.Fprintf(w, "\n%s\n", first.describe())
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintf(tw, "target\tcycles/s\tfirst ÷ this\tA p50\tA p99\tA p99.9\tA p99 this ÷ first\tserver CPU/cycle\terrors\t\n")
+		fmt.Fprintf(tw, "target\tconns\tcycles/s\tfirst ÷ this\tA p50\tA p99\tA p99.9\tA p99 this ÷ first\terrors\t\n")
 		for _, r := range group {
 			a, fa := r.Outcomes[Acquired.String()], first.Outcomes[Acquired.String()]
+			fmt.Fprintf(tw, "%s\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\t%d\t\n", r.Kind, r.Conns, r.CyclesPerS,
+				ratio(first.CyclesPerS, r.CyclesPerS), formatMicros(a.P50), formatMicros(a.P99), formatMicros(a.P999),
+				ratio(a.P99, fa.P99), r.Errors)
+		}
+		tw.Flush()
+		fmt.Fprintf(w, "per cycle (requests: every acquire and release; – unknown):\n")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintf(tw, "target\tserver CPU\treads\twrites\tctx switches\treq/read\tlockbench CPU\treads\twrites\tctx switches\treq/read\t\n")
+		for _, r := range group {
 			serverCPU := "–"
 			if r.ServerCPUS > 0 {
 				serverCPU = formatMicros(r.serverMicrosPerCycle())
 			}
-			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", r.Kind, r.CyclesPerS,
-				ratio(first.CyclesPerS, r.CyclesPerS), formatMicros(a.P50), formatMicros(a.P99), formatMicros(a.P999),
-				ratio(a.P99, fa.P99), serverCPU, r.Errors)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Kind,
+				serverCPU, r.formatPerCycle(r.ServerSyscr), r.formatPerCycle(r.ServerSyscw), r.formatPerCycle(r.ServerCtxsw), r.requestsPer(r.ServerSyscr),
+				formatMicros(r.perCycle(r.BenchCPUS*1e6)), r.formatPerCycle(r.BenchSyscr), r.formatPerCycle(r.BenchSyscw), r.formatPerCycle(r.BenchCtxsw), r.requestsPer(r.BenchSyscr))
 		}
 		tw.Flush()
+		writeTimeoutsComparison(w, group)
 	}
+}
+
+// writeTimeoutsComparison puts the timeouts workload's outcome kinds of
+// several targets side by side.
+func writeTimeoutsComparison(w io.Writer, group []*Result) {
+	if group[0].Timeouts == nil {
+		return
+	}
+	fmt.Fprintf(w, "timeouts (waiting callers, and the probes with timeouts):\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "target\tA\tT\tW own\tI collateral\tprobe I\tprobe A p99 baseline\twith timeouts\tratio\treconnects\t\n")
+	for _, r := range group {
+		t := r.Timeouts
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t\n", r.Kind,
+			t.Waiting.Acquired, t.Waiting.TimedOut, t.Waiting.OwnIndeterminate, t.Waiting.Collateral, t.LoadedProbes.Collateral,
+			formatMicros(t.Latency.BaselineP99), formatMicros(t.Latency.LoadedP99), formatRatio(t.Latency.Ratio), t.reconnectRate())
+	}
+	tw.Flush()
 }
 
 func ratio(num, den float64) string {
@@ -174,6 +301,14 @@ func Check(results []*Result) error {
 		}
 		if r.Errors > 0 {
 			bad(r, "%d errors, the first: %s", r.Errors, r.FirstError)
+		}
+		w, i := r.Outcomes[WaitElapsed.String()].Count, r.Outcomes[Indeterminate.String()].Count
+		if t := r.Timeouts; t != nil {
+			if t.Waiting.TimedOut+t.Waiting.OwnIndeterminate == 0 {
+				bad(r, "no wait ran out: the timeouts workload measured nothing (more --callers or a longer --hold)")
+			}
+		} else if w+i > 0 {
+			bad(r, "%d indeterminate outcomes (%d of them the caller's own wait running out)", w+i, w)
 		}
 		for o := range numOutcomes {
 			p := r.Outcomes[o.String()]

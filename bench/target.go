@@ -11,9 +11,15 @@ import (
 // Target is one lock service under test. The workloads see only this
 // interface, so the same load reaches lockd, Redis and etcd.
 type Target interface {
-	// Kind names the implementation: "lockd", "lockd-raw", "redis" or
-	// "etcd".
+	// Kind names the implementation: "lockd", "lockd-raw",
+	// "redis/rueidis", "redis/go-redis" or "etcd".
 	Kind() string
+	// Transport says how the target's connections are configured, in the
+	// terms of its client library ("go-redis PoolSize 4").
+	Transport() string
+	// Conns counts the connections the target has open to the server
+	// now, as the server or the client library sees them.
+	Conns(ctx context.Context) (int, error)
 	// NewCaller returns the state of one concurrent caller. Workloads
 	// create every caller before the clock starts.
 	NewCaller(ctx context.Context, id int) (Caller, error)
@@ -41,8 +47,12 @@ const answerSlack = 5 * time.Second
 
 // TargetOptions are the settings every target shares.
 type TargetOptions struct {
-	// Conns is the number of connections (lockd sessions, Redis
-	// connections, etcd clients) the callers share.
+	// Conns is the number of connections the callers share, in each
+	// target's own terms: the lockd client's Sessions, bare-frame
+	// connections, rueidis's pipelined connections (a power of two), the
+	// go-redis PoolSize, etcd clients. 0 keeps each target's default: the
+	// library's own for the lockd client, rueidis and go-redis, and
+	// defaultConns for the bare-frame and etcd targets.
 	Conns int
 	// Lease is how long a lock lives without a release.
 	Lease time.Duration
@@ -60,11 +70,18 @@ type TargetOptions struct {
 	RedisRetry time.Duration
 }
 
+// defaultConns is the connections of the targets whose library has no
+// default of its own to keep: lockd in bare frames, and etcd clients.
+const defaultConns = 4
+
 // Scheme prefixes of --target.
 const (
 	SchemeLockd = "lockd"
+	// SchemeRedis drives Redis through rueidis, auto-pipelined.
 	SchemeRedis = "redis"
-	SchemeEtcd  = "etcd"
+	// SchemeGoRedis drives Redis through go-redis's connection pool.
+	SchemeGoRedis = "goredis"
+	SchemeEtcd    = "etcd"
 )
 
 // TargetSpec is a parsed --target: a scheme and a loopback or remote
@@ -76,17 +93,18 @@ type TargetSpec struct {
 
 func (s TargetSpec) String() string { return s.Scheme + "://" + s.Addr }
 
-// ParseTarget parses "lockd://HOST:PORT", "redis://HOST:PORT" or
-// "etcd://HOST:PORT"; a bare HOST:PORT means lockd.
+// ParseTarget parses "lockd://HOST:PORT", "redis://HOST:PORT",
+// "goredis://HOST:PORT" or "etcd://HOST:PORT"; a bare HOST:PORT means
+// lockd.
 func ParseTarget(s string) (TargetSpec, error) {
 	scheme, addr, found := strings.Cut(s, "://")
 	if !found {
 		scheme, addr = SchemeLockd, s
 	}
 	switch scheme {
-	case SchemeLockd, SchemeRedis, SchemeEtcd:
+	case SchemeLockd, SchemeRedis, SchemeGoRedis, SchemeEtcd:
 	default:
-		return TargetSpec{}, fmt.Errorf("target %q: scheme must be lockd, redis or etcd", s)
+		return TargetSpec{}, fmt.Errorf("target %q: scheme must be lockd, redis (rueidis), goredis (go-redis) or etcd", s)
 	}
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return TargetSpec{}, fmt.Errorf("target %q: %w", s, err)
@@ -96,10 +114,14 @@ func ParseTarget(s string) (TargetSpec, error) {
 
 // Open connects to the target the spec names.
 func Open(ctx context.Context, spec TargetSpec, opts TargetOptions) (Target, error) {
-	opts.Conns = max(opts.Conns, 1)
+	if opts.Conns < 0 {
+		return nil, fmt.Errorf("%d connections", opts.Conns)
+	}
 	switch spec.Scheme {
 	case SchemeRedis:
-		return openRedis(ctx, spec.Addr, opts)
+		return openRueidis(spec.Addr, opts)
+	case SchemeGoRedis:
+		return openGoRedis(ctx, spec.Addr, opts)
 	case SchemeEtcd:
 		return openEtcd(ctx, spec.Addr, opts)
 	}

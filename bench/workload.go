@@ -19,10 +19,11 @@ const (
 	Uncontended = "uncontended"
 	Contended   = "contended"
 	Admission   = "admission"
+	Timeouts    = "timeouts"
 )
 
 // Workloads lists the workloads in the order a full run takes them.
-var Workloads = []string{Uncontended, Contended, Admission}
+var Workloads = []string{Uncontended, Contended, Admission, Timeouts}
 
 // Defaults of a Config's zero fields.
 const (
@@ -30,8 +31,16 @@ const (
 	DefaultContendedKeys   = 4
 	DefaultWait            = 5 * time.Second
 	DefaultAdmissionLimit  = 2000
-	DefaultAdmissionRate   = 1000
-	DefaultAdmissionWait   = time.Second
+	// DefaultProbeRate is the arrival rate of the uncontended probe
+	// stream of the admission and timeouts workloads.
+	DefaultProbeRate     = 1000
+	DefaultAdmissionWait = time.Second
+	// The timeouts workload's waiting callers queue for one hot key, each
+	// holding it DefaultTimeoutsHold, so that with 64 of them most waits
+	// of DefaultTimeoutsWait run out.
+	DefaultTimeoutsKeys = 1
+	DefaultTimeoutsHold = 50 * time.Millisecond
+	DefaultTimeoutsWait = time.Second
 )
 
 // DefaultAdmissionLoads are the admission phases' offered loads, as
@@ -50,24 +59,27 @@ type Config struct {
 	// Callers is the number of concurrent callers. Closed loop: each calls
 	// again as soon as its cycle ends. Open loop: the most cycles in
 	// flight; an arrival that finds them all busy and the queue full is
-	// dropped, and counted.
+	// dropped, and counted. The timeouts workload has Callers waiting
+	// callers and as many probe workers.
 	Callers int
 	// Rate, when > 0, runs open loop: cycles start at this fixed rate per
 	// second, and their latency is measured from the scheduled start, so a
 	// slow answer cannot hide the arrivals it delayed.
 	Rate float64
 	// Keys is the key space: uncontended draws keys at random from Keys
-	// keys, contended from Keys hot keys.
+	// keys, contended and timeouts from Keys hot keys.
 	Keys int
-	// Wait is how long a contended acquire may queue.
+	// Wait is how long a contended or timeouts acquire may queue.
 	Wait time.Duration
-	// Hold is the time between a grant and its release.
+	// Hold is the time between a grant and its release (the timeouts
+	// workload's waiting callers only: 0 there means
+	// DefaultTimeoutsHold).
 	Hold      time.Duration
 	Admission AdmissionConfig
 	// ServerPIDs, when not empty, are the processes of the target's
 	// server on this machine (several for a cluster's nodes), whose CPU
-	// time, summed, the result then reports; unknown when any of them
-	// cannot be read.
+	// time, syscalls and context switches, summed, the result then
+	// reports; unknown when any of them cannot be read.
 	ServerPIDs []int
 	// Progress, when not nil, gets a line every ProgressEvery.
 	Progress      io.Writer
@@ -95,8 +107,26 @@ func (cfg *Config) applyDefaults() error {
 	cfg.Callers = max(cfg.Callers, 1)
 	if cfg.Wait <= 0 {
 		cfg.Wait = DefaultWait
+		if cfg.Workload == Timeouts {
+			cfg.Wait = DefaultTimeoutsWait
+		}
 	}
 	switch cfg.Workload {
+	case Timeouts:
+		if cfg.Keys <= 0 {
+			cfg.Keys = DefaultTimeoutsKeys
+		}
+		if cfg.Hold <= 0 {
+			cfg.Hold = DefaultTimeoutsHold
+		}
+		if cfg.Rate <= 0 {
+			cfg.Rate = DefaultProbeRate
+		}
+		// The second half has the waiting callers; it must see waits run
+		// out more than once.
+		if cfg.Duration < 4*cfg.Wait {
+			return fmt.Errorf("timeouts needs a run of at least 4 × the wait %v, half of it with waits running out: use --duration ≥ %v", cfg.Wait, 4*cfg.Wait)
+		}
 	case Uncontended:
 		if cfg.Keys <= 0 {
 			cfg.Keys = DefaultUncontendedKeys
@@ -110,7 +140,7 @@ func (cfg *Config) applyDefaults() error {
 			cfg.Keys = DefaultUncontendedKeys
 		}
 		if cfg.Rate <= 0 {
-			cfg.Rate = DefaultAdmissionRate
+			cfg.Rate = DefaultProbeRate
 		}
 		a := &cfg.Admission
 		if a.Limit <= 0 {
@@ -133,7 +163,7 @@ func (cfg *Config) applyDefaults() error {
 				a.Wait, time.Duration(len(a.Loads))*3*a.Wait/2)
 		}
 	default:
-		return fmt.Errorf("unknown workload %q (want %s, %s or %s)", cfg.Workload, Uncontended, Contended, Admission)
+		return fmt.Errorf("unknown workload %q (want %s, %s, %s or %s)", cfg.Workload, Uncontended, Contended, Admission, Timeouts)
 	}
 	if cfg.ProgressEvery <= 0 {
 		cfg.ProgressEvery = time.Second
@@ -180,7 +210,7 @@ func Run(ctx context.Context, spec TargetSpec, opts TargetOptions, cfg Config) (
 		pressureOpts.Raw = true
 		pressureOpts.MaxInFlight = pool
 		// Below the server's default per-connection in-flight limit.
-		pressureOpts.Conns = max(opts.Conns, pool/2048+1)
+		pressureOpts.Conns = max(opts.Conns, defaultConns, pool/2048+1)
 		// The blocker must hold its key for the whole run: if its lease
 		// lapsed, the pressure would be granted instead of queued.
 		pressureOpts.Lease = max(opts.Lease, cfg.Duration+cfg.Admission.Wait+answerSlack)
@@ -193,7 +223,12 @@ func Run(ctx context.Context, spec TargetSpec, opts TargetOptions, cfg Config) (
 	if err != nil {
 		return nil, err
 	}
-	res.Target, res.Kind, res.Conns = spec.String(), target.Kind(), opts.Conns
+	res.Target, res.Kind, res.Transport = spec.String(), target.Kind(), target.Transport()
+	countCtx, cancel := context.WithTimeout(ctx, answerSlack)
+	defer cancel()
+	if res.Conns, err = target.Conns(countCtx); err != nil {
+		res.Notes = append(res.Notes, fmt.Sprintf("connections unknown: %v", err))
+	}
 	return res, nil
 }
 
@@ -216,14 +251,25 @@ type run struct {
 	lag       Histogram // of the open loop's arrivals
 	start     time.Time
 	end       time.Time
+	// reconnects are the timeouts workload's readings of the client's
+	// reconnect count: at the start, when the waiting callers start, at
+	// the end.
+	reconnects [3]uint64
 }
 
-// Series of the admission workload: one per phase and stream.
+// Series of the admission and timeouts workloads: one per phase and
+// stream. The probes are uncontended cycles measuring what callers see;
+// the pressure stream is the admission workload's queued acquires and the
+// timeouts workload's waiting callers.
 const (
 	probeStream    = 0
 	pressureStream = 1
 	streams        = 2
 )
+
+// timeoutsPhases are the timeouts workload's halves: the baseline, with
+// the probes alone, and the one with the waiting callers too.
+const timeoutsPhases = 2
 
 func (r *run) execute(ctx context.Context) (*Result, error) {
 	cfg := r.cfg
@@ -235,15 +281,25 @@ func (r *run) execute(ctx context.Context) (*Result, error) {
 		}
 	}()
 	var err error
-	if callers, err = newCallers(ctx, r.target, cfg.Callers); err != nil {
+	if callers, err = newCallers(ctx, r.target, 0, cfg.Callers); err != nil {
 		return nil, err
 	}
-	if cfg.Workload == Admission {
+	warm := callers
+	switch cfg.Workload {
+	case Admission:
 		series = streams * len(cfg.Admission.Loads)
 		// One more than the pool: the blocker.
-		if pressure, err = newCallers(ctx, r.pressure, cfg.Admission.pressurePool()+1); err != nil {
+		if pressure, err = newCallers(ctx, r.pressure, 0, cfg.Admission.pressurePool()+1); err != nil {
 			return nil, err
 		}
+	case Timeouts:
+		series = streams * timeoutsPhases
+		// The waiting callers share the probes' target: the client, its
+		// sessions, its connections.
+		if pressure, err = newCallers(ctx, r.target, cfg.Callers, cfg.Callers); err != nil {
+			return nil, err
+		}
+		warm = append(callers[:len(callers):len(callers)], pressure...)
 	}
 
 	// Bound everything: a request still waiting after the run and its
@@ -252,10 +308,10 @@ func (r *run) execute(ctx context.Context) (*Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Duration+longest+answerSlack)
 	defer cancel()
 
-	if err := r.warmUp(ctx, callers); err != nil {
+	if err := r.warmUp(ctx, warm); err != nil {
 		return nil, err
 	}
-	cpu := r.startCPU()
+	m := startMeter(procRoot, cfg.ServerPIDs)
 	r.start = time.Now()
 	r.end = r.start.Add(cfg.Duration)
 	r.rec = newRecorder(r.start, series, cfg.Duration+longest, cfg.Rate > 0)
@@ -263,19 +319,22 @@ func (r *run) execute(ctx context.Context) (*Result, error) {
 	switch {
 	case cfg.Workload == Admission:
 		err = r.admission(ctx, callers, pressure[1:], pressure[0])
+	case cfg.Workload == Timeouts:
+		r.timeouts(ctx, callers, pressure)
 	case cfg.Rate > 0:
 		r.openLoop(ctx, callers)
 	default:
 		r.closedLoop(ctx, callers)
 	}
 	elapsed := time.Since(r.start)
-	benchCPU, serverCPU := cpu.stop()
+	self, server, notes := m.stop()
 	stopProgress()
 	if err != nil {
 		return nil, err
 	}
 	res := r.result(elapsed)
-	res.BenchCPUS, res.ServerCPUS = benchCPU.Seconds(), serverCPU.Seconds()
+	res.setUsage(self, server)
+	res.Notes = append(res.Notes, notes...)
 	return res, nil
 }
 
@@ -301,10 +360,11 @@ func (r *run) warmUp(ctx context.Context, callers []Caller) error {
 	return errors.Join(errs...)
 }
 
-func newCallers(ctx context.Context, target Target, n int) ([]Caller, error) {
+// newCallers makes n callers of target, with ids from first on.
+func newCallers(ctx context.Context, target Target, first, n int) ([]Caller, error) {
 	callers := make([]Caller, 0, n)
 	for i := range n {
-		c, err := target.NewCaller(ctx, i)
+		c, err := target.NewCaller(ctx, first+i)
 		if err != nil {
 			for _, c := range callers {
 				c.Close()
@@ -321,6 +381,12 @@ func (r *run) pickKey(rng *mrand.Rand) string {
 	return r.keyPrefix + strconv.Itoa(rng.IntN(r.cfg.Keys))
 }
 
+// probeKey draws the key of a probe cycle, out of a key space of its
+// own: probes never meet the timeouts workload's hot keys.
+func (r *run) probeKey(rng *mrand.Rand) string {
+	return r.keyPrefix + "p/" + strconv.Itoa(rng.IntN(DefaultUncontendedKeys))
+}
+
 // wait is the wait of the workload's cycles: uncontended cycles try once.
 func (r *run) wait() time.Duration {
 	if r.cfg.Workload == Contended {
@@ -331,15 +397,15 @@ func (r *run) wait() time.Duration {
 
 // cycle runs one lock cycle: acquire, hold, release. The acquire's latency
 // counts from scheduled, the instant the cycle was due.
-func (r *run) cycle(ctx context.Context, c Caller, worker, series int, key string, wait time.Duration, scheduled time.Time) {
+func (r *run) cycle(ctx context.Context, c Caller, worker, series int, key string, wait, hold time.Duration, scheduled time.Time) {
 	sent := time.Now()
 	out, err := c.Acquire(ctx, key, wait)
 	r.rec.record(worker, series, out, scheduled, sent, time.Now(), err)
 	if out != Acquired {
 		return
 	}
-	if r.cfg.Hold > 0 {
-		time.Sleep(r.cfg.Hold)
+	if hold > 0 {
+		time.Sleep(hold)
 	}
 	sent = time.Now()
 	out, err = c.Release(ctx)
@@ -364,7 +430,7 @@ func (r *run) closedLoop(ctx context.Context, callers []Caller) {
 				if !now.Before(r.end) || ctx.Err() != nil {
 					return
 				}
-				r.cycle(ctx, c, i, 0, r.pickKey(rng), r.wait(), now)
+				r.cycle(ctx, c, i, 0, r.pickKey(rng), r.wait(), r.cfg.Hold, now)
 			}
 		})
 	}
@@ -385,7 +451,7 @@ func (r *run) openLoop(ctx context.Context, callers []Caller) {
 		wg.Go(func() {
 			rng := r.newRand(i)
 			for a := range arrivals {
-				r.cycle(ctx, c, i, 0, r.pickKey(rng), r.wait(), a.at)
+				r.cycle(ctx, c, i, 0, r.pickKey(rng), r.wait(), r.cfg.Hold, a.at)
 			}
 		})
 	}
@@ -456,7 +522,7 @@ func (r *run) admission(ctx context.Context, probes, pressure []Caller, blocker 
 		wg.Go(func() {
 			rng := r.newRand(i)
 			for arr := range probeArrivals {
-				r.cycle(ctx, c, i, streams*arr.phase+probeStream, r.pickKey(rng), 0, arr.at)
+				r.cycle(ctx, c, i, streams*arr.phase+probeStream, r.pickKey(rng), 0, r.cfg.Hold, arr.at)
 			}
 		})
 	}
@@ -467,7 +533,7 @@ func (r *run) admission(ctx context.Context, probes, pressure []Caller, blocker 
 			for arr := range pressureArrivals {
 				// A grant would only come if the blocker's lease ran out;
 				// cycle releases it at once.
-				r.cycle(ctx, c, worker, streams*arr.phase+pressureStream, hotKey, a.Wait, arr.at)
+				r.cycle(ctx, c, worker, streams*arr.phase+pressureStream, hotKey, a.Wait, r.cfg.Hold, arr.at)
 			}
 		})
 	}
@@ -485,6 +551,74 @@ func (r *run) admission(ctx context.Context, probes, pressure []Caller, blocker 
 	wg.Wait()
 	r.lag.Merge(&pressureLag)
 	return nil
+}
+
+// timeouts runs the timeouts workload. A probe stream of uncontended
+// cycles at Config.Rate runs throughout; in the second half Callers
+// waiting callers queue for Keys hot keys with Config.Wait, each holding
+// its grant Config.Hold, so that most of their waits run out while the
+// probes share the same client. The first half, probes alone, is the
+// baseline the probes' latency is compared with.
+func (r *run) timeouts(ctx context.Context, probes, waiting []Caller) {
+	half := r.cfg.Duration / timeoutsPhases
+	reconnects := r.reconnectCount()
+	r.reconnects[0] = reconnects()
+	var wg sync.WaitGroup
+	probeArrivals := make(chan arrival, len(probes))
+	for i, c := range probes {
+		wg.Go(func() {
+			rng := r.newRand(i)
+			for arr := range probeArrivals {
+				r.cycle(ctx, c, i, streams*arr.phase+probeStream, r.probeKey(rng), 0, 0, arr.at)
+			}
+		})
+	}
+	wg.Go(func() {
+		start := time.NewTimer(time.Until(r.start.Add(half)))
+		defer start.Stop()
+		select {
+		case <-start.C:
+		case <-ctx.Done():
+			return
+		}
+		r.reconnects[1] = reconnects()
+		var callers sync.WaitGroup
+		for i, c := range waiting {
+			worker := len(probes) + i
+			callers.Go(func() {
+				rng := r.newRand(worker)
+				for range maxCallerCycles {
+					now := time.Now()
+					if !now.Before(r.end) || ctx.Err() != nil {
+						return
+					}
+					r.cycle(ctx, c, worker, streams+pressureStream, r.pickKey(rng), r.cfg.Wait, r.cfg.Hold, now)
+				}
+			})
+		}
+		callers.Wait()
+	})
+	r.schedule(ctx, func(at time.Duration) (float64, int, time.Duration) {
+		if at < half {
+			return r.cfg.Rate, 0, half
+		}
+		return r.cfg.Rate, 1, r.cfg.Duration
+	}, probeArrivals, &r.lag)
+	wg.Wait()
+	r.reconnects[2] = reconnects()
+}
+
+// reconnectCounter is a target whose client reconnects by itself and
+// counts it: lockd's official client.
+type reconnectCounter interface{ Reconnects() uint64 }
+
+// reconnectCount reads the target's reconnect count; it always reads 0
+// for a target that does not count them.
+func (r *run) reconnectCount() func() uint64 {
+	if rc, ok := r.target.(reconnectCounter); ok {
+		return rc.Reconnects
+	}
+	return func() uint64 { return 0 }
 }
 
 // startProgress prints a line every ProgressEvery until the returned
@@ -508,10 +642,11 @@ func (r *run) startProgress() (stop func()) {
 				cycles := r.rec.cycles.Load()
 				rate := float64(cycles-lastCycles) / now.Sub(last).Seconds()
 				lastCycles, last = cycles, now
-				fmt.Fprintf(r.cfg.Progress, "  %5.1fs  %s  cycles %d (%.0f/s)  A %d  T %d  B %d  R %d  N %d  errors %d  drops %d\n",
+				fmt.Fprintf(r.cfg.Progress, "  %5.1fs  %s  cycles %d (%.0f/s)  A %d  T %d  B %d  R %d  N %d  W %d  I %d  errors %d  drops %d\n",
 					now.Sub(r.start).Seconds(), r.cfg.Workload, cycles, rate,
 					r.rec.totals[Acquired].Load(), r.rec.totals[TimedOut].Load(), r.rec.totals[Busy].Load(),
-					r.rec.totals[Released].Load(), r.rec.totals[NotHeld].Load(), r.rec.totals[Failed].Load(),
+					r.rec.totals[Released].Load(), r.rec.totals[NotHeld].Load(),
+					r.rec.totals[WaitElapsed].Load(), r.rec.totals[Indeterminate].Load(), r.rec.totals[Failed].Load(),
 					r.rec.drops.Load())
 			}
 		}

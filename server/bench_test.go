@@ -1,9 +1,11 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,22 +14,63 @@ import (
 	"github.com/rs/zerolog"
 )
 
+// benchShapes are the loads of the server benchmarks: conns connections
+// each pipeline depth acquires of distinct keys in one write, read the
+// grants, then release them all in one write.
+var benchShapes = []struct{ conns, depth int }{
+	{4, 1}, {4, 32}, {16, 1}, {16, 32}, {64, 1}, {64, 32},
+}
+
 // BenchmarkServerLockCycles measures whole-server throughput over
-// loopback: conns connections each pipeline `depth` acquires of distinct
-// keys in one write, read the grants, then release them all in one write.
-// One op is one lock cycle (acquire + release).
+// loopback, with the single-mode engine. One op is one lock cycle
+// (acquire + release).
 func BenchmarkServerLockCycles(b *testing.B) {
-	for _, conns := range []int{4, 16, 64} {
-		for _, depth := range []int{1, 32} {
-			b.Run(fmt.Sprintf("conns=%d/depth=%d", conns, depth), func(b *testing.B) {
-				benchCycles(b, conns, depth)
-			})
-		}
+	for _, shape := range benchShapes {
+		b.Run(fmt.Sprintf("conns=%d/depth=%d", shape.conns, shape.depth), func(b *testing.B) {
+			benchCycles(b, shape.conns, shape.depth, Config{Engine: engine.Config{}})
+		})
 	}
 }
 
-func benchCycles(b *testing.B, conns, depth int) {
-	s, err := Start(Config{Listen: "127.0.0.1:0", Logger: zerolog.Nop(), Engine: engine.Config{}})
+// BenchmarkServerLockCyclesNoEngine runs BenchmarkServerLockCycles's load
+// against a server whose backend grants every acquire and releases every
+// release without an engine: what is left is the I/O path's own cost
+// (gnet, framing, sessions). Its cycles/s beside the other benchmark's,
+// shape by shape in one `go test -bench ServerLockCycles` run, is the
+// engine's share: engine ÷ no engine.
+func BenchmarkServerLockCyclesNoEngine(b *testing.B) {
+	for _, shape := range benchShapes {
+		b.Run(fmt.Sprintf("conns=%d/depth=%d", shape.conns, shape.depth), func(b *testing.B) {
+			benchCycles(b, shape.conns, shape.depth, Config{Backend: new(grantingBackend)})
+		})
+	}
+}
+
+// grantingBackend is a Backend with no lock table: every acquire is
+// granted at once with the next token, every release is released. It
+// keeps nothing per key, so it allocates nothing.
+type grantingBackend struct{ tokens atomic.Uint64 }
+
+func (*grantingBackend) Namespace(string) engine.Namespace { return 0 }
+
+func (g *grantingBackend) Acquire(engine.Namespace, []byte, uint64, time.Duration, time.Duration, engine.Waiter) (engine.Result, Handle) {
+	return engine.Result{Outcome: engine.Granted, Token: g.tokens.Add(1)}, nil
+}
+
+func (*grantingBackend) Release(engine.Namespace, []byte, uint64, uint64, engine.Waiter) engine.Result {
+	return engine.Result{Outcome: engine.Released}
+}
+
+func (*grantingBackend) AsyncRelease() bool      { return false }
+func (*grantingBackend) Cancel(Handle)           {}
+func (*grantingBackend) Flush()                  {}
+func (*grantingBackend) Stats() engine.Stats     { return engine.Stats{} }
+func (*grantingBackend) Shutdown()               {}
+func (*grantingBackend) Run(ctx context.Context) { <-ctx.Done() }
+
+func benchCycles(b *testing.B, conns, depth int, cfg Config) {
+	cfg.Listen, cfg.Logger = "127.0.0.1:0", zerolog.Nop()
+	s, err := Start(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,8 +1,9 @@
 // Command lockbench is lockd's benchmark harness: it runs the workloads of
-// package bench against lockd (and, in the same command, against Redis and
-// etcd), prints per-outcome latency percentiles and lock cycles per second
-// side by side, and writes a JSON file for CI and an HTML report. It owns
-// flags and output only; the measuring is bench's.
+// package bench against lockd (and, in the same command, against Redis
+// through rueidis and through go-redis, and etcd), prints per-outcome
+// latency percentiles, lock cycles per second and what the processes spent
+// per cycle side by side, and writes a JSON file for CI and an HTML report.
+// It owns flags and output only; the measuring is bench's.
 package main
 
 import (
@@ -28,12 +29,27 @@ Runs each --workload against each --target, for each --callers and --rate
 value, and prints the results side by side.
 
   lockbench --target lockd://127.0.0.1:7420 --workload uncontended
-  lockbench --target lockd://127.0.0.1:7420,redis://127.0.0.1:6379,etcd://127.0.0.1:2379 \
-            --workload uncontended,contended --callers 64,256 --json out.json --report out/
+  lockbench --target lockd://127.0.0.1:7420,redis://127.0.0.1:6379,goredis://127.0.0.1:6379,etcd://127.0.0.1:2379 \
+            --server-pids 101,202,202,303 --workload uncontended,contended --callers 64,256 --json out.json --report out/
   lockbench --target inproc --workload admission --duration 20s
+  lockbench --target inproc --workload timeouts
 
+Targets: lockd://H:P through the official client (--raw: bare frames),
+redis://H:P through rueidis with auto-pipelining, goredis://H:P through
+go-redis's connection pool, etcd://H:P through concurrency.Mutex.
 --target inproc starts a lockd in this process for each run (with
 --admission-limit as its in-flight limit for the admission workload).
+
+Workloads: uncontended (wait 0 on random keys), contended (hot keys,
+--wait 5s), admission (lockd only: fill the in-flight gate, probe it),
+timeouts (--callers callers queue for --keys 1 hot key, holding it --hold
+50ms, with --wait 1s, so most waits run out, while uncontended probes at
+--rate 1000/s share the client; the first half of the run is the probes'
+baseline; outcomes by kind: A, T, W own indeterminate, I collateral, and
+the client's reconnects).
+
+With --server-pids, each run reports the server's CPU time, read and write
+syscalls and context switches per cycle beside lockbench's own.
 
 `
 
@@ -83,17 +99,17 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs := flag.NewFlagSet("lockbench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
-	targets := fs.String("target", "lockd://127.0.0.1:7420", "comma-separated targets: lockd://HOST:PORT, redis://HOST:PORT, etcd://HOST:PORT, or inproc")
-	workloads := fs.String("workload", bench.Uncontended, "comma-separated workloads: uncontended, contended, admission, or all")
+	targets := fs.String("target", "lockd://127.0.0.1:7420", "comma-separated targets: lockd://HOST:PORT, redis://HOST:PORT (rueidis), goredis://HOST:PORT (go-redis), etcd://HOST:PORT, or inproc")
+	workloads := fs.String("workload", bench.Uncontended, "comma-separated workloads: uncontended, contended, admission, timeouts, or all")
 	callers := fs.String("callers", "64", "comma-separated numbers of concurrent callers (open loop: the most cycles in flight)")
-	rates := fs.String("rate", "0", "comma-separated arrival rates per second for open loop; 0 runs closed loop")
-	pids := fs.String("server-pids", "", "comma-separated pids of the targets' server processes, in --target order (0: unknown), to report their CPU time per lock cycle; a target served by several processes, such as a cluster's nodes, takes their pids joined by '+' (101+102+103) and reports the sum")
+	rates := fs.String("rate", "0", fmt.Sprintf("comma-separated arrival rates per second for open loop; 0 runs closed loop (admission and timeouts: their probes' rate, 0 meaning %d)", bench.DefaultProbeRate))
+	pids := fs.String("server-pids", "", "comma-separated pids of the targets' server processes, in --target order (0: unknown), to report their CPU time, read/write syscalls and context switches per lock cycle (syscalls need the server's user or root); a target served by several processes, such as a cluster's nodes, takes their pids joined by '+' (101+102+103) and reports the sum")
 	loads := fs.String("admission-loads", joinFloats(bench.DefaultAdmissionLoads), "admission phases' offered load, as fractions of --admission-limit")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "length of each run")
-	fs.IntVar(&o.target.Conns, "conns", 4, "connections per target (lockd sessions, Redis connections, etcd clients)")
-	fs.IntVar(&o.keys, "keys", 0, fmt.Sprintf("key space (0: %d for uncontended and admission probes, %d hot keys for contended)", bench.DefaultUncontendedKeys, bench.DefaultContendedKeys))
-	fs.DurationVar(&o.wait, "wait", bench.DefaultWait, "how long a contended acquire may wait")
-	fs.DurationVar(&o.hold, "hold", 0, "time a lock is held before its release")
+	fs.IntVar(&o.target.Conns, "conns", 0, "connections per target: lockd client Sessions, --raw connections, rueidis pipelined connections (a power of two), go-redis PoolSize, etcd clients (0: each library's default; 4 for --raw and etcd)")
+	fs.IntVar(&o.keys, "keys", 0, fmt.Sprintf("key space (0: %d for uncontended and the admission probes, %d hot keys for contended, %d hot key for timeouts, whose probes draw from %[1]d)", bench.DefaultUncontendedKeys, bench.DefaultContendedKeys, bench.DefaultTimeoutsKeys))
+	fs.DurationVar(&o.wait, "wait", 0, fmt.Sprintf("how long a contended or timeouts acquire may wait (0: %v contended, %v timeouts)", bench.DefaultWait, bench.DefaultTimeoutsWait))
+	fs.DurationVar(&o.hold, "hold", 0, fmt.Sprintf("time a lock is held before its release (timeouts: the waiting callers' hold, 0 meaning %v)", bench.DefaultTimeoutsHold))
 	fs.DurationVar(&o.target.Lease, "lease", 30*time.Second, "lease of every lock")
 	fs.BoolVar(&o.target.Raw, "raw", false, "drive lockd with bare protocol frames instead of the official client")
 	fs.StringVar(&o.target.Tenant, "tenant", "", "lockd tenant, with --secret-file when the server requires auth")
@@ -104,7 +120,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.jsonPath, "json", "", "write the results as JSON to this file")
 	fs.StringVar(&o.reportDir, "report", "", "write an HTML report with charts into this directory")
 	fs.DurationVar(&o.progress, "progress", time.Second, "interval of the progress line on stderr; 0 for none")
-	fs.BoolVar(&o.check, "check", false, "exit non-zero unless every run is sane: cycles done, no errors, percentiles in order (never a speed threshold)")
+	fs.BoolVar(&o.check, "check", false, "exit non-zero unless every run is sane: cycles done, no errors, no indeterminate outcome (timeouts: some wait ran out instead), percentiles in order (never a speed threshold)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -301,7 +317,7 @@ func runOne(ctx context.Context, o *options, target string, serverPIDs []int, wo
 		return nil, nil
 	}
 	fmt.Fprintf(stderr, "%s: %s for %v, callers %d", label, workload, o.duration, callers)
-	if rate > 0 || workload == bench.Admission {
+	if rate > 0 || workload == bench.Admission || workload == bench.Timeouts {
 		fmt.Fprintf(stderr, ", open loop")
 	}
 	fmt.Fprintln(stderr)

@@ -65,6 +65,52 @@ func TestSmokeAgainstAnInProcessServer(t *testing.T) {
 	}
 }
 
+// --server-pids with this process's own pid: the in-process server's
+// usage reaches the table and the JSON file.
+func TestServerUsageInTheJSON(t *testing.T) {
+	jsonPath := filepath.Join(t.TempDir(), "out.json")
+	stdout, stderr, err := runCommand(t, "--target", "inproc", "--server-pids", fmt.Sprint(os.Getpid()), "--workload", "uncontended",
+		"--duration", "1s", "--progress", "0", "--callers", "4", "--json", jsonPath, "--check")
+	if err != nil {
+		t.Fatalf("%v\nstdout:\n%s\nstderr:\n%s", err, stdout, stderr)
+	}
+	if !strings.Contains(stdout, "context switches (") || !strings.Contains(stdout, "; server ") {
+		t.Errorf("no usage per cycle in the table:\n%s", stdout)
+	}
+	data, err := os.ReadFile(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc struct{ Runs []map[string]any }
+	if err := json.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	run := doc.Runs[0]
+	for _, field := range []string{"cycles", "cycles_per_s", "server_cpu_s", "server_syscr", "server_syscw", "server_ctxsw", "bench_syscr", "bench_syscw", "bench_ctxsw", "requests"} {
+		if v, ok := run[field].(float64); !ok || v <= 0 {
+			t.Errorf("%s = %#v", field, run[field])
+		}
+	}
+	if _, ok := run["target"].(string); !ok {
+		t.Errorf("target = %#v", run["target"])
+	}
+}
+
+// The timeouts workload runs against every target; with the lockd client
+// it reports outcomes by kind and reconnects.
+func TestTimeoutsWorkload(t *testing.T) {
+	stdout, stderr, err := runCommand(t, "--target", "inproc", "--workload", "timeouts", "--callers", "16", "--hold", "200ms",
+		"--rate", "200", "--duration", "4s", "--progress", "0", "--check")
+	if err != nil {
+		t.Fatalf("%v\nstdout:\n%s\nstderr:\n%s", err, stdout, stderr)
+	}
+	for _, want := range []string{"timeouts  open loop  callers 16  rate 200/s", "own indeterminate (W)", "client reconnects: baseline", "check passed (1 runs)"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, stdout)
+		}
+	}
+}
+
 func TestAdmissionSkipsTargetsWithoutAGate(t *testing.T) {
 	stdout, stderr, err := runCommand(t, "--target", "redis://127.0.0.1:1", "--workload", "admission", "--duration", "6s", "--progress", "0")
 	if err != nil {
@@ -78,6 +124,7 @@ func TestAdmissionSkipsTargetsWithoutAGate(t *testing.T) {
 func TestFlagErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"--target", "http://127.0.0.1:80"},
+		{"--target", "rueidis://127.0.0.1:80"},
 		{"--callers", "many"},
 		{"--rate", ""},
 		{"--admission-loads", "0,x"},
@@ -119,7 +166,7 @@ func TestAllWorkloads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(o.workloads, ",") != "uncontended,contended,admission" || len(o.callers) != 2 || len(o.rates) != 2 {
+	if strings.Join(o.workloads, ",") != "uncontended,contended,admission,timeouts" || len(o.callers) != 2 || len(o.rates) != 2 {
 		t.Fatalf("%+v", o)
 	}
 }
