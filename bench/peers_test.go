@@ -160,8 +160,11 @@ func TestRedisLockRecipe(t *testing.T) {
 			if waited := time.Since(start); waited < 50*time.Millisecond {
 				t.Fatalf("a waiting acquire gave up after %v", waited)
 			}
-			// Polls every 1 ms ± 50 %: at least a poll per 1.5 ms.
-			if polls := commandCalls(t, admin, "set") - sets; polls < 50/2 {
+			// It waits by polling (more than one SET NX), and never faster
+			// than the retry pause allows: 1 ms ± 50 %, so at most one poll
+			// per 0.5 ms. How many polls a loaded machine fits into 50 ms
+			// is not the recipe's to promise.
+			if polls := commandCalls(t, admin, "set") - sets; polls < 2 || polls > 50/0.5+1 {
 				t.Fatalf("%d SET NX polls in a 50 ms wait", polls)
 			}
 			if admin.Get(ctx, key).Val() != holder {
