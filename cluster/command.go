@@ -22,14 +22,17 @@ import (
 // replicas with different flags would otherwise decide differently.
 //
 //	cmdRelease:  node u64 | id u64 (0 = nobody waits for the answer) | token u64
-//	cmdKeep:     node u64 | id u64 (0 = nobody waits for the answer) | token u64 | lease_s u16
+//	cmdKeep:     node u64 | id u64 (0 = nobody waits for the answer) | token u64 | renewals u32 | lease_s u16
 //	cmdLeaseEnd: token u64 | renewals u32 (proposed by the leader when the lease fell due)
 //	cmdExpire:   token u64 (the lease end of builds before KEEP; still applied
 //	             from their logs, as renewals 0)
 //
 // A lease end names the renewal it ends, so that the end of a lease that a
 // KEEP has since renewed frees nothing: a KEEP and the expire of the lease
-// it renews may be proposed at the same time, and Raft orders them.
+// it renews may be proposed at the same time, and Raft orders them. A KEEP
+// names the renewal it extends, as the proposer's replica last saw it, so
+// that a retried proposal applied twice renews once: the second apply
+// finds a later renewal.
 //
 // All integers big-endian. Time only enters the state machine through
 // these fields; Update never reads a clock.
@@ -83,11 +86,12 @@ func appendRelease(dst []byte, node, id, token uint64, tenant string, key []byte
 	return appendText(dst, tenant, key)
 }
 
-func appendKeep(dst []byte, node, id, token uint64, lease uint16, tenant string, key []byte) []byte {
+func appendKeep(dst []byte, node, id, token uint64, renewals uint32, lease uint16, tenant string, key []byte) []byte {
 	dst = append(dst, cmdKeep)
 	dst = binary.BigEndian.AppendUint64(dst, node)
 	dst = binary.BigEndian.AppendUint64(dst, id)
 	dst = binary.BigEndian.AppendUint64(dst, token)
+	dst = binary.BigEndian.AppendUint32(dst, renewals)
 	dst = binary.BigEndian.AppendUint16(dst, lease)
 	return appendText(dst, tenant, key)
 }
@@ -127,7 +131,7 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 	case cmdRelease:
 		need = 8 + 8 + 8
 	case cmdKeep:
-		need = 8 + 8 + 8 + 2
+		need = 8 + 8 + 8 + 4 + 2
 	case cmdLeaseEnd:
 		need = 8 + 4
 	case cmdExpire:
@@ -153,7 +157,8 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 		c.node = binary.BigEndian.Uint64(b)
 		c.id = binary.BigEndian.Uint64(b[8:])
 		c.token = binary.BigEndian.Uint64(b[16:])
-		c.lease = binary.BigEndian.Uint16(b[24:])
+		c.renewals = binary.BigEndian.Uint32(b[24:])
+		c.lease = binary.BigEndian.Uint16(b[28:])
 	case cmdLeaseEnd:
 		c.token = binary.BigEndian.Uint64(b)
 		c.renewals = binary.BigEndian.Uint32(b[8:])

@@ -106,14 +106,23 @@ func (f *fsm) apply(c *command) {
 		}
 	case cmdKeep:
 		f.load[c.node]++
-		r := engine.Result{Outcome: engine.NotHeld}
 		k := lockKey(c.tenant, c.key)
-		if l := f.locks[k]; l != nil && l.token == c.token {
-			r = engine.Result{Outcome: engine.Renewed, Token: l.token}
+		l := f.locks[k]
+		switch {
+		case l == nil || l.token != c.token:
+			if c.id != 0 {
+				f.g.result(k, c.node, c.id, engine.Result{Outcome: engine.NotHeld})
+			}
+		case l.renewals != c.renewals:
+			// A duplicate of a KEEP that applied already, or one proposed
+			// from a replica that had not seen the latest renewal: no
+			// effect. The proposer asks again for a request still waiting.
+			f.g.staleKeep(c, l.renewals)
+		default:
 			f.renew(k, l, c.lease)
-		}
-		if c.id != 0 {
-			f.g.result(k, c.node, c.id, r)
+			if c.id != 0 {
+				f.g.result(k, c.node, c.id, engine.Result{Outcome: engine.Renewed, Token: l.token})
+			}
 		}
 	case cmdLeaseEnd, cmdExpire:
 		k := lockKey(c.tenant, c.key)
@@ -443,6 +452,18 @@ func (f *fsm) takeLoad(self uint64) (busiest loadShare, own uint64) {
 	}
 	clear(f.load)
 	return busiest, own
+}
+
+// renewalsOf is the renewals of key's lock as this replica has applied
+// them, when token is its current token; 0 otherwise (a KEEP proposed on
+// that view, if stale, is proposed again once this replica catches up).
+func (f *fsm) renewalsOf(key string, token uint64) uint32 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if l := f.locks[key]; l != nil && l.token == token {
+		return l.renewals
+	}
+	return 0
 }
 
 // valid reports whether e still names the key's current lease: its token

@@ -70,7 +70,7 @@ func randomBatches(seed uint64, n int) [][]byte {
 				tok += uint64(rng.IntN(3))
 				b = appendRelease(b, uint64(1+rng.IntN(3)), rng.Uint64(), tok, "t", key)
 			case 3:
-				b = appendKeep(b, uint64(1+rng.IntN(3)), rng.Uint64(), uint64(rng.IntN(int(tok)+2)), uint16(1+rng.IntN(30)), "t", key)
+				b = appendKeep(b, uint64(1+rng.IntN(3)), rng.Uint64(), uint64(rng.IntN(int(tok)+2)), uint32(rng.IntN(3)), uint16(1+rng.IntN(30)), "t", key)
 			case 4:
 				b = appendLeaseEnd(b, uint64(rng.IntN(int(tok)+2)), uint32(rng.IntN(3)), "t", key)
 			default:

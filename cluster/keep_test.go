@@ -36,7 +36,7 @@ func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 	token := f.locks[k].token
 	f.stampFresh(100)
 
-	applyOne(t, f, 2, func(b []byte) []byte { return appendKeep(b, 1, ask(1), token, 30, "t", key) })
+	applyOne(t, f, 2, func(b []byte) []byte { return appendKeep(b, 1, ask(1), token, 0, 30, "t", key) })
 	if got := rec.wait(t, 1, time.Second); got != (engine.Result{Outcome: engine.Renewed, Token: token}) {
 		t.Fatalf("KEEP of the current token: %+v", got)
 	}
@@ -56,8 +56,8 @@ func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 	}
 
 	// KEEP of another token, or another tenant's key of the same name: N.
-	applyOne(t, f, 5, func(b []byte) []byte { return appendKeep(b, 1, ask(2), token+1, 30, "t", key) })
-	applyOne(t, f, 6, func(b []byte) []byte { return appendKeep(b, 1, ask(3), token, 30, "u", key) })
+	applyOne(t, f, 5, func(b []byte) []byte { return appendKeep(b, 1, ask(2), token+1, 1, 30, "t", key) })
+	applyOne(t, f, 6, func(b []byte) []byte { return appendKeep(b, 1, ask(3), token, 1, 30, "u", key) })
 	for _, owner := range []uint64{2, 3} {
 		if got := rec.wait(t, owner, time.Second); got.Outcome != engine.NotHeld {
 			t.Fatalf("owner %d: %+v, want NotHeld", owner, got)
@@ -75,9 +75,63 @@ func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 	if f.locks[k] != nil {
 		t.Fatal("the renewed lease's end did not free the key")
 	}
-	applyOne(t, f, 8, func(b []byte) []byte { return appendKeep(b, 1, ask(4), token, 30, "t", key) })
+	applyOne(t, f, 8, func(b []byte) []byte { return appendKeep(b, 1, ask(4), token, 1, 30, "t", key) })
 	if got := rec.wait(t, 4, time.Second); got.Outcome != engine.NotHeld {
 		t.Fatalf("KEEP after the lease ended: %+v", got)
+	}
+}
+
+// A KEEP names the renewal it extends. A retried proposal applied a
+// second time names an older one and changes nothing — not even a lease
+// the holder has since renewed for longer — and nobody is answered twice;
+// a KEEP proposed from a lagging replica whose request still waits is
+// proposed again, naming the current renewal.
+func TestFSMKeepAppliedTwiceRenewsOnce(t *testing.T) {
+	n, g, f := localNode()
+	rec := newRecorder()
+	ask := func(owner uint64) uint64 {
+		p := &pending{id: n.nextID(), w: rec, owner: owner, start: n.clock(), deadline: n.clock() + time.Minute, ungated: true}
+		n.register(p)
+		return p.id
+	}
+	key := []byte("k")
+	k := lockKey([]byte("t"), key)
+	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 10, 0, 1<<20, "t", key) })
+	token := f.locks[k].token
+	short := func(id uint64) func([]byte) []byte {
+		return func(b []byte) []byte { return appendKeep(b, 1, id, token, 0, 5, "t", key) }
+	}
+	first := ask(1)
+	applyOne(t, f, 2, short(first))
+	applyOne(t, f, 3, func(b []byte) []byte { return appendKeep(b, 1, ask(2), token, 1, 60, "t", key) })
+	for _, owner := range []uint64{1, 2} {
+		if got := rec.wait(t, owner, time.Second); got.Outcome != engine.Renewed {
+			t.Fatalf("owner %d: %+v", owner, got)
+		}
+	}
+	fresh := len(f.fresh)
+	applyOne(t, f, 4, short(first)) // the first KEEP's batch, applied again
+	if l := f.locks[k]; l.lease != 60 || l.renewals != 2 || len(f.fresh) != fresh {
+		t.Fatalf("a duplicate KEEP changed the lock: %+v, %d fresh entries (was %d)", *l, len(f.fresh), fresh)
+	}
+	g.mu.Lock()
+	queued := g.count
+	g.mu.Unlock()
+	if queued != 0 {
+		t.Fatalf("the duplicate of an answered KEEP was proposed again (%d commands)", queued)
+	}
+
+	lagging := ask(3)
+	applyOne(t, f, 5, func(b []byte) []byte { return appendKeep(b, 1, lagging, token, 1, 30, "t", key) })
+	if _, answered := rec.peek(3); answered || f.locks[k].renewals != 2 {
+		t.Fatal("a KEEP naming an old renewal took effect or was answered")
+	}
+	g.mu.Lock()
+	var again command
+	_, err := readCommand(g.buf, &again)
+	g.mu.Unlock()
+	if err != nil || again.kind != cmdKeep || again.id != lagging || again.renewals != 2 || again.lease != 30 || again.token != token {
+		t.Fatalf("re-proposed %+v (%v), want the waiting KEEP naming renewal 2", again, err)
 	}
 }
 
@@ -89,7 +143,7 @@ func TestRebuildKeepsTheRenewedDeadline(t *testing.T) {
 	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 60, 0, 1<<20, "t", key) })
 	token := f.locks[lockKey([]byte("t"), key)].token
 	f.stampFresh(100)
-	applyOne(t, f, 2, func(b []byte) []byte { return appendKeep(b, 2, 0, token, 5, "t", key) })
+	applyOne(t, f, 2, func(b []byte) []byte { return appendKeep(b, 2, 0, token, 0, 5, "t", key) })
 	f.stampFresh(100 + 1e9)
 	f.rebuild(100 + 2e9)
 	if len(f.heap) != 1 || f.heap[0].At != 100+1e9+5e9 || f.heap[0].Item.renewals != 1 {

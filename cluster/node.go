@@ -569,12 +569,38 @@ func (n *Node) Keep(ns engine.Namespace, key []byte, owner, token uint64, lease 
 		id = n.registerUngated(owner, w)
 	}
 	g := n.groups[groupOf(tenant, key, len(n.groups))]
+	renewals := g.fsm.Load().renewalsOf(lockKey([]byte(tenant), key), token)
 	g.mu.Lock()
-	g.buf = appendKeep(g.buf, n.cfg.NodeID, id, token, uint16(lease/time.Second), tenant, key)
+	g.buf = appendKeep(g.buf, n.cfg.NodeID, id, token, renewals, uint16(lease/time.Second), tenant, key)
 	g.count++
 	g.mu.Unlock()
 	g.dirty.Store(true)
 	return engine.Result{Outcome: engine.Queued}
+}
+
+// staleKeep is called by g's state machine for a KEEP that named an older
+// renewal than the lock's current one. If its request still waits on this
+// node, the KEEP was proposed from a lagging view (this replica has now
+// applied everything before it): it is proposed again, naming the current
+// renewal. Otherwise it was a duplicate of one already answered. It runs
+// inside Update, so it only queues.
+func (g *group) staleKeep(c *command, renewals uint32) {
+	n := g.n
+	if c.node != n.cfg.NodeID || c.id == 0 {
+		return
+	}
+	n.regMu.Lock()
+	p := n.reg[c.id]
+	n.regMu.Unlock()
+	if p == nil {
+		return
+	}
+	g.mu.Lock()
+	g.buf = appendKeep(g.buf, n.cfg.NodeID, c.id, c.token, renewals, c.lease, string(c.tenant), c.key)
+	g.count++
+	g.mu.Unlock()
+	g.dirty.Store(true)
+	g.propose()
 }
 
 // registerUngated registers a release or keep answered through w and
@@ -1038,10 +1064,8 @@ func (g *group) proposeLoop(ctx context.Context) {
 // attempt timed out (e.g. it was forwarded to a leader that just died).
 // Retrying a proposal that may also have been applied is safe: every
 // command is idempotent in effect. A duplicate release or lease end names
-// a token (or renewal) that can never be current again; a duplicate keep
-// renews the same token again, later, so its lease ends no sooner than
-// its holder counts on (unless the holder shortened the lease with a KEEP
-// in between: see docs/cluster.md); a duplicate acquire's second
+// a token (or renewal) that can never be current again, and so does a
+// duplicate keep, which therefore changes nothing; a duplicate acquire's second
 // outcome finds its request already answered, and if it is a grant the
 // node releases it as an orphan. Same for a batch that applies after its
 // requests were answered E unavailable.
