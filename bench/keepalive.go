@@ -257,9 +257,14 @@ func halfUsage(u [2]usage, serverRead bool) HalfUsage {
 	return h
 }
 
-func writeKeepalive(w io.Writer, k *KeepaliveResult) {
-	fmt.Fprintf(w, "  keepalive: probes alone until %.1fs, then also %d holders renewing every %s (%.0f renewals/s)\n",
+// shape says what the keepalive run did.
+func (k *KeepaliveResult) shape() string {
+	return fmt.Sprintf("probes alone until %.1fs, then also %d holders renewing every %s (%.0f renewals/s)",
 		k.LoadedStartS, k.Holders, formatMicros(k.EveryS*1e6), k.RenewalsPerS)
+}
+
+func writeKeepalive(w io.Writer, k *KeepaliveResult) {
+	fmt.Fprintf(w, "  keepalive: %s\n", k.shape())
 	writeOutcomes(w, "    ", k.Renewals)
 	fmt.Fprintf(w, "  probe A p99: baseline %s, with renewals %s (%s)\n",
 		formatMicros(k.Latency.BaselineP99), formatMicros(k.Latency.LoadedP99), formatRatio(k.Latency.Ratio))

@@ -63,6 +63,36 @@ func TestKeepaliveWorkloadThroughTheClient(t *testing.T) {
 	}
 }
 
+// The HTML report has a keepalive section with the cost per renewal, and
+// leaves the run out of the latency-against-load charts.
+func TestKeepaliveInTheHTMLReport(t *testing.T) {
+	cpu, calls := 18.8, 0.74
+	res := &Result{Target: "lockd://127.0.0.1:1", Kind: "lockd", Workload: Keepalive, Mode: "open", Rate: 1000, Callers: 16,
+		Cycles: 10, CyclesPerS: 1, Outcomes: map[string]Percentiles{"A": {Count: 10, P50: 1, P90: 2, P99: 3, P999: 4, Max: 5}},
+		Keepalive: &KeepaliveResult{Holders: 64, EveryS: 0.1, LoadedStartS: 5, RenewalsPerS: 639,
+			Renewals:   map[string]Percentiles{"A": {Count: 3196, P50: 549, P90: 1180, P99: 2520, P999: 4000, Max: 4330}},
+			Latency:    ProbeP99{BaselineP99: 3230, LoadedP99: 2540, Ratio: 2540.0 / 3230},
+			PerRenewal: &RenewalCost{BenchCPUUS: 55.5, ServerCPUUS: &cpu, ServerSyscall: &calls}}}
+	path, err := NewReport("lockbench --test", time.Now(), []*Result{res}).WriteHTML(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := string(data)
+	for _, want := range []string{"Keepalive: lockd://127.0.0.1:1 (lockd)", "then also 64 holders renewing every 100.00ms (639 renewals/s)",
+		"<td>3196</td>", "<td>55.5µs</td><td>18.8µs</td><td>0.74</td><td>–</td>"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+	if strings.Contains(page, "Latency against offered load") {
+		t.Error("a keepalive run was drawn among the load charts")
+	}
+}
+
 func TestKeepaliveRefusesWhatCannotRenew(t *testing.T) {
 	spec := TargetSpec{Scheme: SchemeLockd, Addr: "127.0.0.1:1"}
 	cfg := Config{Workload: Keepalive, Duration: time.Second}
