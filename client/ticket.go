@@ -10,9 +10,11 @@ import (
 // this grant, and how long the client may rely on it. Pass Token to every
 // system the critical section writes to, so that a write carrying an older
 // token can be refused. A Ticket is a value; copies are the same lock.
-// Renew updates the Ticket it is called on; copies made before keep the
-// validity they had, which stays a safe (earlier) bound, and Lost follows
-// the latest renewal for every copy.
+// Renew updates the Ticket it is called on. Copies made before keep the
+// validity they had: an earlier bound after a renewal that extended the
+// lease, but a too late one after a renewal that shortened it. Lost
+// follows the latest renewal for every copy once any copy has asked for
+// it, so watch Lost where other copies renew.
 type Ticket struct {
 	c          *Client
 	key        string
