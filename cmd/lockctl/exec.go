@@ -48,7 +48,9 @@ func runExec(ctx context.Context, o *options, key string, argv []string, p proc)
 		close(exited)
 	}()
 
-	// Lost follows every confirmed renewal; SIGTERM is re-armed on each.
+	// Lost, watched before the first renewal, follows every confirmed one;
+	// SIGTERM is re-armed on each.
+	lost := ticket.Lost()
 	validUntil := ticket.ValidUntil()
 	term := time.NewTimer(time.Until(validUntil) - o.grace)
 	defer term.Stop()
@@ -64,7 +66,6 @@ func runExec(ctx context.Context, o *options, key string, argv []string, p proc)
 		defer func() { stop(); <-stopped }()
 		renewed = confirmed
 	}
-	lost := ticket.Lost()
 	signalledAtLease := false
 	for {
 		select {
