@@ -1,13 +1,13 @@
 // Package bench is lockbench's engine: it drives a lock service with the
 // workloads of the benchmark suite (uncontended, contended, admission,
-// timeouts), in closed loop (N callers back to back) or open loop (a fixed
+// timeouts, keepalive), in closed loop (N callers back to back) or open loop (a fixed
 // arrival rate, latency measured from each request's scheduled instant, so
 // a slow answer cannot hide the requests it delayed), and reports
 // per-outcome latency percentiles from its own log-linear histogram, lock
 // cycles per second, what lockbench and the server processes spent per
 // cycle (CPU time, read and write syscalls, context switches, from /proc),
 // the admission gate's behaviour over time, the timeouts workload's
-// outcomes by kind, a text table, a JSON file and an HTML page with SVG
+// outcomes by kind, what a lease renewal costs, a text table, a JSON file and an HTML page with SVG
 // charts.
 //
 // Targets sit behind one small interface: lockd through the official

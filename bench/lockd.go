@@ -105,4 +105,18 @@ func releaseOutcome(err error) (Outcome, error) {
 	return Failed, err
 }
 
+// Renew extends the lease of the held lock by the target's lease.
+func (c *lockdCaller) Renew(ctx context.Context) (Outcome, error) {
+	switch err := c.ticket.Renew(ctx, c.t.lease); {
+	case err == nil:
+		return Acquired, nil
+	case errors.Is(err, client.ErrNotHeld):
+		return NotHeld, err
+	case errors.Is(err, client.ErrIndeterminate):
+		return Indeterminate, err
+	default:
+		return Failed, err
+	}
+}
+
 func (c *lockdCaller) Close() error { return nil }

@@ -122,6 +122,10 @@ code{background:#f4f4f4;padding:1px 4px}</style></head><body>`)
 			fmt.Fprintf(&b, "<h2>Timeouts: %s (%s)</h2>", html.EscapeString(r.Target), html.EscapeString(r.Kind))
 			writeTimeoutsHTML(&b, r)
 		}
+		if r.Keepalive != nil {
+			fmt.Fprintf(&b, "<h2>Keepalive: %s (%s)</h2>", html.EscapeString(r.Target), html.EscapeString(r.Kind))
+			writeKeepaliveHTML(&b, r.Keepalive)
+		}
 	}
 	b.WriteString("<h2>Runs</h2>")
 	for _, r := range rep.Runs {
@@ -171,6 +175,17 @@ func writeTimeoutsHTML(b *strings.Builder, r *Result) {
 	b.WriteString("</table>")
 }
 
+func writeKeepaliveHTML(b *strings.Builder, k *KeepaliveResult) {
+	fmt.Fprintf(b, "<p>%s. Probe A p99: baseline %s, with renewals %s (%s).</p>",
+		html.EscapeString(k.shape()), formatMicros(k.Latency.BaselineP99), formatMicros(k.Latency.LoadedP99), formatRatio(k.Latency.Ratio))
+	b.WriteString("<p>Renewals, from the instant each was due:</p>")
+	writeOutcomesHTML(b, k.Renewals)
+	if c := k.PerRenewal; c != nil {
+		fmt.Fprintf(b, "<table><tr><th>per renewal</th><th>lockbench CPU</th><th>server CPU</th><th>server syscalls</th><th>server ctxsw</th></tr><tr><td></td><td>%s</td><td>%s</td><td>%s</td><td>%s</td></tr></table>",
+			formatMicros(c.BenchCPUUS), optMicros(c.ServerCPUUS), optCount(c.ServerSyscall), optCount(c.ServerCtxsw))
+	}
+}
+
 func writeOutcomesHTML(b *strings.Builder, outcomes map[string]Percentiles) {
 	b.WriteString("<table><tr><th>outcome</th><th>count</th><th>p50</th><th>p90</th><th>p99</th><th>p99.9</th><th>max</th></tr>")
 	for o := range numOutcomes {
@@ -211,7 +226,7 @@ func loadCharts(results []*Result) []chart {
 	var groups []*group
 	byKey := make(map[string]*group)
 	for _, r := range results {
-		if r.Admission != nil || r.Timeouts != nil {
+		if r.Admission != nil || r.Timeouts != nil || r.Keepalive != nil {
 			continue // their own sections: two streams in one run
 		}
 		key := r.Workload + ", " + r.Mode + " loop"

@@ -61,6 +61,7 @@ type Result struct {
 	Timeline  []TimelinePoint        `json:"timeline"`
 	Admission *AdmissionResult       `json:"admission,omitempty"`
 	Timeouts  *TimeoutsResult        `json:"timeouts,omitempty"`
+	Keepalive *KeepaliveResult       `json:"keepalive,omitempty"`
 }
 
 // TimeoutsResult is what the timeouts workload adds.
@@ -239,6 +240,8 @@ func (r *run) result(elapsed time.Duration) *Result {
 		res.Admission = r.admissionResult(steps)
 	case Timeouts:
 		res.Timeouts = r.timeoutsResult(elapsed)
+	case Keepalive:
+		res.Keepalive = r.keepaliveResult()
 	}
 	return res
 }

@@ -98,6 +98,9 @@ func WriteTable(w io.Writer, results []*Result) {
 		if r.Timeouts != nil {
 			writeTimeouts(w, r)
 		}
+		if r.Keepalive != nil {
+			writeKeepalive(w, r.Keepalive)
+		}
 	}
 }
 
@@ -318,6 +321,14 @@ func Check(results []*Result) error {
 		}
 		if r.Admission != nil && r.Outcomes[Busy.String()].Count == 0 {
 			bad(r, "the admission gate never closed (no B answer)")
+		}
+		if k := r.Keepalive; k != nil {
+			if k.Renewals[Acquired.String()].Count == 0 {
+				bad(r, "no renewal was confirmed: the keepalive workload measured nothing")
+			}
+			if k.Errors > 0 {
+				bad(r, "%d renewals not confirmed, the first: %s", k.Errors, k.FirstError)
+			}
 		}
 	}
 	return errors.Join(problems...)

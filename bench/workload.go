@@ -20,10 +20,11 @@ const (
 	Contended   = "contended"
 	Admission   = "admission"
 	Timeouts    = "timeouts"
+	Keepalive   = "keepalive"
 )
 
 // Workloads lists the workloads in the order a full run takes them.
-var Workloads = []string{Uncontended, Contended, Admission, Timeouts}
+var Workloads = []string{Uncontended, Contended, Admission, Timeouts, Keepalive}
 
 // Defaults of a Config's zero fields.
 const (
@@ -76,6 +77,7 @@ type Config struct {
 	// DefaultTimeoutsHold).
 	Hold      time.Duration
 	Admission AdmissionConfig
+	Keepalive KeepaliveConfig
 	// ServerPIDs, when not empty, are the processes of the target's
 	// server on this machine (several for a cluster's nodes), whose CPU
 	// time, syscalls and context switches, summed, the result then
@@ -131,6 +133,10 @@ func (cfg *Config) applyDefaults() error {
 		if cfg.Keys <= 0 {
 			cfg.Keys = DefaultUncontendedKeys
 		}
+	case Keepalive:
+		if cfg.Rate <= 0 {
+			cfg.Rate = DefaultProbeRate
+		}
 	case Contended:
 		if cfg.Keys <= 0 {
 			cfg.Keys = DefaultContendedKeys
@@ -163,7 +169,7 @@ func (cfg *Config) applyDefaults() error {
 				a.Wait, time.Duration(len(a.Loads))*3*a.Wait/2)
 		}
 	default:
-		return fmt.Errorf("unknown workload %q (want %s, %s, %s or %s)", cfg.Workload, Uncontended, Contended, Admission, Timeouts)
+		return fmt.Errorf("unknown workload %q (want %s, %s, %s, %s or %s)", cfg.Workload, Uncontended, Contended, Admission, Timeouts, Keepalive)
 	}
 	if cfg.ProgressEvery <= 0 {
 		cfg.ProgressEvery = time.Second
@@ -191,6 +197,15 @@ func Run(ctx context.Context, spec TargetSpec, opts TargetOptions, cfg Config) (
 	opts.MaxInFlight = cfg.Callers
 	if cfg.Workload == Admission && spec.Scheme != SchemeLockd {
 		return nil, fmt.Errorf("the admission workload needs a lockd target: %s has no admission gate", spec.Scheme)
+	}
+	if cfg.Workload == Keepalive {
+		if spec.Scheme != SchemeLockd || opts.Raw {
+			return nil, fmt.Errorf("the keepalive workload needs a lockd target through the client: %s renews no lease", spec.Scheme)
+		}
+		if err := cfg.Keepalive.applyDefaults(opts.Lease); err != nil {
+			return nil, err
+		}
+		opts.MaxInFlight += cfg.Keepalive.Holders
 	}
 	target, err := Open(ctx, spec, opts)
 	if err != nil {
@@ -255,6 +270,7 @@ type run struct {
 	// reconnect count: at the start, when the waiting callers start, at
 	// the end.
 	reconnects [3]uint64
+	keepalive  *keepaliveRun
 }
 
 // Series of the admission and timeouts workloads: one per phase and
@@ -300,6 +316,13 @@ func (r *run) execute(ctx context.Context) (*Result, error) {
 			return nil, err
 		}
 		warm = append(callers[:len(callers):len(callers)], pressure...)
+	case Keepalive:
+		series = streams * timeoutsPhases
+		// The holders share the probes' client, as an application's would.
+		if pressure, err = newCallers(ctx, r.target, cfg.Callers, cfg.Keepalive.Holders); err != nil {
+			return nil, err
+		}
+		warm = append(callers[:len(callers):len(callers)], pressure...)
 	}
 
 	// Bound everything: a request still waiting after the run and its
@@ -321,6 +344,8 @@ func (r *run) execute(ctx context.Context) (*Result, error) {
 		err = r.admission(ctx, callers, pressure[1:], pressure[0])
 	case cfg.Workload == Timeouts:
 		r.timeouts(ctx, callers, pressure)
+	case cfg.Workload == Keepalive:
+		err = r.keepaliveLoad(ctx, callers, pressure)
 	case cfg.Rate > 0:
 		r.openLoop(ctx, callers)
 	default:

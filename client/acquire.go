@@ -128,7 +128,7 @@ func (c *Client) gate(ctx context.Context, req *request, p acquireParams) (Ticke
 		return Ticket{}, fmt.Errorf("%w: %q was granted (token %d) with %v of validity left, below the work budget %v; %s",
 			ErrIndeterminate, req.key, req.granted, left, p.budget, fate)
 	}
-	return Ticket{c: c, key: req.key, token: req.granted, validUntil: validUntil}, nil
+	return Ticket{c: c, key: req.key, token: req.granted, lease: p.lease(), validUntil: validUntil}, nil
 }
 
 // Release releases the lock t holds. It has IODeadline from the call,

@@ -2,7 +2,10 @@
 
 package client_test
 
-import "testing"
+import (
+	"context"
+	"testing"
+)
 
 // The race detector allocates on its own, so this check runs without it
 // (`make test` runs the allocation checks in a second, race-free pass).
@@ -19,6 +22,33 @@ func TestAcquireReleaseDoesNotAllocate(t *testing.T) {
 		})
 		if allocs != 0 {
 			t.Fatalf("real server %v: %v allocations per Acquire+Release, want 0", real, allocs)
+		}
+	}
+}
+
+// A renewal allocates nothing either, with or without a Lost watch to move.
+func TestRenewDoesNotAllocate(t *testing.T) {
+	for _, real := range []bool{false, true} {
+		c := benchClient(t, benchTarget(t, real), 1)
+		tk, err := c.Acquire(context.Background(), "alloc-renew", benchOpts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, watched := range []bool{false, true} {
+			if watched {
+				tk.Lost()
+			}
+			if err := tk.Renew(context.Background(), benchOpts.Lease); err != nil {
+				t.Fatal(err)
+			}
+			allocs := testing.AllocsPerRun(200, func() {
+				if err := tk.Renew(context.Background(), benchOpts.Lease); err != nil {
+					t.Fatal(err)
+				}
+			})
+			if allocs != 0 {
+				t.Fatalf("real server %v, Lost watched %v: %v allocations per Renew, want 0", real, watched, allocs)
+			}
 		}
 	}
 }

@@ -117,3 +117,27 @@ func BenchmarkThroughput256Callers4Sessions(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRenew measures one Renew of a held lock (KEEP and its answer);
+// in steady state it allocates nothing, like Acquire and Release.
+func BenchmarkRenew(b *testing.B) {
+	for _, target := range []struct {
+		name string
+		real bool
+	}{{"fake", false}, {"real", true}} {
+		b.Run(target.name, func(b *testing.B) {
+			c := benchClient(b, benchTarget(b, target.real), 1)
+			tk, err := c.Acquire(context.Background(), "bench-renew", benchOpts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				if err := tk.Renew(context.Background(), benchOpts.Lease); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

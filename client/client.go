@@ -1,5 +1,5 @@
-// Package client is the official Go client of lockd. It turns Acquire and
-// Release into wire frames under the rules of SPEC §6 — durations
+// Package client is the official Go client of lockd. It turns Acquire,
+// Release and Renew into wire frames under the rules of SPEC §6 — durations
 // validated before sending, one operation deadline per call, no
 // retransmission once a byte may have left, a delivery gate that hands out
 // only Tickets with enough validity left, and bounded compensating
@@ -36,6 +36,19 @@
 // sees up to Sessions + WaitSessions connections per Client), and at most
 // one reconnect for each waiting acquire that runs out on a lock that
 // stays held — Stats.Reconnects and Stats.AbandonedSessions count them.
+//
+// # Renewing a lease
+//
+// Ticket.Renew sends KEEP for the Ticket's token on a shared session,
+// under the time rules of a release: IODeadline from the call, retries
+// included, never an unbounded wait. Only a correlated ACQUIRED — which
+// carries the same token — moves the Ticket's validity, to the send
+// instant of that KEEP plus the new lease, minus the drift margin; NOT
+// HELD ends the validity and closes Lost; no answer leaves the old
+// validity in force, never assumed extended. Ticket.KeepAlive renews at a
+// fixed interval until its context ends, and returns early only when the
+// lock is lost: NOT HELD, or a validity that ran out before a renewal was
+// confirmed. Renew allocates nothing in steady state.
 package client
 
 import (

@@ -145,3 +145,42 @@ func ExampleTicket_Lost() {
 		}
 	}
 }
+
+// Hold a lock for work of unknown length: renew it every 10 s while the
+// work runs, and stop the work as soon as the lock may be gone.
+func ExampleTicket_KeepAlive() {
+	ctx := context.Background()
+	c, err := client.Dial(ctx, client.Config{Addrs: []string{"127.0.0.1:7420"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	ticket, err := c.Acquire(ctx, "reindex", client.AcquireOptions{
+		Lease:         30 * time.Second,
+		MinWorkBudget: client.Budget(10 * time.Second),
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Release(ctx, ticket)
+
+	work, stopWork := context.WithCancel(ctx)
+	defer stopWork()
+	go func() {
+		// Lost follows every confirmed renewal of the kept copy.
+		<-ticket.Lost()
+		stopWork()
+	}()
+	kept := ticket
+	renewing, stopRenewing := context.WithCancel(ctx)
+	renewed := make(chan error, 1)
+	go func() { renewed <- kept.KeepAlive(renewing, 10*time.Second) }()
+
+	reindex(work, ticket.Token())
+	stopRenewing()
+	if err := <-renewed; err != nil {
+		log.Printf("the lock was lost during the work: %v", err)
+	}
+}
+
+func reindex(ctx context.Context, fence uint64) {}

@@ -262,3 +262,45 @@ func TestRealServerThroughput(t *testing.T) {
 	t.Logf("%d callers on wait sessions: %d acquire+release pairs in %v = %.0f pairs/s",
 		callers, callers*rounds, elapsed, float64(callers*rounds)/elapsed.Seconds())
 }
+
+// Renew against the real server: the lock outlives its granted lease with
+// the same token, a waiter gets it only after the renewed lease, and a
+// Renew of a lock that passed on is ErrNotHeld.
+func TestRealServerRenew(t *testing.T) {
+	srv := startRealServer(t, nil)
+	c := dialReal(t, srv, nil)
+	ctx := context.Background()
+	tk, err := c.Acquire(ctx, "renew", client.AcquireOptions{Lease: 10 * time.Second, MinWorkBudget: client.Budget(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := tk.Token()
+	srv.advance(8 * time.Second)
+	if err := tk.Renew(ctx, 10*time.Second); err != nil || tk.Token() != token {
+		t.Fatalf("renew: %v, token %d (was %d)", err, tk.Token(), token)
+	}
+	srv.advance(8 * time.Second) // 16 s: past the granted lease
+	if _, err := c.Acquire(ctx, "renew", client.WaitFor(0)); !errors.Is(err, client.ErrTimeout) {
+		t.Fatalf("acquire of the renewed lock: %v, want ErrTimeout", err)
+	}
+	srv.advance(2 * time.Second) // 18 s: the renewed lease ends
+	next, err := c.Acquire(ctx, "renew", client.WaitFor(0))
+	if err != nil || next.Token() <= token {
+		t.Fatalf("acquire after the renewed lease: %v, token %d", err, next.Token())
+	}
+	if err := tk.Renew(ctx, 10*time.Second); !errors.Is(err, client.ErrNotHeld) {
+		t.Fatalf("renew of a lock that passed on: %v, want ErrNotHeld", err)
+	}
+	if pending := tk.Lost(); !isClosed(pending) {
+		t.Fatal("Lost not closed after NOT HELD")
+	}
+}
+
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}

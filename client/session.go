@@ -28,6 +28,7 @@ type opKind uint8
 const (
 	opAcquire opKind = iota + 1
 	opRelease
+	opKeep
 )
 
 type reqState uint8
@@ -61,8 +62,8 @@ type request struct {
 	kind      opKind
 	owner     uint64
 	key       string
-	lease     uint16
-	immediate bool // the original wait was 0: wire wait 0
+	lease     uint16 // acquire and keep, seconds
+	immediate bool   // the original wait was 0: wire wait 0
 	token     uint64
 	deadline  time.Time
 
@@ -391,10 +392,13 @@ func (s *session) takeBatch() []byte {
 			continue
 		}
 		jobs = append(jobs, writeJob{owner: req.owner, offset: len(buf)})
-		if req.kind == opAcquire {
+		switch req.kind {
+		case opAcquire:
 			buf = codec.AppendAcquire(buf, req.owner, req.lease, wireWait(req, now), req.key)
-		} else {
+		case opRelease:
 			buf = codec.AppendRelease(buf, req.owner, req.token, req.key)
+		case opKeep:
+			buf = codec.AppendKeep(buf, req.owner, req.token, req.lease, req.key)
 		}
 		req.state = stateSent
 		req.sentAt = now
@@ -510,6 +514,11 @@ func (s *session) deliver(resp *codec.Response) error {
 	if req == nil || req.state != stateSent || !answers(req.kind, out) {
 		return fmt.Errorf("%w: %q for owner %d, which has no matching request in flight on %s", ErrProtocol, resp.Op, resp.Owner, s.addr)
 	}
+	if req.kind == opKeep && out == outAcquired && resp.Token != req.token {
+		// KEEP never changes the token (SPEC §5): a renewal of another
+		// one would fence the holder's writes with the wrong number.
+		return fmt.Errorf("%w: KEEP of token %d answered with token %d by %s", ErrProtocol, req.token, resp.Token, s.addr)
+	}
 	req.granted, req.waitedMs, req.reason = resp.Token, resp.WaitedMs, resp.Reason
 	s.finish(req, out, nil)
 	if out == outRejected && resp.Reason.ClosesConnection() {
@@ -520,10 +529,14 @@ func (s *session) deliver(resp *codec.Response) error {
 
 func answers(kind opKind, out outcome) bool {
 	switch out {
-	case outAcquired, outTimedOut, outBusy:
+	case outAcquired:
+		return kind == opAcquire || kind == opKeep
+	case outTimedOut, outBusy:
 		return kind == opAcquire
-	case outReleased, outNotHeld:
+	case outReleased:
 		return kind == opRelease
+	case outNotHeld:
+		return kind == opRelease || kind == opKeep
 	}
 	return true
 }

@@ -21,8 +21,18 @@ import (
 // in the command because Update must not read node-local configuration —
 // replicas with different flags would otherwise decide differently.
 //
-//	cmdRelease: node u64 | id u64 (0 = nobody waits for the answer) | token u64
-//	cmdExpire:  token u64 (proposed by the leader when the lease fell due)
+//	cmdRelease:  node u64 | id u64 (0 = nobody waits for the answer) | token u64
+//	cmdKeep:     node u64 | id u64 (0 = nobody waits for the answer) | token u64 | renewals u32 | lease_s u16
+//	cmdLeaseEnd: token u64 | renewals u32 (proposed by the leader when the lease fell due)
+//	cmdExpire:   token u64 (the lease end of builds before KEEP; still applied
+//	             from their logs, as renewals 0)
+//
+// A lease end names the renewal it ends, so that the end of a lease that a
+// KEEP has since renewed frees nothing: a KEEP and the expire of the lease
+// it renews may be proposed at the same time, and Raft orders them. A KEEP
+// names the renewal it extends, as the proposer's replica last saw it, so
+// that a retried proposal applied twice renews once: the second apply
+// finds a later renewal.
 //
 // All integers big-endian. Time only enters the state machine through
 // these fields; Update never reads a clock.
@@ -30,9 +40,11 @@ const (
 	batchVersion = 1
 	headerLen    = 1 + 8 + 4
 
-	cmdAcquire = 'A'
-	cmdRelease = 'R'
-	cmdExpire  = 'E'
+	cmdAcquire  = 'A'
+	cmdRelease  = 'R'
+	cmdKeep     = 'K'
+	cmdLeaseEnd = 'L'
+	cmdExpire   = 'E'
 )
 
 var errBadBatch = errors.New("cluster: malformed proposal")
@@ -41,6 +53,7 @@ type command struct {
 	kind     byte
 	node, id uint64
 	token    uint64
+	renewals uint32
 	lease    uint16
 	wait     int64
 	keyLimit uint32
@@ -73,9 +86,20 @@ func appendRelease(dst []byte, node, id, token uint64, tenant string, key []byte
 	return appendText(dst, tenant, key)
 }
 
-func appendExpire(dst []byte, token uint64, tenant string, key []byte) []byte {
-	dst = append(dst, cmdExpire)
+func appendKeep(dst []byte, node, id, token uint64, renewals uint32, lease uint16, tenant string, key []byte) []byte {
+	dst = append(dst, cmdKeep)
+	dst = binary.BigEndian.AppendUint64(dst, node)
+	dst = binary.BigEndian.AppendUint64(dst, id)
 	dst = binary.BigEndian.AppendUint64(dst, token)
+	dst = binary.BigEndian.AppendUint32(dst, renewals)
+	dst = binary.BigEndian.AppendUint16(dst, lease)
+	return appendText(dst, tenant, key)
+}
+
+func appendLeaseEnd(dst []byte, token uint64, renewals uint32, tenant string, key []byte) []byte {
+	dst = append(dst, cmdLeaseEnd)
+	dst = binary.BigEndian.AppendUint64(dst, token)
+	dst = binary.BigEndian.AppendUint32(dst, renewals)
 	return appendText(dst, tenant, key)
 }
 
@@ -106,6 +130,10 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 		need = 8 + 8 + 2 + 8 + 4
 	case cmdRelease:
 		need = 8 + 8 + 8
+	case cmdKeep:
+		need = 8 + 8 + 8 + 4 + 2
+	case cmdLeaseEnd:
+		need = 8 + 4
 	case cmdExpire:
 		need = 8
 	default:
@@ -125,8 +153,18 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 		c.node = binary.BigEndian.Uint64(b)
 		c.id = binary.BigEndian.Uint64(b[8:])
 		c.token = binary.BigEndian.Uint64(b[16:])
+	case cmdKeep:
+		c.node = binary.BigEndian.Uint64(b)
+		c.id = binary.BigEndian.Uint64(b[8:])
+		c.token = binary.BigEndian.Uint64(b[16:])
+		c.renewals = binary.BigEndian.Uint32(b[24:])
+		c.lease = binary.BigEndian.Uint16(b[28:])
+	case cmdLeaseEnd:
+		c.token = binary.BigEndian.Uint64(b)
+		c.renewals = binary.BigEndian.Uint32(b[8:])
 	case cmdExpire:
 		c.token = binary.BigEndian.Uint64(b)
+		c.renewals = 0
 	}
 	b = b[need:]
 	var ok bool

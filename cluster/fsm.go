@@ -30,9 +30,12 @@ type waitEntry struct {
 // node and id name the request it was granted to, so that a node that
 // only learns of the grant from a snapshot can still deliver it.
 type lockState struct {
-	token    uint64
-	lease    uint16 // seconds
-	granted  int64  // state-machine time of the grant
+	token   uint64
+	lease   uint16 // seconds, of the grant or of the latest KEEP
+	granted int64  // state-machine time of the grant
+	// renewals counts the KEEPs applied to token: a lease end names the
+	// renewal it ends, so that of a renewed lease frees nothing.
+	renewals uint32
 	node, id uint64
 	queue    []waitEntry
 }
@@ -55,7 +58,7 @@ type fsm struct {
 	restored atomic.Int64 // snapshots recovered, for tests
 
 	// node-local:
-	fresh []expiry // grants applied since the expiry driver last ran
+	fresh []expiry // grants and renewals applied since the expiry driver last ran
 	heap  engine.DeadlineHeap[expiry]
 	load  map[uint64]uint64 // acquires and releases applied per proposing node, for leader placement
 	cmd   command           // decode scratch
@@ -101,12 +104,44 @@ func (f *fsm) apply(c *command) {
 		if c.id != 0 {
 			f.g.result(k, c.node, c.id, r)
 		}
-	case cmdExpire:
+	case cmdKeep:
+		f.load[c.node]++
 		k := lockKey(c.tenant, c.key)
-		if l := f.locks[k]; l != nil && l.token == c.token {
+		l := f.locks[k]
+		switch {
+		case l == nil || l.token != c.token:
+			if c.id != 0 {
+				f.g.result(k, c.node, c.id, engine.Result{Outcome: engine.NotHeld})
+			}
+		case l.renewals != c.renewals:
+			// A duplicate of a KEEP that applied already, or one proposed
+			// from a replica that had not seen the latest renewal: no
+			// effect. The proposer asks again for a request still waiting.
+			f.g.staleKeep(c, l.renewals)
+		default:
+			f.renew(k, l, c.lease)
+			if c.id != 0 {
+				f.g.result(k, c.node, c.id, engine.Result{Outcome: engine.Renewed, Token: l.token})
+			}
+		}
+	case cmdLeaseEnd, cmdExpire:
+		k := lockKey(c.tenant, c.key)
+		if l := f.locks[k]; l != nil && l.token == c.token && l.renewals == c.renewals {
 			f.free(k, l)
 		}
 	}
+}
+
+// renew is KEEP (SPEC §5) on the replicated state: the token stays, the
+// lease becomes lease from now, on each replica's clock once stamped
+// (stampFresh), and the expiry entries of the lease it replaces go stale.
+// A lease that fell due on the leader but whose end has not applied yet is
+// still held, so a KEEP ordered before that end renews it: nobody else
+// can have been granted the key.
+func (f *fsm) renew(k string, l *lockState, lease uint16) {
+	l.lease = lease
+	l.renewals++
+	f.fresh = append(f.fresh, expiry{key: k, token: l.token, renewals: l.renewals, lease: time.Duration(lease) * time.Second})
 }
 
 func (f *fsm) acquire(c *command) {
@@ -165,6 +200,7 @@ func (f *fsm) grant(k string, l *lockState, node, id uint64, lease uint16) {
 	f.issued++
 	l.token = f.lastToken
 	l.lease = lease
+	l.renewals = 0
 	l.granted = f.now
 	l.node, l.id = node, id
 	f.fresh = append(f.fresh, expiry{key: k, token: l.token, lease: time.Duration(lease) * time.Second})
@@ -223,10 +259,11 @@ func (f *fsm) Lookup(q any) (any, error) {
 	return uint64(0), nil
 }
 
-// snapshotVersion 2 added each lock's holder (node, id). Version 1
-// snapshots, written by earlier builds, still restore with no holder
-// known: dragonboat stops the process when a snapshot cannot be read.
-const snapshotVersion = 2
+// snapshotVersion 2 added each lock's holder (node, id), version 3 its
+// renewals. Older snapshots, written by earlier builds, still restore
+// with no holder known and no renewals: dragonboat stops the process when
+// a snapshot cannot be read.
+const snapshotVersion = 3
 
 // SaveSnapshot writes the replicated state. IStateMachine snapshots block
 // Update for their duration; the state is a few dozen bytes per key.
@@ -265,6 +302,7 @@ func (f *fsm) SaveSnapshot(w io.Writer, _ sm.ISnapshotFileCollection, stop <-cha
 		b = binary.BigEndian.AppendUint64(b, uint64(l.granted))
 		b = binary.BigEndian.AppendUint64(b, l.node)
 		b = binary.BigEndian.AppendUint64(b, l.id)
+		b = binary.BigEndian.AppendUint32(b, l.renewals)
 		b = binary.BigEndian.AppendUint32(b, uint32(len(l.queue)))
 		for _, q := range l.queue {
 			b = binary.BigEndian.AppendUint64(b, q.node)
@@ -292,8 +330,8 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 		return err
 	}
 	version := hdr[0]
-	if version != 1 && version != snapshotVersion {
-		return fmt.Errorf("cluster: snapshot version %d, this build reads 1 and %d", version, snapshotVersion)
+	if version < 1 || version > snapshotVersion {
+		return fmt.Errorf("cluster: snapshot version %d, this build reads 1 to %d", version, snapshotVersion)
 	}
 	be := binary.BigEndian
 	locks := make(map[string]*lockState)
@@ -303,11 +341,14 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 	self := f.g.n.cfg.NodeID
 	var mine []ownedRequest // this node's requests the snapshot granted or queued
 	const waitEntryLen = 8 + 8 + 8 + 8 + 2
-	holderLen := 8 + 8
+	holderLen, renewalsLen := 8+8, 4
 	if version == 1 {
 		holderLen = 0
 	}
-	var buf [8 + 2 + 8 + 16 + 4]byte
+	if version < 3 {
+		renewalsLen = 0
+	}
+	var buf [8 + 2 + 8 + 16 + 4 + 4]byte
 	for i := uint64(0); i < nLocks; i++ {
 		if i%4096 == 4095 {
 			select {
@@ -323,14 +364,17 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 		if _, err := io.ReadFull(br, kb); err != nil {
 			return err
 		}
-		if _, err := io.ReadFull(br, buf[:8+2+8+holderLen+4]); err != nil {
+		if _, err := io.ReadFull(br, buf[:8+2+8+holderLen+renewalsLen+4]); err != nil {
 			return err
 		}
 		l := &lockState{token: be.Uint64(buf[:]), lease: be.Uint16(buf[8:]), granted: int64(be.Uint64(buf[10:]))}
 		if holderLen > 0 {
 			l.node, l.id = be.Uint64(buf[18:]), be.Uint64(buf[26:])
 		}
-		nq := int(be.Uint32(buf[18+holderLen:]))
+		if renewalsLen > 0 {
+			l.renewals = be.Uint32(buf[18+holderLen:])
+		}
+		nq := int(be.Uint32(buf[18+holderLen+renewalsLen:]))
 		if l.node == self {
 			// Before its queue: a retried duplicate of the holder's own
 			// request may wait behind it.
@@ -352,7 +396,7 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 		queued += nq
 		k := string(kb)
 		locks[k] = l
-		fresh = append(fresh, expiry{key: k, token: l.token, lease: time.Duration(l.lease) * time.Second})
+		fresh = append(fresh, expiry{key: k, token: l.token, renewals: l.renewals, lease: time.Duration(l.lease) * time.Second})
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -386,11 +430,13 @@ type ownedRequest struct {
 func (f *fsm) Close() error { return nil }
 
 // expiry is a lease end in a replica's expiry heap, due at an instant of
-// this process's monotonic clock, valid while key still holds token.
+// this process's monotonic clock, valid while key still holds token and
+// no KEEP renewed it since (renewals).
 type expiry struct {
-	key   string
-	token uint64
-	lease time.Duration // for fresh entries, before they are pushed
+	key      string
+	token    uint64
+	renewals uint32
+	lease    time.Duration // for fresh entries, before they are pushed
 }
 
 // takeLoad returns and resets the per-node command counts since the last
@@ -408,13 +454,27 @@ func (f *fsm) takeLoad(self uint64) (busiest loadShare, own uint64) {
 	return busiest, own
 }
 
-// valid reports whether e still names the key's current token.
-func (f *fsm) valid(e expiry) bool {
-	l := f.locks[e.key]
-	return l != nil && l.token == e.token
+// renewalsOf is the renewals of key's lock as this replica has applied
+// them, when token is its current token; 0 otherwise (a KEEP proposed on
+// that view, if stale, is proposed again once this replica catches up).
+func (f *fsm) renewalsOf(key string, token uint64) uint32 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if l := f.locks[key]; l != nil && l.token == token {
+		return l.renewals
+	}
+	return 0
 }
 
-// stampFresh gives the grants applied since the last call their deadline:
+// valid reports whether e still names the key's current lease: its token
+// and its latest renewal.
+func (f *fsm) valid(e expiry) bool {
+	l := f.locks[e.key]
+	return l != nil && l.token == e.token && l.renewals == e.renewals
+}
+
+// stampFresh gives the grants and renewals applied since the last call
+// their deadline:
 // now + lease on this replica's clock, read after the apply, so no replica
 // ends a lease before the client's own bound (send instant + waited +
 // lease). Stale heap entries are compacted when they outnumber live locks.
@@ -446,7 +506,7 @@ func (f *fsm) rebuild(now time.Duration) {
 		if !ok {
 			at = now + time.Duration(l.lease)*time.Second
 		}
-		f.heap = append(f.heap, engine.Deadline[expiry]{At: at, Item: expiry{key: k, token: l.token}})
+		f.heap = append(f.heap, engine.Deadline[expiry]{At: at, Item: expiry{key: k, token: l.token, renewals: l.renewals}})
 	}
 	f.heap.Init()
 }

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -45,7 +46,9 @@ func stateOf(f *fsm) fsmState {
 }
 
 // randomBatches makes proposals as several nodes would: acquires with and
-// without waits, releases of current and stale tokens, expires.
+// without waits, releases and keeps of current and stale tokens, lease
+// ends of current and stale renewals, and lease ends in the format of
+// builds before KEEP.
 func randomBatches(seed uint64, n int) [][]byte {
 	rng := rand.New(rand.NewPCG(seed, 1))
 	var out [][]byte
@@ -56,7 +59,7 @@ func randomBatches(seed uint64, n int) [][]byte {
 		count := uint32(1 + rng.IntN(8))
 		for range count {
 			key := []byte(fmt.Sprintf("k%d", rng.IntN(5)))
-			switch rng.IntN(4) {
+			switch rng.IntN(6) {
 			case 0, 1:
 				var wait int64
 				if rng.IntN(2) == 0 {
@@ -66,8 +69,12 @@ func randomBatches(seed uint64, n int) [][]byte {
 			case 2:
 				tok += uint64(rng.IntN(3))
 				b = appendRelease(b, uint64(1+rng.IntN(3)), rng.Uint64(), tok, "t", key)
+			case 3:
+				b = appendKeep(b, uint64(1+rng.IntN(3)), rng.Uint64(), uint64(rng.IntN(int(tok)+2)), uint32(rng.IntN(3)), uint16(1+rng.IntN(30)), "t", key)
+			case 4:
+				b = appendLeaseEnd(b, uint64(rng.IntN(int(tok)+2)), uint32(rng.IntN(3)), "t", key)
 			default:
-				b = appendExpire(b, uint64(rng.IntN(int(tok)+2)), "t", key)
+				b = appendOldExpire(b, uint64(rng.IntN(int(tok)+2)), "t", key)
 			}
 		}
 		// Proposers' clocks disagree a little: the state machine keeps the max.
@@ -76,6 +83,13 @@ func randomBatches(seed uint64, n int) [][]byte {
 		out = append(out, b)
 	}
 	return out
+}
+
+// appendOldExpire is the lease end of builds before KEEP: token only.
+func appendOldExpire(dst []byte, token uint64, tenant string, key []byte) []byte {
+	dst = append(dst, cmdExpire)
+	dst = binary.BigEndian.AppendUint64(dst, token)
+	return appendText(dst, tenant, key)
 }
 
 // Two replicas applying the same log end in the same state, and a
@@ -95,6 +109,15 @@ func TestFSMDeterministicAndSnapshot(t *testing.T) {
 	}
 	if a.lastToken == 0 || len(a.locks) == 0 {
 		t.Fatalf("the workload did nothing: %+v", stateOf(a))
+	}
+	renewed := 0
+	for _, l := range a.locks {
+		if l.renewals > 0 {
+			renewed++
+		}
+	}
+	if renewed == 0 {
+		t.Fatal("no lock in the final state was renewed: the snapshot check does not cover renewals")
 	}
 	var buf bytes.Buffer
 	if err := a.SaveSnapshot(&buf, nil, nil); err != nil {

@@ -243,9 +243,11 @@ type pending struct {
 	start    time.Duration // node clock at receipt
 	wait     time.Duration
 	deadline time.Duration // Unavailable (proposal) or TimedOut (queued) at this instant
-	release  bool
-	queued   bool // the state machine queued it
-	done     bool // resolved or cancelled
+	// ungated marks a release or keep: it holds no gate, and it is still
+	// answered after Shutdown.
+	ungated bool
+	queued  bool // the state machine queued it
+	done    bool // resolved or cancelled
 }
 
 // group is this node's side of one Raft group.
@@ -536,7 +538,8 @@ func (n *Node) Acquire(ns engine.Namespace, key []byte, owner uint64, lease, wai
 	return engine.Result{Outcome: engine.Queued}, p
 }
 
-// AsyncRelease: releases are answered through the Waiter once applied.
+// AsyncRelease: releases and keeps are answered through the Waiter once
+// applied.
 func (n *Node) AsyncRelease() bool { return true }
 
 // Release proposes the release; the answer comes through w. A nil w is
@@ -545,10 +548,7 @@ func (n *Node) Release(ns engine.Namespace, key []byte, owner, token uint64, w e
 	tenant := n.tenant(ns)
 	var id uint64
 	if w != nil {
-		now := n.clock()
-		p := &pending{id: n.nextID(), w: w, owner: owner, start: now, deadline: now + n.cfg.ProposeTimeout, release: true}
-		n.register(p)
-		id = p.id
+		id = n.registerUngated(owner, w)
 	}
 	g := n.groups[groupOf(tenant, key, len(n.groups))]
 	g.enqueueRelease(id, token, tenant, key)
@@ -556,6 +556,60 @@ func (n *Node) Release(ns engine.Namespace, key []byte, owner, token uint64, w e
 		g.propose()
 	}
 	return engine.Result{Outcome: engine.Queued}
+}
+
+// Keep proposes the renewal (SPEC §5 KEEP); the answer comes through w:
+// Renewed with the same token, NotHeld, or Unavailable when the group did
+// not apply it within ProposeTimeout (the lease may or may not have been
+// renewed). Like Release it passes no gate.
+func (n *Node) Keep(ns engine.Namespace, key []byte, owner, token uint64, lease time.Duration, w engine.Waiter) engine.Result {
+	tenant := n.tenant(ns)
+	var id uint64
+	if w != nil {
+		id = n.registerUngated(owner, w)
+	}
+	g := n.groups[groupOf(tenant, key, len(n.groups))]
+	renewals := g.fsm.Load().renewalsOf(lockKey([]byte(tenant), key), token)
+	g.mu.Lock()
+	g.buf = appendKeep(g.buf, n.cfg.NodeID, id, token, renewals, uint16(lease/time.Second), tenant, key)
+	g.count++
+	g.mu.Unlock()
+	g.dirty.Store(true)
+	return engine.Result{Outcome: engine.Queued}
+}
+
+// staleKeep is called by g's state machine for a KEEP that named an older
+// renewal than the lock's current one. If its request still waits on this
+// node, the KEEP was proposed from a lagging view (this replica has now
+// applied everything before it): it is proposed again, naming the current
+// renewal. Otherwise it was a duplicate of one already answered. It runs
+// inside Update, so it only queues.
+func (g *group) staleKeep(c *command, renewals uint32) {
+	n := g.n
+	if c.node != n.cfg.NodeID || c.id == 0 {
+		return
+	}
+	n.regMu.Lock()
+	p := n.reg[c.id]
+	n.regMu.Unlock()
+	if p == nil {
+		return
+	}
+	g.mu.Lock()
+	g.buf = appendKeep(g.buf, n.cfg.NodeID, c.id, c.token, renewals, c.lease, string(c.tenant), c.key)
+	g.count++
+	g.mu.Unlock()
+	g.dirty.Store(true)
+	g.propose()
+}
+
+// registerUngated registers a release or keep answered through w and
+// returns its request id.
+func (n *Node) registerUngated(owner uint64, w engine.Waiter) uint64 {
+	now := n.clock()
+	p := &pending{id: n.nextID(), w: w, owner: owner, start: now, deadline: now + n.cfg.ProposeTimeout, ungated: true}
+	n.register(p)
+	return p.id
 }
 
 func (g *group) enqueueRelease(id, token uint64, tenant string, key []byte) {
@@ -626,13 +680,13 @@ func (n *Node) ClusterStats() ClusterStats {
 }
 
 // Shutdown answers every queued or pending acquire ShuttingDown. Locks
-// stay in the cluster; pending releases are still answered.
+// stay in the cluster; pending releases and keeps are still answered.
 func (n *Node) Shutdown() {
 	var done []*pending
 	n.regMu.Lock()
 	n.shutting.Store(true)
 	for _, p := range n.reg {
-		if !p.release && n.finishLocked(p) {
+		if !p.ungated && n.finishLocked(p) {
 			done = append(done, p)
 		}
 	}
@@ -652,7 +706,7 @@ func (n *Node) Run(ctx context.Context) { <-ctx.Done() }
 // the lock Shutdown takes, so that no acquire escapes its sweep.
 func (n *Node) register(p *pending) bool {
 	n.regMu.Lock()
-	if !p.release && n.shutting.Load() {
+	if !p.ungated && n.shutting.Load() {
 		n.regMu.Unlock()
 		return false
 	}
@@ -696,7 +750,7 @@ func (n *Node) finishLocked(p *pending) bool {
 	}
 	p.done = true
 	delete(n.reg, p.id)
-	if !p.release {
+	if !p.ungated {
 		n.inflight.Leave()
 		if p.queued {
 			n.waiters.Leave()
@@ -1009,8 +1063,9 @@ func (g *group) proposeLoop(ctx context.Context) {
 // the group did not take it (busy, no leader yet, dropped) and when an
 // attempt timed out (e.g. it was forwarded to a leader that just died).
 // Retrying a proposal that may also have been applied is safe: every
-// command is idempotent in effect. A duplicate release or expire names a
-// token that can never be current again; a duplicate acquire's second
+// command is idempotent in effect. A duplicate release or lease end names
+// a token (or renewal) that can never be current again, and so does a
+// duplicate keep, which therefore changes nothing; a duplicate acquire's second
 // outcome finds its request already answered, and if it is a grant the
 // node releases it as an orphan. Same for a batch that applies after its
 // requests were answered E unavailable.
@@ -1139,7 +1194,7 @@ func (n *Node) expiryLoop(ctx context.Context) {
 			g.mu.Lock()
 			for _, e := range due {
 				tenant, key := splitLockKey(e.key)
-				g.buf = appendExpire(g.buf, e.token, tenant, key)
+				g.buf = appendLeaseEnd(g.buf, e.token, e.renewals, tenant, key)
 				g.count++
 			}
 			g.mu.Unlock()

@@ -179,3 +179,59 @@ func TestWireProtocolOnEveryNode(t *testing.T) {
 func startServer(n *Node) (*server.Server, error) {
 	return server.Start(server.Config{Listen: "127.0.0.1:0", Backend: n, Logger: testLogger()})
 }
+
+// KEEP over the wire in cluster mode: renewed through any node's server
+// with the same token, N for a stale token, field errors and dup_owner
+// answered by the server, and no gate on the way: with this node's
+// in-flight and waiters gates closed by queued acquires, the holder still
+// renews.
+func TestKeepOnEveryNode(t *testing.T) {
+	tc := newTestCluster(t, 3, func(c *Config) { c.MaxInflight, c.MaxWaiters = 10, 10 })
+	srvs := clusterServers(t, tc)
+	c1, c2, c3 := mustWire(t, srvs[0].Addr()), mustWire(t, srvs[1].Addr()), mustWire(t, srvs[2].Addr())
+	if err := c1.send(codec.AppendAcquire(nil, 1, 30, 0, "keep/1")); err != nil {
+		t.Fatal(err)
+	}
+	tok := expectResp(t, c1, codec.OpAcquired, 1).Token
+
+	// Close node 2's gates: 9 of 10 queued acquires, then one refused.
+	for i := range 9 {
+		if err := c2.send(codec.AppendAcquire(nil, uint64(100+i), 30, 60, "keep/1")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, 10*time.Second, "queued", func() bool { return queueLen(tc.node(2), "keep/1") == 9 })
+	if err := c2.send(codec.AppendAcquire(nil, 200, 30, 60, "keep/1")); err != nil {
+		t.Fatal(err)
+	}
+	expectResp(t, c2, codec.OpBusy, 200)
+
+	for i, c := range []*wire{c2, c3, c1} {
+		owner := uint64(10 + i)
+		if err := c.send(codec.AppendKeep(nil, owner, tok, 30, "keep/1")); err != nil {
+			t.Fatal(err)
+		}
+		if r := expectResp(t, c, codec.OpAcquired, owner); r.Token != tok || r.WaitedMs != 0 {
+			t.Fatalf("KEEP through node %d: token %d waited %d, want token %d waited 0", i+1, r.Token, r.WaitedMs, tok)
+		}
+	}
+	if err := c3.send(codec.AppendKeep(nil, 20, tok+1, 30, "keep/1")); err != nil {
+		t.Fatal(err)
+	}
+	expectResp(t, c3, codec.OpNotHeld, 20)
+	if err := c3.send(codec.AppendKeep(nil, 21, tok, 0, "keep/1")); err != nil {
+		t.Fatal(err)
+	}
+	if r := expectResp(t, c3, codec.OpError, 21); r.Reason != codec.BadLease {
+		t.Fatalf("reason %v", r.Reason)
+	}
+	if err := c2.send(codec.AppendKeep(nil, 100, tok, 30, "keep/1")); err != nil { // owner 100 is queued
+		t.Fatal(err)
+	}
+	if r := expectResp(t, c2, codec.OpError, 100); r.Reason != codec.DupOwner {
+		t.Fatalf("reason %v", r.Reason)
+	}
+	if got := tc.node(3).Token("default", []byte("keep/1")); got != tok {
+		t.Fatalf("token after the renewals: %d, want %d", got, tok)
+	}
+}

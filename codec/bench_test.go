@@ -44,3 +44,23 @@ func BenchmarkDecodeFieldError(b *testing.B) {
 		}
 	}
 }
+
+func BenchmarkDecodeKeep(b *testing.B) {
+	frame := AppendKeep(nil, 42, 7, 30, "orders/0000001234")
+	var req Request
+	b.ReportAllocs()
+	b.SetBytes(int64(len(frame)))
+	for b.Loop() {
+		if _, err := DecodeRequest(frame, &req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkEncodeKeep(b *testing.B) {
+	buf := make([]byte, 0, MaxRequestFrame)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = AppendKeep(buf[:0], 42, 7, 30, "orders/0000001234")
+	}
+}

@@ -40,6 +40,7 @@ const (
 	OpHello   byte = 'H'
 	OpAcquire byte = 'A'
 	OpRelease byte = 'R'
+	OpKeep    byte = 'K'
 	OpPing    byte = 'P'
 )
 
@@ -61,6 +62,7 @@ const (
 	helloFixed    = 1 + NonceLen + MACLen
 	acquireFixed  = 8 + 2 + 1
 	releaseFixed  = 8 + 8
+	keepFixed     = 8 + 8 + 2
 	ownerFixed    = 8
 	greetingFixed = 1 + 1 + NonceLen
 	welcomeFixed  = MACLen
@@ -69,9 +71,9 @@ const (
 
 // Frame sizes quoted by the spec; exported so callers can size buffers.
 const (
-	// MaxRequestFrame is the largest well-formed client frame: RELEASE
+	// MaxRequestFrame is the largest well-formed client frame: KEEP
 	// with a 128-byte key.
-	MaxRequestFrame = 1 + releaseFixed + MaxKeyLen + 1
+	MaxRequestFrame = 1 + keepFixed + MaxKeyLen + 1
 	// MaxResponseFrame is the largest well-formed server frame: GREETING
 	// with a 64-byte node name.
 	MaxResponseFrame = 1 + greetingFixed + MaxNodeNameLen + 1
@@ -125,6 +127,8 @@ func requestFixed(op byte) (int, bool) {
 		return acquireFixed, true
 	case OpRelease:
 		return releaseFixed, true
+	case OpKeep:
+		return keepFixed, true
 	case OpPing:
 		return ownerFixed, true
 	}
@@ -216,6 +220,17 @@ func DecodeRequest(buf []byte, req *Request) (int, error) {
 		req.Key = text
 		if err := checkOwnerKey(req.Owner, text); err != nil {
 			return n, err
+		}
+	case OpKeep:
+		req.Owner = binary.BigEndian.Uint64(f)
+		req.Token = binary.BigEndian.Uint64(f[8:])
+		req.LeaseSeconds = binary.BigEndian.Uint16(f[16:])
+		req.Key = text
+		if err := checkOwnerKey(req.Owner, text); err != nil {
+			return n, err
+		}
+		if req.LeaseSeconds == 0 || req.LeaseSeconds > MaxLeaseSeconds {
+			return n, BadLease
 		}
 	case OpPing:
 		req.Owner = binary.BigEndian.Uint64(f)
@@ -356,6 +371,15 @@ func AppendAcquire(dst []byte, owner uint64, leaseSeconds uint16, waitSeconds ui
 func AppendRelease(dst []byte, owner, token uint64, key string) []byte {
 	dst = appendOwner(dst, OpRelease, owner)
 	dst = binary.BigEndian.AppendUint64(dst, token)
+	dst = append(dst, key...)
+	return append(dst, '\n')
+}
+
+// AppendKeep appends a KEEP frame. The caller validates the fields.
+func AppendKeep(dst []byte, owner, token uint64, leaseSeconds uint16, key string) []byte {
+	dst = appendOwner(dst, OpKeep, owner)
+	dst = binary.BigEndian.AppendUint64(dst, token)
+	dst = binary.BigEndian.AppendUint16(dst, leaseSeconds)
 	dst = append(dst, key...)
 	return append(dst, '\n')
 }

@@ -38,6 +38,12 @@ func TestDecodeRequestFieldRules(t *testing.T) {
 		{"release owner 0", AppendRelease(nil, 0, 3, "k"), BadOwner, 0},
 		{"release bad key", AppendRelease(nil, 9, 3, "a b"), BadKey, 9},
 		{"release empty key", AppendRelease(nil, 9, 3, ""), BadKey, 9},
+		{"keep ok", AppendKeep(nil, 9, 3, 30, "k"), nil, 9},
+		{"keep owner 0", AppendKeep(nil, 0, 3, 30, "k"), BadOwner, 0},
+		{"keep bad key", AppendKeep(nil, 9, 3, 30, "a b"), BadKey, 9},
+		{"keep lease 0", AppendKeep(nil, 9, 3, 0, "k"), BadLease, 9},
+		{"keep lease 3600", AppendKeep(nil, 9, 3, 3600, "k"), nil, 9},
+		{"keep lease 3601", AppendKeep(nil, 9, 3, 3601, "k"), BadLease, 9},
 		{"ping ok", AppendPing(nil, 5), nil, 5},
 		{"ping owner 0", AppendPing(nil, 0), BadOwner, 0},
 	}
@@ -71,6 +77,7 @@ func TestDecodeRequestStructuralErrors(t *testing.T) {
 		{"exactly 192 bytes without LF", bytes.Repeat([]byte{'A'}, MaxFrame), Oversized},
 		{"only the op", []byte("A"), ErrIncomplete},
 		{"fixed part not complete", acquireFrame(1, 30, 0, "k")[:5], ErrIncomplete},
+		{"keep fixed part not complete", AppendKeep(nil, 1, 2, 30, "k")[:18], ErrIncomplete},
 		{"empty", nil, ErrIncomplete},
 	}
 	for _, tt := range tests {
@@ -85,9 +92,9 @@ func TestDecodeRequestStructuralErrors(t *testing.T) {
 }
 
 func TestLargestWellFormedFrameFits(t *testing.T) {
-	f := AppendRelease(nil, ^uint64(0), ^uint64(0), strings.Repeat("k", MaxKeyLen))
-	if len(f) != 146 || MaxRequestFrame != 146 {
-		t.Fatalf("largest request frame is %d bytes, spec says 146", len(f))
+	f := AppendKeep(nil, ^uint64(0), ^uint64(0), MaxLeaseSeconds, strings.Repeat("k", MaxKeyLen))
+	if len(f) != 148 || MaxRequestFrame != 148 {
+		t.Fatalf("largest request frame is %d bytes (MaxRequestFrame %d), spec says 148", len(f), MaxRequestFrame)
 	}
 	var req Request
 	if n, err := DecodeRequest(f, &req); err != nil || n != len(f) {
@@ -112,6 +119,11 @@ func TestFixedPartMayContainLF(t *testing.T) {
 	if n, err := DecodeRequest(rel, &req); err != nil || n != len(rel) || req.Token != 0x0A {
 		t.Fatalf("release with LF token: (%d, %v, %d)", n, err, req.Token)
 	}
+	keep := AppendKeep(nil, 0x0A, 0x0A0A, 0x0A0A, "key")
+	if n, err := DecodeRequest(keep, &req); err != nil || n != len(keep) ||
+		req.Op != OpKeep || req.Owner != 0x0A || req.Token != 0x0A0A || req.LeaseSeconds != 0x0A0A || string(req.Key) != "key" {
+		t.Fatalf("keep with LF bytes: (%d, %v) %+v", n, err, req)
+	}
 }
 
 // Every prefix of a valid stream is incomplete, never an error, and the
@@ -122,8 +134,9 @@ func TestSplitAtEveryByte(t *testing.T) {
 	stream = AppendHello(stream, [NonceLen]byte{0x0A, 1}, hello, "tenant-1")
 	stream = AppendAcquire(stream, 0x0A, 10, 0x0A, "é/key")
 	stream = AppendRelease(stream, 2, 0x0A0A, "é/key")
+	stream = AppendKeep(stream, 4, 0x0A0A, 0x0A, "é/key")
 	stream = AppendPing(stream, 3)
-	wantOps := []byte{OpHello, OpAcquire, OpRelease, OpPing}
+	wantOps := []byte{OpHello, OpAcquire, OpRelease, OpKeep, OpPing}
 
 	for cut := 0; cut <= len(stream); cut++ {
 		var got []byte

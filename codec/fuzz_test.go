@@ -10,6 +10,7 @@ func seedRequests(f *testing.F) {
 	f.Add(AppendAcquire(nil, 1, 30, 0, "k"))
 	f.Add(AppendAcquire(nil, 0x0A, 0x0A0A, 0x0A, "é"))
 	f.Add(AppendRelease(nil, 2, 3, "k"))
+	f.Add(AppendKeep(nil, 5, 0x0A0A, 0x0A, "k"))
 	f.Add(AppendPing(nil, 4))
 	f.Add(AppendHello(nil, [NonceLen]byte{0x0A}, mac, "t"))
 	f.Add([]byte("X\n"))
@@ -34,10 +35,10 @@ func FuzzDecodeRequest(f *testing.F) {
 		if err == nil && n == 0 {
 			t.Fatal("success without consuming")
 		}
-		if err == nil && (req.Op == OpAcquire || req.Op == OpRelease) && !ValidKey(req.Key) {
+		if err == nil && (req.Op == OpAcquire || req.Op == OpRelease || req.Op == OpKeep) && !ValidKey(req.Key) {
 			t.Fatalf("accepted invalid key %q", req.Key)
 		}
-		if err == nil && req.Op == OpAcquire && (req.LeaseSeconds == 0 || req.LeaseSeconds > MaxLeaseSeconds) {
+		if err == nil && (req.Op == OpAcquire || req.Op == OpKeep) && (req.LeaseSeconds == 0 || req.LeaseSeconds > MaxLeaseSeconds) {
 			t.Fatalf("accepted lease %d", req.LeaseSeconds)
 		}
 		if n > 0 {
@@ -69,6 +70,11 @@ func FuzzRequestRoundTrip(f *testing.F) {
 		if n, err := DecodeRequest(rel, &req); err != nil || n != len(rel) ||
 			req.Owner != owner || req.Token != token || string(req.Key) != key {
 			t.Fatalf("release round trip: (%d, %v) %+v", n, err, req)
+		}
+		keep := AppendKeep(nil, owner, token, lease, key)
+		if n, err := DecodeRequest(keep, &req); err != nil || n != len(keep) || req.Op != OpKeep ||
+			req.Owner != owner || req.Token != token || req.LeaseSeconds != lease || string(req.Key) != key {
+			t.Fatalf("keep round trip: (%d, %v) %+v", n, err, req)
 		}
 	})
 }

@@ -85,6 +85,20 @@ func TestProtocolDocFrameExamples(t *testing.T) {
 			}
 			sameBytes(t, frame, codec.AppendAcquired(nil, 7, 4242, 1500))
 		},
+		"keep": func(t *testing.T, frame []byte) {
+			req := decodeRequest(t, frame)
+			if req.Op != codec.OpKeep || req.Owner != 10 || req.Token != 4242 || req.LeaseSeconds != 60 || string(req.Key) != "orders/42" {
+				t.Fatalf("decoded %+v", req)
+			}
+			sameBytes(t, frame, codec.AppendKeep(nil, 10, 4242, 60, "orders/42"))
+		},
+		"kept": func(t *testing.T, frame []byte) {
+			resp := decodeResponse(t, frame)
+			if resp.Op != codec.OpAcquired || resp.Owner != 10 || resp.Token != 4242 || resp.WaitedMs != 0 {
+				t.Fatalf("decoded %+v", resp)
+			}
+			sameBytes(t, frame, codec.AppendAcquired(nil, 10, 4242, 0))
+		},
 		"release": func(t *testing.T, frame []byte) {
 			req := decodeRequest(t, frame)
 			if req.Op != codec.OpRelease || req.Owner != 8 || req.Token != 4242 || string(req.Key) != "orders/42" {

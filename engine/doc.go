@@ -5,8 +5,9 @@
 // calls it receives and of an injected monotonic Clock, so tests drive it with
 // a FakeClock and Tick/Sweep and get the same result every run. Leases with
 // queued waiters expire through a per-shard deadline min-heap whose entries
-// are checked against the current token or waiter when they come due (stale
-// ones are dropped), so a lock is handed to the next waiter promptly without
+// are checked against the current token and lease end, or the waiter, when
+// they come due (stale ones, such as the old end of a renewed lease, are
+// dropped), so a lock is handed to the next waiter promptly without
 // scanning; keys nobody waits for expire lazily and the 5 s Sweep reclaims
 // them. Each shard indexes its live keys in an open-addressed table keyed by
 // a hash computed once per request, so a lookup compares hashes in a flat

@@ -52,7 +52,7 @@ const (
 	TimedOut                          // wait elapsed (or wait 0 on a held key), not acquired
 	Busy                              // refused by an admission gate, not acquired
 	Released                          // release accepted
-	NotHeld                           // release: key absent, token not current, or lease expired
+	NotHeld                           // release or keep: key absent, token not current, or lease expired
 	TokenExhausted                    // the token counter would overflow
 	ShuttingDown                      // engine closed; queued waiters get this
 	// Unavailable is cluster mode's answer when the key's Raft group had no
@@ -60,6 +60,9 @@ const (
 	// still applies later is released by the server itself), or a release
 	// whose outcome is unknown. The single-mode engine never returns it.
 	Unavailable
+	// Renewed answers Keep: the lease of the current token was extended
+	// (or shortened) to now + lease; Result.Token is that same token.
+	Renewed
 )
 
 var outcomeNames = [...]string{
@@ -72,6 +75,7 @@ var outcomeNames = [...]string{
 	TokenExhausted: "TokenExhausted",
 	ShuttingDown:   "ShuttingDown",
 	Unavailable:    "Unavailable",
+	Renewed:        "Renewed",
 }
 
 func (o Outcome) String() string {
@@ -81,11 +85,11 @@ func (o Outcome) String() string {
 	return "Outcome(" + strconv.Itoa(int(o)) + ")"
 }
 
-// Result is the answer to Acquire or Release, or the resolution of a queued
-// acquire.
+// Result is the answer to Acquire, Release or Keep, or the resolution of a
+// queued acquire.
 type Result struct {
 	Outcome Outcome
-	Token   uint64        // for Granted
+	Token   uint64        // for Granted and Renewed
 	Waited  time.Duration // for Granted: grant instant minus the Acquire call instant
 }
 
@@ -394,6 +398,33 @@ func (e *Engine) Release(ns Namespace, key []byte, token uint64) Result {
 		e.retire(s, h, ent)
 	}
 	return Result{Outcome: Released}
+}
+
+// Keep renews the lease on key in ns (SPEC §5, KEEP): if token is its
+// current token and its lease has not expired, the lease ends at now +
+// lease from now on, which may be sooner than before, and the token stays.
+// Anything else is NotHeld. Like Release it passes no admission gate: it
+// creates no key and no waiter. lease is assumed valid (1..3600 s).
+func (e *Engine) Keep(ns Namespace, key []byte, token uint64, lease time.Duration) Result {
+	s, h := e.locate(ns, key)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := e.clock.Now()
+	ent := s.table.get(h, ns, key)
+	if ent != nil {
+		ent = e.settle(s, h, ent, now)
+	}
+	if ent == nil || ent.token != token {
+		return Result{Outcome: NotHeld}
+	}
+	if end := now + lease; end != ent.leaseEnd {
+		// The armed timer, if any, carries the old lease end and is now
+		// stale: a waiter must be handed the lock at the new one.
+		ent.leaseEnd = end
+		ent.leaseArmed = false
+		e.armLease(s, ent)
+	}
+	return Result{Outcome: Renewed, Token: token}
 }
 
 // Stats is a snapshot for /metrics.

@@ -16,6 +16,7 @@ type op uint8
 const (
 	opAcquire op = iota + 1
 	opRelease
+	opKeep
 	opAdvance
 	opTick
 	opSweep
@@ -28,13 +29,13 @@ type step struct {
 	op     op
 	tenant string // default "t1"
 	key    string
-	owner  uint64 // acquire: requester; release: whose token, unless token is set; cancel: whose Wait
+	owner  uint64 // acquire: requester; release, keep: whose token, unless token is set; cancel: whose Wait
 	token  uint64
 	lease  time.Duration
 	wait   time.Duration
 	by     time.Duration
 
-	want          Result       // acquire, release
+	want          Result       // acquire, release, keep
 	wantCancelled bool         // cancel
 	keys, waiters int          // stats
 	resolved      []resolution // resolutions this step must cause, in order
@@ -52,6 +53,17 @@ func release(key string, owner uint64, want Outcome) step {
 func releaseToken(key string, token uint64, want Outcome) step {
 	return step{op: opRelease, key: key, token: token, want: Result{Outcome: want}}
 }
+
+// keep renews with the token last granted to owner.
+func keep(key string, owner uint64, lease time.Duration, want Result) step {
+	return step{op: opKeep, key: key, owner: owner, lease: lease, want: want}
+}
+
+func keepToken(key string, token uint64, lease time.Duration, want Result) step {
+	return step{op: opKeep, key: key, token: token, lease: lease, want: want}
+}
+
+func renewed(token uint64) Result { return Result{Outcome: Renewed, Token: token} }
 
 func advance(d time.Duration) step { return step{op: opAdvance, by: d} }
 func tick() step                   { return step{op: opTick} }
@@ -143,6 +155,14 @@ func (sc *script) do(where string, st step) {
 		}
 		if r := sc.e.Release(ns, []byte(st.key), token); r != st.want {
 			sc.t.Fatalf("%s: release %q token %d = %+v, want %+v", where, st.key, token, r, st.want)
+		}
+	case opKeep:
+		token := st.token
+		if token == 0 {
+			token = sc.tokens[st.owner]
+		}
+		if r := sc.e.Keep(ns, []byte(st.key), token, st.lease); r != st.want {
+			sc.t.Fatalf("%s: keep %q token %d for %v = %+v, want %+v", where, st.key, token, st.lease, r, st.want)
 		}
 	case opAdvance:
 		sc.clock.Advance(st.by)
@@ -353,6 +373,80 @@ func TestScenarios(t *testing.T) {
 			advance(10 * sec),
 			sweep(),
 			stats(0, 0),
+		}},
+		{"keep moves the lease end to now + lease and keeps the token", []step{
+			acquire("a", 1, 10*sec, 0, granted(1, 0)),
+			advance(8 * sec),
+			keep("a", 1, 10*sec, renewed(1)),
+			advance(10*sec - 1), // past the first lease end, 1 ns before the new one
+			acquire("a", 2, 10*sec, 0, outcome(TimedOut)),
+			sweep(),
+			stats(1, 0),
+			advance(1),
+			acquire("a", 3, 10*sec, 0, granted(2, 0)),
+			release("a", 1, NotHeld),
+		}},
+		{"keep may shorten a lease", []step{
+			acquire("a", 1, 60*sec, 0, granted(1, 0)),
+			keep("a", 1, 5*sec, renewed(1)),
+			advance(5 * sec),
+			acquire("a", 2, 10*sec, 0, granted(2, 0)),
+		}},
+		{"keep after the lease end is not held and does not revive the lock", []step{
+			acquire("a", 1, 10*sec, 0, granted(1, 0)),
+			advance(10 * sec),
+			keep("a", 1, 10*sec, outcome(NotHeld)),
+			release("a", 1, NotHeld),
+			acquire("a", 2, 10*sec, 0, granted(2, 0)),
+		}},
+		{"keep with an old, unknown or zero token, or of an absent key, is not held", []step{
+			keepToken("a", 1, 10*sec, outcome(NotHeld)),
+			stats(0, 0),
+			acquire("a", 1, 10*sec, 0, granted(1, 0)),
+			release("a", 1, Released),
+			acquire("a", 2, 10*sec, 0, granted(2, 0)),
+			keepToken("a", 1, 10*sec, outcome(NotHeld)),
+			keepToken("a", 3, 10*sec, outcome(NotHeld)),
+			keepToken("a", 0, 10*sec, outcome(NotHeld)),
+			keep("a", 2, 10*sec, renewed(2)),
+			release("a", 2, Released),
+			keep("a", 2, 10*sec, outcome(NotHeld)),
+			stats(0, 0),
+		}},
+		{"keep in another tenant is not held", []step{
+			acquire("a", 1, 10*sec, 0, granted(1, 0)).in("t1"),
+			keepToken("a", 1, 60*sec, outcome(NotHeld)).in("t2"),
+			stats(1, 0),
+			advance(10 * sec),
+			acquire("a", 2, 10*sec, 0, granted(2, 0)).in("t1"),
+		}},
+		{"a renewed lease is handed to its waiter at the new end, not the old", []step{
+			acquire("a", 1, 10*sec, 0, granted(1, 0)),
+			acquire("a", 2, 10*sec, 60*sec, outcome(Queued)),
+			advance(8 * sec),
+			keep("a", 1, 10*sec, renewed(1)),
+			advance(2 * sec),
+			tick(), // the old lease end: its timer is stale
+			stats(1, 1),
+			advance(8*sec - 1),
+			tick(),
+			advance(1),
+			tick().resolves(res(2, granted(2, 18*sec))),
+			release("a", 1, NotHeld),
+		}},
+		{"a shortened lease is handed to its waiter at the new end", []step{
+			acquire("a", 1, 60*sec, 0, granted(1, 0)),
+			acquire("a", 2, 10*sec, 60*sec, outcome(Queued)),
+			keep("a", 1, 5*sec, renewed(1)),
+			advance(5 * sec),
+			tick().resolves(res(2, granted(2, 5*sec))),
+		}},
+		{"keep after an expiry due with waiters hands off first and is not held", []step{
+			acquire("a", 1, 10*sec, 0, granted(1, 0)),
+			acquire("a", 2, 10*sec, 60*sec, outcome(Queued)),
+			advance(10 * sec),
+			keep("a", 1, 10*sec, outcome(NotHeld)).resolves(res(2, granted(2, 10*sec))),
+			keep("a", 2, 10*sec, renewed(2)),
 		}},
 		{"the sweep leaves expired keys with waiters to the tick", []step{
 			acquire("a", 1, 10*sec, 0, granted(1, 0)),
@@ -568,4 +662,28 @@ func TestLeaseTimerSurvivesCompaction(t *testing.T) {
 	if got := rec.take(); len(got) != 1 || got[0].owner != 4 || got[0].r.Outcome != Granted {
 		t.Fatalf("at K's lease end: %+v, want owner 4 Granted", got)
 	}
+}
+
+// A holder renewing while a waiter queues leaves one stale lease timer per
+// renewal: they are compacted, and the lease in force still hands off on
+// time.
+func TestRenewalsLeaveNoPileOfTimers(t *testing.T) {
+	sc := newScript(t, Config{})
+	s := &sc.e.shards[0]
+	sc.run(
+		acquire("a", 1, 10*sec, 0, granted(1, 0)),
+		acquire("a", 2, 10*sec, 255*sec, outcome(Queued)),
+	)
+	for range 200 {
+		sc.run(advance(1*sec), keep("a", 1, 10*sec, renewed(1)), tick())
+	}
+	if n := len(s.timers); n > 4*s.waiting+minCompact {
+		t.Fatalf("%d timers kept for %d waiters", n, s.waiting)
+	}
+	sc.run(
+		advance(10*sec-1),
+		tick(),
+		advance(1),
+		tick().resolves(res(2, granted(2, 210*sec))),
+	)
 }

@@ -14,12 +14,13 @@ const SweepInterval = 5 * time.Second
 const noDeadline = time.Duration(math.MaxInt64)
 
 // timer is an item of a shard's DeadlineHeap: the end of a waiter's wait
-// (wait set), or the lease end of entry's token. It is checked when it
-// comes due and dropped if it no longer applies.
+// (wait set), or the lease end leaseEnd of entry's token. It is checked
+// when it comes due and dropped if it no longer applies.
 type timer struct {
-	wait  *Wait
-	entry *entry
-	token uint64
+	wait     *Wait
+	entry    *entry
+	token    uint64
+	leaseEnd time.Duration
 }
 
 // keep is live for compaction, which may drop a lease timer while its key
@@ -29,19 +30,24 @@ func (t timer) keep() bool {
 	if t.live() {
 		return true
 	}
-	if t.wait == nil && t.entry.token == t.token {
+	if t.wait == nil && t.current() {
 		t.entry.leaseArmed = false
 	}
 	return false
+}
+
+// current reports whether a lease timer is for the lease in force: the same
+// token and, since Keep moves a lease's end, the same end.
+func (t timer) current() bool {
+	return t.entry.token == t.token && t.entry.leaseEnd == t.leaseEnd
 }
 
 func (t timer) live() bool {
 	if t.wait != nil {
 		return t.wait.entry != nil
 	}
-	// Leases never change once granted, so the same token means the same
-	// lease end; without waiters the lease expires lazily instead.
-	return t.entry.token == t.token && t.entry.head != nil
+	// Without waiters the lease expires lazily instead.
+	return t.current() && t.entry.head != nil
 }
 
 // minCompact is the heap size below which stale timers are not worth
@@ -51,8 +57,9 @@ const minCompact = 64
 // schedule adds t to the shard's heap and wakes Run if t is earlier than
 // what it sleeps for.
 func (e *Engine) schedule(s *shard, at time.Duration, t timer) {
-	// Cancelled and early-granted waiters leave stale timers that would
-	// otherwise pile up for up to a full wait. Live timers number at most
+	// Cancelled and early-granted waiters, and leases renewed while waiters
+	// queue, leave stale timers that would otherwise pile up for up to a
+	// full wait or lease. Live timers number at most
 	// 2*waiting (one per waiter, one per key with waiters), so past 4*waiting
 	// at least half are stale and one pass over them pays for itself.
 	if len(s.timers) >= minCompact && len(s.timers) > 4*s.waiting {
@@ -74,7 +81,7 @@ func (e *Engine) armLease(s *shard, ent *entry) {
 		return
 	}
 	ent.leaseArmed = true
-	e.schedule(s, ent.leaseEnd, timer{entry: ent, token: ent.token})
+	e.schedule(s, ent.leaseEnd, timer{entry: ent, token: ent.token, leaseEnd: ent.leaseEnd})
 }
 
 // Tick processes everything due at Clock.Now(): lease ends of keys with

@@ -66,6 +66,8 @@ func TestKeysGate(t *testing.T) {
 		// Existing keys pass: no new key is created.
 		acquire("k0", 101, 10*sec, 0, outcome(TimedOut)),
 		acquire("k0", 102, 100*sec, 30*sec, outcome(Queued)),
+		// Keep creates no key, so it passes too.
+		keep("k1", 2, 100*sec, renewed(2)),
 		release("k0", 1, Released).resolves(res(102, granted(91, 0))),
 	)
 	assertGate(t, sc.e.Stats().KeysGate, GateStats{Open: false, Limit: 100, Count: 90, Refused: 1})
@@ -96,6 +98,8 @@ func TestWaitersGate(t *testing.T) {
 		// Neither a wait-0 attempt nor a free key needs the waiters gate.
 		acquire("a", 12, 10*sec, 0, outcome(TimedOut)),
 		acquire("b", 13, 10*sec, 30*sec, granted(2, 0)),
+		// Keep creates no waiter, so it is answered.
+		keep("a", 1, 10*sec, renewed(1)),
 		cancel(2, true),
 		acquire("a", 14, 10*sec, 30*sec, outcome(Busy)),
 		cancel(3, true),
@@ -115,6 +119,8 @@ func TestInflightGate(t *testing.T) {
 	sc.run(
 		acquire("b", 11, 10*sec, 0, outcome(Busy)),
 		acquire("a", 12, 10*sec, 0, outcome(Busy)),
+		// Keep passes no gate.
+		keep("a", 1, 10*sec, renewed(1)),
 		// Release passes no gate, and its handoff resolves a waiter.
 		release("a", 1, Released).resolves(res(2, granted(2, 0))),
 		acquire("b", 13, 10*sec, 0, outcome(Busy)),

@@ -15,13 +15,14 @@ import (
 // The model check extends TestSimulation (sim_test.go) with clients: each
 // simulated client holds its own tokens and believes it holds a lock from
 // the grant until grant + lease, and it misbehaves the ways real clients
-// do — it pauses past its lease and releases late, loses a release (the
-// lock is only freed by its lease), or drops its connection (every queued
-// acquire of that client is cancelled at once, its locks stay). It reuses
+// do — it renews its lease (KEEP), sometimes too late, pauses past its
+// lease and releases late, loses a release (the lock is only freed by its
+// lease), or drops its connection (every queued acquire of that client is
+// cancelled at once, its locks stay). It reuses
 // the sim's model of the engine (FIFO queues, validity intervals, tokens,
 // counters) and adds the clients' side of mutual exclusion: at no instant
 // do two clients each hold a grant they believe valid on the same key, and
-// a client within its validity is never refused its release.
+// a client within its validity is never refused its release or renewal.
 
 var (
 	modelSeed  = flag.Uint64("model.seed", 0, "run TestModelCheck with this seed only")
@@ -113,15 +114,16 @@ func TestModelCheckCatchesViolations(t *testing.T) {
 type modelCounts struct {
 	acquires, granted, queued, timedOut, busy    int
 	released, notHeld, lateRefused, lostReleases int
+	renewed, renewalsRefused                     int
 	pauses, drops, cancelled                     int
 	maxPending                                   int
 }
 
 func (c modelCounts) String() string {
 	return fmt.Sprintf("acquires=%d granted=%d queued=%d timed_out=%d busy=%d released=%d not_held=%d "+
-		"late_release_refused=%d lost_releases=%d pauses=%d conn_drops=%d waits_cancelled=%d max_pending=%d",
+		"late_release_refused=%d lost_releases=%d renewed=%d renewals_refused=%d pauses=%d conn_drops=%d waits_cancelled=%d max_pending=%d",
 		c.acquires, c.granted, c.queued, c.timedOut, c.busy, c.released, c.notHeld,
-		c.lateRefused, c.lostReleases, c.pauses, c.drops, c.cancelled, c.maxPending)
+		c.lateRefused, c.lostReleases, c.renewed, c.renewalsRefused, c.pauses, c.drops, c.cancelled, c.maxPending)
 }
 
 // mustHaveExercised fails a run too short or too skewed to have tried
@@ -132,6 +134,7 @@ func (c modelCounts) mustHaveExercised(t *testing.T) {
 		"grants": c.granted, "queued acquires": c.queued, "timeouts": c.timedOut,
 		"releases": c.released, "late releases refused": c.lateRefused,
 		"lost releases": c.lostReleases, "cancelled waits": c.cancelled,
+		"renewals": c.renewed, "late renewals refused": c.renewalsRefused,
 	} {
 		if n == 0 {
 			t.Errorf("the run never produced %s", name)
@@ -216,8 +219,10 @@ func (m *model) step() error {
 		err = m.resume(c)
 	case p < 34:
 		err = m.acquire(c)
-	case p < 52:
+	case p < 46:
 		err = m.releaseOne(c)
+	case p < 52:
+		err = m.renewOne(c)
 	case p < 55:
 		m.loseRelease(c)
 	case p < 58:
@@ -360,6 +365,43 @@ func (m *model) releaseHold(c *modelClient, h modelHold) error {
 		if h.validUntil <= now {
 			m.counts.lateRefused++
 		}
+	}
+	return m.absorb()
+}
+
+// renewOne renews one of c's holds for a fresh lease, which may be shorter
+// than what is left of the old one. A refused renewal tells the client it
+// lost the lock.
+func (m *model) renewOne(c *modelClient) error {
+	if len(c.holds) == 0 {
+		return nil
+	}
+	i := m.rng.IntN(len(c.holds))
+	h := c.holds[i]
+	l := m.lock(h.key)
+	want := NotHeld
+	if h.token == l.token && m.held(l) {
+		want = Renewed
+	}
+	now := m.clock.Now()
+	if now < h.validUntil && want != Renewed {
+		return fmt.Errorf("client %d holds %v token %d valid until %v, but its renewal would be refused",
+			c.id, h.key, h.token, h.validUntil)
+	}
+	lease := time.Duration(1+m.rng.IntN(6)) * time.Second
+	r := m.e.Keep(m.ns[h.key.tenant], []byte(h.key.name), h.token, lease)
+	m.record(10, h.token, uint64(lease), uint64(r.Outcome), r.Token)
+	if r.Outcome != want || (want == Renewed && r.Token != h.token) {
+		return fmt.Errorf("client %d keep %v token %d (current %d, valid until %v, released %v) = %+v, want %v",
+			c.id, h.key, h.token, l.token, l.validUntil, l.released, r, want)
+	}
+	if r.Outcome == Renewed {
+		m.counts.renewed++
+		l.validUntil = now + lease
+		c.holds[i].validUntil = now + lease
+	} else {
+		m.counts.renewalsRefused++
+		c.holds = slices.Delete(c.holds, i, i+1)
 	}
 	return m.absorb()
 }

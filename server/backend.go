@@ -27,7 +27,15 @@ type Backend interface {
 	// or ShuttingDown; a nil w asks for no answer at all (the server's own
 	// release of an orphaned grant). It passes no admission gate.
 	Release(ns engine.Namespace, key []byte, owner, token uint64, w engine.Waiter) engine.Result
-	// AsyncRelease reports whether Release answers through the Waiter.
+	// Keep renews the lease on key to lease from now if token is its
+	// current token and the lease has not expired (SPEC §5 KEEP): Renewed
+	// with that same token, else NotHeld. Like Release it passes no
+	// admission gate, and an asynchronous backend answers Queued and later
+	// calls w.Resolve(owner, r) once with Renewed, NotHeld, Unavailable or
+	// ShuttingDown. lease is 1..3600 s.
+	Keep(ns engine.Namespace, key []byte, owner, token uint64, lease time.Duration, w engine.Waiter) engine.Result
+	// AsyncRelease reports whether Release and Keep answer through the
+	// Waiter.
 	AsyncRelease() bool
 	// Cancel drops a queued acquire whose connection closed; the Handle is
 	// what Acquire returned. Safe after resolution and with a nil Handle.
@@ -64,6 +72,10 @@ func (b engineBackend) Acquire(ns engine.Namespace, key []byte, owner uint64, le
 
 func (b engineBackend) Release(ns engine.Namespace, key []byte, _, token uint64, _ engine.Waiter) engine.Result {
 	return b.e.Release(ns, key, token)
+}
+
+func (b engineBackend) Keep(ns engine.Namespace, key []byte, _, token uint64, lease time.Duration, _ engine.Waiter) engine.Result {
+	return b.e.Keep(ns, key, token, lease)
 }
 
 func (engineBackend) AsyncRelease() bool { return false }

@@ -61,6 +61,10 @@ func (*grantingBackend) Release(engine.Namespace, []byte, uint64, uint64, engine
 	return engine.Result{Outcome: engine.Released}
 }
 
+func (*grantingBackend) Keep(_ engine.Namespace, _ []byte, _, token uint64, _ time.Duration, _ engine.Waiter) engine.Result {
+	return engine.Result{Outcome: engine.Renewed, Token: token}
+}
+
 func (*grantingBackend) AsyncRelease() bool      { return false }
 func (*grantingBackend) Cancel(Handle)           {}
 func (*grantingBackend) Flush()                  {}

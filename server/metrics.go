@@ -16,11 +16,12 @@ const (
 	opHello
 	opAcquire
 	opRelease
+	opKeep
 	opPing
 	opCount
 )
 
-var opNames = [opCount]string{"unknown", "hello", "acquire", "release", "ping"}
+var opNames = [opCount]string{"unknown", "hello", "acquire", "release", "keep", "ping"}
 
 func opOf(op byte) opKind {
 	switch op {
@@ -30,6 +31,8 @@ func opOf(op byte) opKind {
 		return opAcquire
 	case codec.OpRelease:
 		return opRelease
+	case codec.OpKeep:
+		return opKeep
 	case codec.OpPing:
 		return opPing
 	}
@@ -44,13 +47,14 @@ const (
 	resultTimeout
 	resultBusy
 	resultReleased
+	resultRenewed
 	resultNotHeld
 	resultPong
 	resultError
 	resultCount
 )
 
-var resultNames = [resultCount]string{"welcome", "acquired", "timeout", "busy", "released", "not_held", "pong", "error"}
+var resultNames = [resultCount]string{"welcome", "acquired", "timeout", "busy", "released", "renewed", "not_held", "pong", "error"}
 
 func resultOf(respOp byte) resultKind {
 	switch respOp {
@@ -98,6 +102,10 @@ func (m *metrics) encodeResult(dst []byte, op opKind, owner uint64, r engine.Res
 	case engine.Granted:
 		m.countResult(op, resultAcquired)
 		return codec.AppendAcquired(dst, owner, r.Token, waitedMs(r.Waited))
+	case engine.Renewed:
+		// SPEC §5: KEEP is answered A with the same token and waited_ms 0.
+		m.countResult(op, resultRenewed)
+		return codec.AppendAcquired(dst, owner, r.Token, 0)
 	case engine.TimedOut:
 		respOp = codec.OpTimeout
 	case engine.Busy:

@@ -125,7 +125,7 @@ type Server struct {
 	// Backend; closed once the engine's driver has stopped.
 	tokenMark *tokenfile.File
 	backend   Backend
-	// asyncRelease: RELEASE answers come through the Waiter path.
+	// asyncRelease: RELEASE and KEEP answers come through the Waiter path.
 	asyncRelease bool
 	gnetEng      gnet.Engine
 	addr         string

@@ -66,7 +66,7 @@ type resolution struct {
 // adoptIfGranted turns an undeliverable grant into a release the server
 // makes itself; other answers need nothing.
 func (r resolution) adoptIfGranted(s *Server, ns engine.Namespace) {
-	if r.result.Outcome == engine.Granted && !r.release {
+	if r.result.Outcome == engine.Granted && r.async == opUnknown {
 		s.adoptOrphan(orphan{ns: ns, key: r.key, token: r.result.Token})
 	}
 }
@@ -74,9 +74,10 @@ func (r resolution) adoptIfGranted(s *Server, ns engine.Namespace) {
 type pendingAcquire struct {
 	wait Handle
 	key  string // kept only for a queued acquire, to release an orphaned grant
-	// release marks an asynchronous RELEASE (cluster mode) awaiting its
-	// answer: it is in flight for dup_owner, and answered as a release.
-	release bool
+	// async is opRelease or opKeep for an asynchronous RELEASE or KEEP
+	// (cluster mode) awaiting its answer: it is in flight for dup_owner,
+	// and answered as that op. opUnknown for an acquire.
+	async opKind
 }
 
 func newSession(s *Server, c gnet.Conn) (*session, []byte, error) {
@@ -231,6 +232,14 @@ func (ss *session) handleFrame(req *codec.Request, fieldErr error) bool {
 		}
 		r := ss.srv.backend.Release(ss.ns, req.Key, req.Owner, req.Token, nil)
 		ss.appendResult(opRelease, req.Owner, r)
+	case codec.OpKeep:
+		lease := time.Duration(req.LeaseSeconds) * time.Second
+		if ss.srv.asyncRelease {
+			ss.keepAsync(req, lease)
+			break
+		}
+		r := ss.srv.backend.Keep(ss.ns, req.Key, req.Owner, req.Token, lease, nil)
+		ss.appendResult(opKeep, req.Owner, r)
 	case codec.OpPing:
 		ss.appendOwnerOnly(opPing, codec.OpPong, req.Owner)
 	}
@@ -337,17 +346,33 @@ func (ss *session) acquire(req *codec.Request) bool {
 // racing the return still finds its entry. Releases pass no admission
 // limit, --max-conn-inflight included.
 func (ss *session) releaseAsync(req *codec.Request) {
-	ss.mu.Lock()
-	ss.pending[req.Owner] = pendingAcquire{release: true}
-	ss.mu.Unlock()
+	ss.reserveAsync(req.Owner, opRelease)
 	r := ss.srv.backend.Release(ss.ns, req.Key, req.Owner, req.Token, ss)
+	ss.answerAsync(opRelease, req.Owner, r)
+}
+
+// keepAsync is releaseAsync for a KEEP: no admission limit either.
+func (ss *session) keepAsync(req *codec.Request, lease time.Duration) {
+	ss.reserveAsync(req.Owner, opKeep)
+	r := ss.srv.backend.Keep(ss.ns, req.Key, req.Owner, req.Token, lease, ss)
+	ss.answerAsync(opKeep, req.Owner, r)
+}
+
+func (ss *session) reserveAsync(owner uint64, op opKind) {
+	ss.mu.Lock()
+	ss.pending[owner] = pendingAcquire{async: op}
+	ss.mu.Unlock()
+}
+
+// answerAsync answers at once what the backend did not queue.
+func (ss *session) answerAsync(op opKind, owner uint64, r engine.Result) {
 	if r.Outcome == engine.Queued {
 		return
 	}
 	ss.mu.Lock()
-	delete(ss.pending, req.Owner)
+	delete(ss.pending, owner)
 	ss.mu.Unlock()
-	ss.appendResult(opRelease, req.Owner, r)
+	ss.appendResult(op, owner, r)
 }
 
 // Resolve implements engine.Waiter. It runs under an engine shard lock on
@@ -391,8 +416,8 @@ func (ss *session) deliverResolutions(closing bool) bool {
 			continue
 		}
 		op := opAcquire
-		if r.release {
-			op = opRelease
+		if r.async != opUnknown {
+			op = r.async
 		}
 		ss.appendResult(op, r.owner, r.result)
 		if ss.batch.frames >= ResponseBatch {

@@ -10,7 +10,8 @@ import (
 // Locks is a Script backed by an in-memory lock table shared by all
 // connections. It never queues: an ACQUIRE on a free or expired key is
 // granted at once and one on a held key is answered TIMEOUT whatever its
-// wait, so answers are immediate. It ignores tenants. Answers to the
+// wait, so answers are immediate. KEEP renews the current token's
+// lease. It ignores tenants. Answers to the
 // requests of one read are sent in one write, and the hot path does not
 // allocate, so the client can be benchmarked against it.
 type Locks struct {
@@ -64,6 +65,13 @@ func (l *Locks) answer(c *Conn, req *codec.Request) {
 		}
 		st.token = 0
 		c.QueueReply(codec.OpReleased, req.Owner)
+	case codec.OpKeep:
+		if st == nil || st.token != req.Token || !now.Before(st.expires) {
+			c.QueueReply(codec.OpNotHeld, req.Owner)
+			return
+		}
+		st.expires = now.Add(time.Duration(req.LeaseSeconds) * time.Second)
+		c.QueueAcquired(req.Owner, st.token, 0)
 	case codec.OpPing:
 		c.QueueReply(codec.OpPong, req.Owner)
 	}

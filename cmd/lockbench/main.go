@@ -46,7 +46,12 @@ timeouts (--callers callers queue for --keys 1 hot key, holding it --hold
 50ms, with --wait 1s, so most waits run out, while uncontended probes at
 --rate 1000/s share the client; the first half of the run is the probes'
 baseline; outcomes by kind: A, T, W own indeterminate, I collateral, and
-the client's reconnects).
+the client's reconnects), keepalive (lockd client only: uncontended probes
+at --rate 1000/s throughout; in the second half --keepalive-holders 64
+callers, each holding a lock, also renew it every --keepalive-every 100ms
+through Ticket.Renew; reports the renewals' latencies and what each
+renewal cost in CPU time, syscalls and context switches, as the second
+half's usage over the first's).
 
 With --server-pids, each run reports the server's CPU time, read and write
 syscalls and context switches per cycle beside lockbench's own.
@@ -87,6 +92,7 @@ type options struct {
 	hold       time.Duration
 	target     bench.TargetOptions
 	admission  bench.AdmissionConfig
+	keepalive  bench.KeepaliveConfig
 	jsonPath   string
 	reportDir  string
 	progress   time.Duration
@@ -100,9 +106,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
 	targets := fs.String("target", "lockd://127.0.0.1:7420", "comma-separated targets: lockd://HOST:PORT, redis://HOST:PORT (rueidis), goredis://HOST:PORT (go-redis), etcd://HOST:PORT, or inproc")
-	workloads := fs.String("workload", bench.Uncontended, "comma-separated workloads: uncontended, contended, admission, timeouts, or all")
+	workloads := fs.String("workload", bench.Uncontended, "comma-separated workloads: uncontended, contended, admission, timeouts, keepalive, or all")
 	callers := fs.String("callers", "64", "comma-separated numbers of concurrent callers (open loop: the most cycles in flight)")
-	rates := fs.String("rate", "0", fmt.Sprintf("comma-separated arrival rates per second for open loop; 0 runs closed loop (admission and timeouts: their probes' rate, 0 meaning %d)", bench.DefaultProbeRate))
+	rates := fs.String("rate", "0", fmt.Sprintf("comma-separated arrival rates per second for open loop; 0 runs closed loop (admission, timeouts and keepalive: their probes' rate, 0 meaning %d)", bench.DefaultProbeRate))
 	pids := fs.String("server-pids", "", "comma-separated pids of the targets' server processes, in --target order (0: unknown), to report their CPU time, read/write syscalls and context switches per lock cycle (syscalls need the server's user or root); a target served by several processes, such as a cluster's nodes, takes their pids joined by '+' (101+102+103) and reports the sum")
 	loads := fs.String("admission-loads", joinFloats(bench.DefaultAdmissionLoads), "admission phases' offered load, as fractions of --admission-limit")
 	fs.DurationVar(&o.duration, "duration", 10*time.Second, "length of each run")
@@ -117,6 +123,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.target.RedisRetry, "redis-retry", time.Millisecond, "mean pause between a waiting Redis caller's SET NX attempts")
 	fs.IntVar(&o.admission.Limit, "admission-limit", bench.DefaultAdmissionLimit, "the server's in-flight limit (lockd --max-inflight) for the admission workload")
 	fs.DurationVar(&o.admission.Wait, "admission-wait", bench.DefaultAdmissionWait, "wait of the admission pressure acquires (whole seconds)")
+	fs.IntVar(&o.keepalive.Holders, "keepalive-holders", bench.DefaultKeepaliveHolders, "callers holding a lock and renewing it in the keepalive workload")
+	fs.DurationVar(&o.keepalive.Every, "keepalive-every", bench.DefaultKeepaliveEvery, "how often each keepalive holder renews its lease (at most half of --lease)")
 	fs.StringVar(&o.jsonPath, "json", "", "write the results as JSON to this file")
 	fs.StringVar(&o.reportDir, "report", "", "write an HTML report with charts into this directory")
 	fs.DurationVar(&o.progress, "progress", time.Second, "interval of the progress line on stderr; 0 for none")
@@ -289,6 +297,7 @@ func runOne(ctx context.Context, o *options, target string, serverPIDs []int, wo
 		Wait:          o.wait,
 		Hold:          o.hold,
 		Admission:     o.admission,
+		Keepalive:     o.keepalive,
 		ServerPIDs:    serverPIDs,
 		ProgressEvery: o.progress,
 	}
@@ -316,8 +325,12 @@ func runOne(ctx context.Context, o *options, target string, serverPIDs []int, wo
 		fmt.Fprintf(stderr, "skipping admission against %s: it has no admission gate\n", target)
 		return nil, nil
 	}
+	if workload == bench.Keepalive && (spec.Scheme != bench.SchemeLockd || o.target.Raw) {
+		fmt.Fprintf(stderr, "skipping keepalive against %s: only the lockd client renews leases\n", target)
+		return nil, nil
+	}
 	fmt.Fprintf(stderr, "%s: %s for %v, callers %d", label, workload, o.duration, callers)
-	if rate > 0 || workload == bench.Admission || workload == bench.Timeouts {
+	if rate > 0 || workload == bench.Admission || workload == bench.Timeouts || workload == bench.Keepalive {
 		fmt.Fprintf(stderr, ", open loop")
 	}
 	fmt.Fprintln(stderr)

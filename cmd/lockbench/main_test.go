@@ -111,6 +111,37 @@ func TestTimeoutsWorkload(t *testing.T) {
 	}
 }
 
+// The keepalive workload through the lockd client: renewals beside the
+// probes, their latencies and their cost per renewal in the table.
+func TestKeepaliveWorkload(t *testing.T) {
+	stdout, stderr, err := runCommand(t, "--target", "inproc", "--workload", "keepalive", "--callers", "8", "--rate", "200",
+		"--keepalive-holders", "16", "--keepalive-every", "50ms", "--duration", "2s", "--progress", "0", "--check")
+	if err != nil {
+		t.Fatalf("%v\nstdout:\n%s\nstderr:\n%s", err, stdout, stderr)
+	}
+	for _, want := range []string{"keepalive  open loop  callers 8  rate 200/s", "then also 16 holders renewing every 50.00ms",
+		"probe A p99: baseline", "per renewal", "check passed (1 runs)"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, stdout)
+		}
+	}
+}
+
+func TestKeepaliveSkipsTargetsThatCannotRenew(t *testing.T) {
+	for _, args := range [][]string{
+		{"--target", "redis://127.0.0.1:1"},
+		{"--target", "lockd://127.0.0.1:1", "--raw"},
+	} {
+		stdout, stderr, err := runCommand(t, append(args, "--workload", "keepalive", "--duration", "2s", "--progress", "0")...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(stderr, "skipping keepalive against") || strings.Contains(stdout, "cycles") {
+			t.Fatalf("%q: stdout:\n%s\nstderr:\n%s", args, stdout, stderr)
+		}
+	}
+}
+
 func TestAdmissionSkipsTargetsWithoutAGate(t *testing.T) {
 	stdout, stderr, err := runCommand(t, "--target", "redis://127.0.0.1:1", "--workload", "admission", "--duration", "6s", "--progress", "0")
 	if err != nil {
@@ -166,7 +197,7 @@ func TestAllWorkloads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if strings.Join(o.workloads, ",") != "uncontended,contended,admission,timeouts" || len(o.callers) != 2 || len(o.rates) != 2 {
+	if strings.Join(o.workloads, ",") != "uncontended,contended,admission,timeouts,keepalive" || len(o.callers) != 2 || len(o.rates) != 2 {
 		t.Fatalf("%+v", o)
 	}
 }

@@ -29,6 +29,9 @@ func checkFlagHelp(t *testing.T, what, help string, flags []*flag.Flag) {
 	quoted := regexp.MustCompile(`"[^"]*"`)
 	for _, f := range flags {
 		_, entry, ok := strings.Cut(help, "  --"+f.Name+" ")
+		if !ok { // a boolean flag takes no value
+			_, entry, ok = strings.Cut(help, "  --"+f.Name+"\n")
+		}
 		if !ok {
 			t.Errorf("%s: help does not list --%s", what, f.Name)
 			continue

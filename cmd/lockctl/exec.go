@@ -48,9 +48,24 @@ func runExec(ctx context.Context, o *options, key string, argv []string, p proc)
 		close(exited)
 	}()
 
-	term := time.NewTimer(time.Until(ticket.ValidUntil()) - o.grace)
-	defer term.Stop()
+	// Lost, watched before the first renewal, follows every confirmed one;
+	// SIGTERM is re-armed on each.
 	lost := ticket.Lost()
+	validUntil := ticket.ValidUntil()
+	term := time.NewTimer(time.Until(validUntil) - o.grace)
+	defer term.Stop()
+	var renewed <-chan time.Time
+	if o.keepalive {
+		renewing, stop := context.WithCancel(context.Background())
+		confirmed := make(chan time.Time, 1)
+		stopped := make(chan struct{})
+		go func() {
+			defer close(stopped)
+			keepAlive(renewing, ticket, o.lease, confirmed, p)
+		}()
+		defer func() { stop(); <-stopped }()
+		renewed = confirmed
+	}
 	signalledAtLease := false
 	for {
 		select {
@@ -64,9 +79,14 @@ func runExec(ctx context.Context, o *options, key string, argv []string, p proc)
 				return exitLeaseEnded
 			}
 			return status
+		case v := <-renewed:
+			validUntil = v
+			if !signalledAtLease {
+				term.Reset(time.Until(validUntil) - o.grace)
+			}
 		case <-term.C:
 			signalledAtLease = true
-			fmt.Fprintf(p.err, "lockctl exec: the lease of %q may lapse in %v: sending SIGTERM\n", key, ticket.Remaining().Round(time.Millisecond))
+			fmt.Fprintf(p.err, "lockctl exec: the lease of %q may lapse in %v: sending SIGTERM\n", key, max(time.Until(validUntil), 0).Round(time.Millisecond))
 			signalGroup(cmd, syscall.SIGTERM)
 		case <-lost:
 			lost = nil
@@ -76,6 +96,45 @@ func runExec(ctx context.Context, o *options, key string, argv []string, p proc)
 		case sig := <-p.signals:
 			signalGroup(cmd, sig.(syscall.Signal))
 		}
+	}
+}
+
+// keepAlive renews the lease of ticket every third of lease until ctx
+// ends, and sends each confirmed validity on confirmed, replacing one not
+// yet taken. The end of ctx also ends a renewal in flight: the command is
+// done, and the release must not wait for an answer that may not come.
+// NOT HELD ends the renewals: Lost has fired, and exec kills the command.
+// Other failures are reported and tried again at the next tick; the
+// validity they leave is the last confirmed one.
+//
+// Not client.Ticket.KeepAlive: exec must learn each confirmed validity to
+// move its SIGTERM, and tell the user about each failed renewal.
+func keepAlive(ctx context.Context, ticket client.Ticket, lease time.Duration, confirmed chan time.Time, p proc) {
+	tick := time.NewTicker(lease / 3)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		err := ticket.Renew(ctx, lease)
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, client.ErrNotHeld) {
+			fmt.Fprintf(p.err, "lockctl exec: renewing the lease of %q: the lock is no longer held\n", ticket.Key())
+			return
+		}
+		if err != nil {
+			fmt.Fprintf(p.err, "lockctl exec: renewing the lease of %q: %v\n", ticket.Key(), err)
+			continue
+		}
+		select {
+		case <-confirmed:
+		default:
+		}
+		confirmed <- ticket.ValidUntil()
 	}
 }
 

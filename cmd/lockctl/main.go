@@ -32,8 +32,12 @@ const usage = `usage:
 
 exec runs CMD in its own process group with the fencing token in
 LOCKD_TOKEN and the key in LOCKD_KEY, and relays SIGINT, SIGTERM, SIGHUP
-and SIGQUIT to it. It sends the group SIGTERM --grace before the lease may
-lapse and SIGKILL when it may have. When CMD exits, whatever it left
+and SIGQUIT to it. While CMD runs, exec renews the lease (KEEP) every third
+of --lease, so CMD may run as long as it needs; --keepalive=false holds the
+lock for one lease only. It sends the group SIGTERM --grace before the
+latest confirmed lease may lapse and SIGKILL when it may have — with
+keep-alive, only when renewals could not be confirmed in time, or the
+server said the lock was no longer held. When CMD exits, whatever it left
 running in its process group is killed and reaped before the lock is
 released, so nothing it started runs without the lock.
 
@@ -151,7 +155,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 
 // printHelp is lockctl --help: the usage, then every flag, once.
 func printHelp(w io.Writer) {
-	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant and --secret-file; --grace is exec's):\n", usage)
+	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant and --secret-file; --grace and --keepalive are exec's):\n", usage)
 	envflag.PrintFlags(w, newFlagSet("exec", &options{}))
 }
 
@@ -163,6 +167,7 @@ type options struct {
 	lease, wait time.Duration
 	budget      time.Duration
 	grace       time.Duration
+	keepalive   bool
 }
 
 // newFlagSet defines the flags of command over o.
@@ -180,6 +185,7 @@ func newFlagSet(command string, o *options) *flag.FlagSet {
 	}
 	if command == "exec" {
 		fs.DurationVar(&o.grace, "grace", 2*time.Second, "SIGTERM the command this long before the lease may lapse, SIGKILL when it may have")
+		fs.BoolVar(&o.keepalive, "keepalive", true, "renew the lease every third of --lease while the command runs; false stops the command at the lease")
 	}
 	return fs
 }

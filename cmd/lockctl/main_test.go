@@ -183,7 +183,7 @@ func TestExecHoldsTheLockAndPassesTheToken(t *testing.T) {
 func TestExecTerminatesTheCommandBeforeTheLeaseLapses(t *testing.T) {
 	addr := startServer(t, nil)
 	start := time.Now()
-	code, _, errs := ctl{}.run("exec", "--addr", addr, "--lease", "1s", "--grace", "500ms", "k", "--", "sleep", "30")
+	code, _, errs := ctl{}.run("exec", "--addr", addr, "--keepalive=false", "--lease", "1s", "--grace", "500ms", "k", "--", "sleep", "30")
 	if code != exitLeaseEnded || !strings.Contains(errs, "SIGTERM") || !strings.Contains(errs, "status 143") {
 		t.Fatalf("exit %d (%s), want %d after SIGTERM ended the command (143)", code, errs, exitLeaseEnded)
 	}
@@ -194,7 +194,7 @@ func TestExecTerminatesTheCommandBeforeTheLeaseLapses(t *testing.T) {
 
 func TestExecKillsACommandThatIgnoresSIGTERM(t *testing.T) {
 	addr := startServer(t, nil)
-	code, _, errs := ctl{}.run("exec", "--addr", addr, "--lease", "1s", "--grace", "300ms", "k", "--",
+	code, _, errs := ctl{}.run("exec", "--addr", addr, "--keepalive=false", "--lease", "1s", "--grace", "300ms", "k", "--",
 		"sh", "-c", `trap "" TERM; sleep 30`)
 	if code != exitLeaseEnded || !strings.Contains(errs, "SIGKILL") || !strings.Contains(errs, "status 137") {
 		t.Fatalf("exit %d (%s), want %d after SIGKILL ended the command (137)", code, errs, exitLeaseEnded)
@@ -206,7 +206,7 @@ func TestExecKillsACommandThatIgnoresSIGTERM(t *testing.T) {
 // the script running lockctl must be able to tell.
 func TestExecSignalledAtTheLeaseIsDistinctEvenIfTheCommandExitsZero(t *testing.T) {
 	addr := startServer(t, nil)
-	code, _, errs := ctl{}.run("exec", "--addr", addr, "--lease", "1s", "--grace", "500ms", "k", "--",
+	code, _, errs := ctl{}.run("exec", "--addr", addr, "--keepalive=false", "--lease", "1s", "--grace", "500ms", "k", "--",
 		"sh", "-c", `trap "exit 0" TERM; sleep 30 & wait`)
 	if code != exitLeaseEnded || !strings.Contains(errs, "status 0") {
 		t.Fatalf("exit %d (%s), want %d although the command exited 0", code, errs, exitLeaseEnded)
