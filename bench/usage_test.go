@@ -166,14 +166,16 @@ func TestUsageOfAnotherProcess(t *testing.T) {
 	h := startHelper(t, os.Args[0], nil)
 	pid := h.cmd.Process.Pid
 	one := startMeter(procRoot, []int{pid})
-	// The same process twice, as a cluster's pid+pid+pid would sum it:
-	// while the helper waits for its command it makes no read or write.
+	// The same process twice, as a cluster's pid+pid+pid would sum it.
+	// Its window lies inside one's: the helper's runtime may make a read
+	// of its own (the poller's wake-up) at any instant, so the pair is
+	// bounded by one's counts rather than equal to twice them.
 	two := startMeter(procRoot, []int{pid, pid})
 	if got := h.do("work"); got != "done" {
 		t.Fatalf("helper answered %q", got)
 	}
-	_, server, notes := one.stop()
 	_, sum, _ := two.stop()
+	_, server, notes := one.stop()
 	if !server.ioKnown || !server.switchesKnown {
 		t.Fatalf("counters of a child process unknown: %+v %q", server, notes)
 	}
@@ -183,10 +185,11 @@ func TestUsageOfAnotherProcess(t *testing.T) {
 	if server.switches < helperSleeps {
 		t.Errorf("%d context switches; the child slept %d times", server.switches, helperSleeps)
 	}
-	if sum.syscr != 2*server.syscr || sum.syscw != 2*server.syscw {
-		t.Errorf("pid+pid: syscr %d, syscw %d; want twice %d, %d", sum.syscr, sum.syscw, server.syscr, server.syscw)
+	if sum.syscr < 2*helperReads || sum.syscr > 2*server.syscr || sum.syscw < 2*helperWrites || sum.syscw > 2*server.syscw {
+		t.Errorf("pid+pid: syscr %d, syscw %d; want twice the child's %d reads and %d writes, at most twice the one pid's %d, %d",
+			sum.syscr, sum.syscw, helperReads, helperWrites, server.syscr, server.syscw)
 	}
-	if sum.cpu < server.cpu || sum.switches < server.switches {
+	if sum.switches < 2*helperSleeps || sum.switches > 2*server.switches || sum.cpu > 2*server.cpu {
 		t.Errorf("pid+pid: cpu %v, switches %d; one pid: %v, %d", sum.cpu, sum.switches, server.cpu, server.switches)
 	}
 }
