@@ -48,6 +48,15 @@ const (
 	// DefaultMaxOpenTenants is how many tenants besides "default" clients
 	// may name in HELLO while auth is off.
 	DefaultMaxOpenTenants = 1024
+	// DefaultDrainGrace is how long lockd serve keeps its ports open
+	// after a drain began, /healthz answering 503, so that a load
+	// balancer polling it sees the node leave before the ports close.
+	DefaultDrainGrace = 5 * time.Second
+	// DefaultAdminMaxConns bounds the admin endpoint's open connections.
+	DefaultAdminMaxConns = 64
+	// DefaultAdminIdleTimeout closes an idle admin keep-alive connection:
+	// a scraper reconnecting costs less than one that holds a connection.
+	DefaultAdminIdleTimeout = 30 * time.Second
 	// progressScanInterval bounds how late a stalled frame is noticed.
 	progressScanInterval = 250 * time.Millisecond
 	// shutdownFlushTimeout bounds how long Close waits for the
@@ -61,8 +70,21 @@ const (
 type Config struct {
 	Listen string
 	// Admin is the admin HTTP address; empty means no admin endpoint.
-	Admin    string
-	NodeName string
+	Admin string
+	// InsecureAdmin allows Admin on a non-loopback address: the admin
+	// endpoint has no authentication.
+	InsecureAdmin bool
+	// AdminMaxConns bounds the admin endpoint's open connections; past
+	// it, new ones wait in the kernel's accept queue.
+	AdminMaxConns int
+	// AdminIdleTimeout closes an admin keep-alive connection idle this
+	// long; 0 means DefaultAdminIdleTimeout.
+	AdminIdleTimeout time.Duration
+	// DrainGrace is how long Close keeps the ports open after the drain
+	// began, /healthz answering 503 all along. Zero closes them as soon
+	// as the queued waiters were answered.
+	DrainGrace time.Duration
+	NodeName   string
 	// Auth maps tenant to secret. Nil turns auth off: HELLO is optional
 	// and the tenant is "default" unless a HELLO names another.
 	Auth map[string][]byte
@@ -109,6 +131,12 @@ func (c *Config) applyDefaults() {
 	}
 	if c.MaxOpenTenants <= 0 {
 		c.MaxOpenTenants = DefaultMaxOpenTenants
+	}
+	if c.AdminMaxConns <= 0 {
+		c.AdminMaxConns = DefaultAdminMaxConns
+	}
+	if c.AdminIdleTimeout <= 0 {
+		c.AdminIdleTimeout = DefaultAdminIdleTimeout
 	}
 	if c.Engine.Clock == nil {
 		c.Engine.Clock = engine.RealClock()
@@ -213,7 +241,7 @@ func Start(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("server: listen on %s: %w", cfg.Listen, err)
 	}
 	if cfg.Admin != "" {
-		admin, err := startAdmin(cfg.Admin, s)
+		admin, err := startAdmin(s)
 		if err != nil {
 			s.Close()
 			return nil, err
@@ -289,22 +317,42 @@ func (m *loggedMark) Reserve(mark uint64) error {
 	return err
 }
 
-// checkExposure refuses auth off on an address other machines can reach.
+// checkExposure refuses auth off on an address other machines can reach,
+// and the admin endpoint, which has no authentication, on one.
 func checkExposure(cfg Config) error {
-	if cfg.Auth != nil || cfg.InsecureNoAuth {
-		return nil
+	if cfg.Auth == nil && !cfg.InsecureNoAuth {
+		loopback, err := isLoopback(cfg.Listen)
+		if err != nil {
+			return fmt.Errorf("server: listen address %q: %w", cfg.Listen, err)
+		}
+		if !loopback {
+			return fmt.Errorf("server: refusing to listen on non-loopback %q with auth off: give --auth-file, or --insecure-no-auth to accept the risk", cfg.Listen)
+		}
 	}
-	host, _, err := net.SplitHostPort(cfg.Listen)
+	if cfg.Admin != "" && !cfg.InsecureAdmin {
+		loopback, err := isLoopback(cfg.Admin)
+		if err != nil {
+			return fmt.Errorf("server: admin address %q: %w", cfg.Admin, err)
+		}
+		if !loopback {
+			return fmt.Errorf("server: refusing the admin endpoint on non-loopback %q: it has no authentication; keep it on 127.0.0.1, or give --insecure-admin to accept the risk", cfg.Admin)
+		}
+	}
+	return nil
+}
+
+// isLoopback reports whether addr (host:port) can only be reached from
+// this machine.
+func isLoopback(addr string) (bool, error) {
+	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("server: listen address %q: %w", cfg.Listen, err)
+		return false, err
 	}
 	if host == "localhost" {
-		return nil
+		return true, nil
 	}
-	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
-		return nil
-	}
-	return fmt.Errorf("server: refusing to listen on non-loopback %q with auth off: give --auth-file, or --insecure-no-auth to accept the risk", cfg.Listen)
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback(), nil
 }
 
 // Addr is the address the server listens on (with the real port when
@@ -323,19 +371,22 @@ func (s *Server) AdminAddr() string {
 // when the server runs on another Backend.
 func (s *Server) Engine() *engine.Engine { return s.engine }
 
-// Close drains the server: new connections and requests are refused,
-// queued waiters are answered E shutting_down, then every connection is
-// closed. Held locks die with the process (single mode keeps no state but
-// its token mark).
+// Close drains the server: /healthz turns 503, new connections and
+// requests are refused, queued waiters are answered E shutting_down, the
+// ports stay open until Config.DrainGrace has passed since the drain
+// began, then every connection is closed. Held locks die with the process
+// (single mode keeps no state but its token mark).
 func (s *Server) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
 		s.draining.Store(true)
+		graceEnds := time.After(s.cfg.DrainGrace)
 		s.backend.Shutdown()
 		deadline := time.Now().Add(shutdownFlushTimeout)
 		for s.pendingCloses.Load() > 0 && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond)
 		}
+		<-graceEnds
 		if s.admin != nil {
 			s.admin.close()
 		}
