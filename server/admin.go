@@ -37,7 +37,11 @@ func startAdmin(s *Server) (*adminServer, error) {
 	limited := netutil.LimitListener(ln, s.cfg.AdminMaxConns)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if s.draining.Load() {
+		switch {
+		case s.reactorFailed():
+			http.Error(w, "client port stopped", http.StatusServiceUnavailable)
+			return
+		case s.draining.Load():
 			http.Error(w, "draining", http.StatusServiceUnavailable)
 			return
 		}

@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/lockd/lockd/codec"
@@ -160,8 +161,12 @@ type Server struct {
 	metrics      metrics
 	admin        *adminServer
 
-	draining      atomic.Bool
-	conns         atomic.Int64
+	draining atomic.Bool
+	conns    atomic.Int64
+	// connCap is the effective connection cap: Config.MaxConns fitted
+	// under the descriptor limit. Zero until Start derived it, so a
+	// connection that races the start is refused.
+	connCap       atomic.Int64
 	pendingCloses atomic.Int64
 
 	stalledMu sync.Mutex
@@ -177,8 +182,14 @@ type Server struct {
 
 	stopDriver context.CancelFunc
 	done       sync.WaitGroup
-	runErr     chan error
-	closeOnce  sync.Once
+	// reactorDone is closed when gnet.Run returned, with reactorErr.
+	reactorDone chan struct{}
+	reactorErr  error
+	// stopping is set when Close stops the reactor; a reactor that ends
+	// without it failed, and failed is closed.
+	stopping  atomic.Bool
+	failed    chan struct{}
+	closeOnce sync.Once
 }
 
 // orphan is a grant whose waiter's connection closed before it could be
@@ -204,7 +215,8 @@ func Start(cfg Config) (*Server, error) {
 		batches: make(map[gnet.EventLoop]*batch),
 
 		openTenants: make(map[string]struct{}),
-		runErr:      make(chan error, 1),
+		reactorDone: make(chan struct{}),
+		failed:      make(chan struct{}),
 	}
 	if cfg.Backend != nil {
 		s.backend = cfg.Backend
@@ -224,7 +236,8 @@ func Start(cfg Config) (*Server, error) {
 	go func() { defer s.done.Done(); s.releaseOrphans(driverCtx) }()
 
 	go func() {
-		s.runErr <- gnet.Run(h, "tcp://"+cfg.Listen,
+		defer close(s.reactorDone)
+		s.reactorErr = gnet.Run(h, "tcp://"+cfg.Listen,
 			gnet.WithMulticore(true),
 			gnet.WithNumEventLoop(cfg.Loops),
 			gnet.WithReadBufferCap(ReadBufferCap),
@@ -236,10 +249,16 @@ func Start(cfg Config) (*Server, error) {
 	}()
 	select {
 	case <-booted:
-	case err := <-s.runErr:
+		if h.bootErr != nil {
+			<-s.reactorDone
+			s.stopBackground()
+			return nil, fmt.Errorf("server: listen on %s: %w", cfg.Listen, h.bootErr)
+		}
+	case <-s.reactorDone:
 		s.stopBackground()
-		return nil, fmt.Errorf("server: listen on %s: %w", cfg.Listen, err)
+		return nil, fmt.Errorf("server: listen on %s: %w", cfg.Listen, s.reactorErr)
 	}
+	go s.watchReactor()
 	if cfg.Admin != "" {
 		admin, err := startAdmin(s)
 		if err != nil {
@@ -248,6 +267,19 @@ func Start(cfg Config) (*Server, error) {
 		}
 		s.admin = admin
 	}
+	d, err := s.deriveConnCap()
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	s.connCap.Store(int64(d.cap))
+	event := s.log.Info()
+	if d.cap < d.configured {
+		event = s.log.Warn()
+	}
+	event.Uint64("nofile_limit", d.limit).Uint64("nofile_before", d.before).Int("fds_open", d.open).
+		Int("admin_max_conns", d.admin).Int("fd_headroom", d.headroom).Int("max_conns", d.configured).
+		Int("conn_cap", d.cap).Msg("connection cap: the descriptor limit less the descriptors open, the admin connections and the headroom, at most --max-conns")
 	s.log.Info().Str("listen", s.addr).Str("admin", s.AdminAddr()).Bool("auth", cfg.Auth != nil).
 		Int("loops", cfg.Loops).Msg("lockd serving")
 	return s, nil
@@ -390,16 +422,52 @@ func (s *Server) Close() error {
 		if s.admin != nil {
 			s.admin.close()
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		err = s.gnetEng.Stop(ctx)
-		if runErr := <-s.runErr; err == nil && runErr != nil && !errors.Is(runErr, context.Canceled) {
-			err = runErr
+		if s.reactorFailed() {
+			err = errReactorStopped
+		} else {
+			s.stopping.Store(true)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err = s.gnetEng.Stop(ctx)
+			<-s.reactorDone
+			if err == nil && s.reactorErr != nil && !errors.Is(s.reactorErr, context.Canceled) {
+				err = s.reactorErr
+			}
 		}
 		s.stopBackground()
 		s.log.Info().Msg("lockd stopped")
 	})
 	return err
+}
+
+// errReactorStopped is Close's answer once the client port had stopped on
+// its own.
+var errReactorStopped = errors.New("server: the client port had stopped (the event loops ended); restart the process")
+
+// Failed is closed when the client port stops without Close: gnet's
+// reactor ended (it does on an accept error it cannot handle), so no
+// client can connect and the established ones were dropped. /healthz
+// then answers 503; the owner should Close and exit non-zero, for a
+// supervisor to restart the process.
+func (s *Server) Failed() <-chan struct{} { return s.failed }
+
+func (s *Server) reactorFailed() bool {
+	select {
+	case <-s.failed:
+		return true
+	default:
+		return false
+	}
+}
+
+// watchReactor turns a reactor that ended without Close into Failed.
+func (s *Server) watchReactor() {
+	<-s.reactorDone
+	if s.stopping.Load() {
+		return
+	}
+	s.log.Error().AnErr("reactor_error", s.reactorErr).Msg("the client port stopped: the event loops ended; /healthz answers 503 and the process must restart")
+	close(s.failed)
 }
 
 func (s *Server) stopBackground() {
@@ -499,10 +567,16 @@ func (s *Server) wakeOverdue() {
 	}
 }
 
-func listenerAddr(eng gnet.Engine) (string, error) {
+// prepareListener bounds the client port's accept queue to acceptBacklog
+// and returns its address (with the real port when Listen asked for 0).
+func prepareListener(eng gnet.Engine) (string, error) {
 	fd, err := eng.Dup()
 	if err != nil {
 		return "", err
+	}
+	if err := setAcceptBacklog(fd, acceptBacklog); err != nil {
+		_ = syscall.Close(fd)
+		return "", fmt.Errorf("bound the accept queue: %w", err)
 	}
 	f := os.NewFile(uintptr(fd), "listener")
 	defer f.Close()
@@ -517,17 +591,19 @@ func listenerAddr(eng gnet.Engine) (string, error) {
 // handler implements gnet.EventHandler.
 type handler struct {
 	gnet.BuiltinEventEngine
-	srv    *Server
-	booted chan struct{}
+	srv     *Server
+	booted  chan struct{}
+	bootErr error // set before booted is closed
 }
 
 func (h *handler) OnBoot(eng gnet.Engine) gnet.Action {
 	s := h.srv
 	s.gnetEng = eng
-	addr, err := listenerAddr(eng)
+	addr, err := prepareListener(eng)
 	if err != nil {
-		s.log.Error().Err(err).Msg("cannot read the listening address")
-		addr = s.cfg.Listen
+		h.bootErr = err
+		close(h.booted)
+		return gnet.Shutdown
 	}
 	s.addr = addr
 	close(h.booted)
@@ -539,7 +615,7 @@ func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	if s.draining.Load() {
 		return nil, gnet.Close
 	}
-	if s.conns.Add(1) > int64(s.cfg.MaxConns) {
+	if s.conns.Add(1) > s.connCap.Load() {
 		s.conns.Add(-1)
 		s.metrics.connsRejected.Add(1)
 		return nil, gnet.Close

@@ -113,9 +113,14 @@ func serve(opts serveOptions, level zerolog.Level) error {
 	if err != nil {
 		return err
 	}
-	<-ctx.Done()
-	cfg.Logger.Info().Msg("signal received, draining")
-	return srv.Close()
+	select {
+	case <-ctx.Done():
+		cfg.Logger.Info().Msg("signal received, draining")
+		return srv.Close()
+	case <-srv.Failed():
+		// Already logged; exiting non-zero lets a supervisor restart it.
+		return srv.Close()
+	}
 }
 
 // serveOptions is everything `lockd serve` reads from flags.
