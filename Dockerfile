@@ -2,14 +2,19 @@
 #
 #   docker build -t lockd .
 #   printf 'billing:%s\n' "$(openssl rand -hex 32)" > auth
+#   chmod 600 auth && sudo chown 65532 auth
 #   docker run --rm -p 7420:7420 -p 7421:7421 \
 #     -v "$PWD/auth:/etc/lockd/auth:ro" -v lockd-data:/var/lib/lockd lockd
 #
 # Inside a container the server must listen on 0.0.0.0 to be reachable,
 # and lockd refuses a non-loopback address without authentication, so the
 # image turns authentication on: mount an auth file (tenant:hex-secret
-# lines) at /etc/lockd/auth. It must be readable by uid 65532. Without one
-# the container exits 1 saying so. For a throwaway trusted network only:
+# lines) at /etc/lockd/auth. It must be readable by uid 65532 and by
+# nobody else (mode 0600 or 0400: lockd refuses a file the group or others
+# can read). Without one the container exits 1 saying so. The admin port
+# listens on every interface too, which lockd allows only with
+# LOCKD_INSECURE_ADMIN=true: it has no authentication, so publish it only
+# to your monitoring. For a throwaway trusted network only:
 # -e LOCKD_AUTH_FILE= -e LOCKD_INSECURE_NO_AUTH=true.
 
 FROM golang:1.26 AS build
@@ -27,6 +32,7 @@ COPY --from=build --chown=65532:65532 /out/data /var/lib/lockd
 USER 65532:65532
 ENV LOCKD_LISTEN=0.0.0.0:7420 \
     LOCKD_ADMIN=0.0.0.0:7421 \
+    LOCKD_INSECURE_ADMIN=true \
     LOCKD_AUTH_FILE=/etc/lockd/auth \
     LOCKD_DATA_DIR=/var/lib/lockd
 VOLUME /var/lib/lockd

@@ -6,6 +6,17 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"golang.org/x/net/netutil"
+)
+
+// Admin HTTP timeouts: a scrape or a health check is one small request,
+// so a connection that sends its headers slowly is closed soon, and
+// cannot hold one of the few admin connections (Config.AdminIdleTimeout
+// does the same for an idle one).
+const (
+	adminReadHeaderTimeout = 5 * time.Second
+	adminWriteTimeout      = 10 * time.Second
 )
 
 // adminServer serves /healthz and /metrics over HTTP.
@@ -15,15 +26,23 @@ type adminServer struct {
 	done chan struct{}
 }
 
-func startAdmin(addr string, s *Server) (*adminServer, error) {
-	ln, err := net.Listen("tcp", addr)
+// startAdmin serves at most Config.AdminMaxConns connections at once:
+// past that, new ones wait in the kernel's accept queue, which costs no
+// descriptor.
+func startAdmin(s *Server) (*adminServer, error) {
+	ln, err := net.Listen("tcp", s.cfg.Admin)
 	if err != nil {
-		return nil, fmt.Errorf("server: admin listen on %s: %w", addr, err)
+		return nil, fmt.Errorf("server: admin listen on %s: %w", s.cfg.Admin, err)
 	}
+	limited := netutil.LimitListener(ln, s.cfg.AdminMaxConns)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if s.draining.Load() {
-			http.Error(w, "draining\n", http.StatusServiceUnavailable)
+		switch {
+		case s.reactorFailed():
+			http.Error(w, "client port stopped", http.StatusServiceUnavailable)
+			return
+		case s.draining.Load():
+			http.Error(w, "draining", http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ok")
@@ -34,12 +53,17 @@ func startAdmin(addr string, s *Server) (*adminServer, error) {
 	})
 	a := &adminServer{
 		addr: ln.Addr().String(),
-		http: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second},
+		http: &http.Server{
+			Handler:           mux,
+			ReadHeaderTimeout: adminReadHeaderTimeout,
+			WriteTimeout:      adminWriteTimeout,
+			IdleTimeout:       s.cfg.AdminIdleTimeout,
+		},
 		done: make(chan struct{}),
 	}
 	go func() {
 		defer close(a.done)
-		_ = a.http.Serve(ln)
+		_ = a.http.Serve(limited)
 	}()
 	return a, nil
 }

@@ -2,13 +2,14 @@ package server
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/hex"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 
 	"github.com/lockd/lockd/codec"
+	"github.com/lockd/lockd/internal/privatefile"
 )
 
 // MinSecretLen is the shortest tenant secret accepted: failed handshakes
@@ -20,14 +21,15 @@ const makeSecret = "make one with `openssl rand -hex 32`"
 
 // LoadAuthFile reads tenants and secrets from lines "tenant:hex-secret",
 // spaces allowed around the colon. Blank lines and lines starting with #
-// are ignored. Errors name the file and the line.
+// are ignored. Errors name the file and the line. A file the group or
+// others may access is refused (the fix is chmod 600): its secrets would
+// authenticate anyone on the machine.
 func LoadAuthFile(path string) (map[string][]byte, error) {
-	f, err := os.Open(path)
+	data, err := privatefile.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	tenants, err := ParseAuth(f)
+	tenants, err := ParseAuth(bytes.NewReader(data))
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}

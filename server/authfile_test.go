@@ -79,3 +79,21 @@ func TestLoadAuthFile(t *testing.T) {
 		t.Fatalf("a bad line must be an error naming the file and the line: %v", err)
 	}
 }
+
+// TestLoadAuthFileRefusesReadableByOthers: secrets anyone on the machine
+// can read authenticate anyone, so such a file is refused, as ssh refuses
+// a private key, with the fix in the message.
+func TestLoadAuthFileRefusesReadableByOthers(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "auth")
+	if err := os.WriteFile(path, []byte("alpha:"+strings.Repeat("01", 16)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []os.FileMode{0o644, 0o640} {
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := LoadAuthFile(path); err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "chmod 600") {
+			t.Errorf("mode %04o: %v; want a refusal naming the file and chmod 600", mode, err)
+		}
+	}
+}

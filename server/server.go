@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/lockd/lockd/codec"
@@ -48,6 +49,15 @@ const (
 	// DefaultMaxOpenTenants is how many tenants besides "default" clients
 	// may name in HELLO while auth is off.
 	DefaultMaxOpenTenants = 1024
+	// DefaultDrainGrace is how long lockd serve keeps its ports open
+	// after a drain began, /healthz answering 503, so that a load
+	// balancer polling it sees the node leave before the ports close.
+	DefaultDrainGrace = 5 * time.Second
+	// DefaultAdminMaxConns bounds the admin endpoint's open connections.
+	DefaultAdminMaxConns = 64
+	// DefaultAdminIdleTimeout closes an idle admin keep-alive connection:
+	// a scraper reconnecting costs less than one that holds a connection.
+	DefaultAdminIdleTimeout = 30 * time.Second
 	// progressScanInterval bounds how late a stalled frame is noticed.
 	progressScanInterval = 250 * time.Millisecond
 	// shutdownFlushTimeout bounds how long Close waits for the
@@ -61,8 +71,21 @@ const (
 type Config struct {
 	Listen string
 	// Admin is the admin HTTP address; empty means no admin endpoint.
-	Admin    string
-	NodeName string
+	Admin string
+	// InsecureAdmin allows Admin on a non-loopback address: the admin
+	// endpoint has no authentication.
+	InsecureAdmin bool
+	// AdminMaxConns bounds the admin endpoint's open connections; past
+	// it, new ones wait in the kernel's accept queue.
+	AdminMaxConns int
+	// AdminIdleTimeout closes an admin keep-alive connection idle this
+	// long; 0 means DefaultAdminIdleTimeout.
+	AdminIdleTimeout time.Duration
+	// DrainGrace is how long Close keeps the ports open after the drain
+	// began, /healthz answering 503 all along. Zero closes them as soon
+	// as the queued waiters were answered.
+	DrainGrace time.Duration
+	NodeName   string
 	// Auth maps tenant to secret. Nil turns auth off: HELLO is optional
 	// and the tenant is "default" unless a HELLO names another.
 	Auth map[string][]byte
@@ -110,6 +133,12 @@ func (c *Config) applyDefaults() {
 	if c.MaxOpenTenants <= 0 {
 		c.MaxOpenTenants = DefaultMaxOpenTenants
 	}
+	if c.AdminMaxConns <= 0 {
+		c.AdminMaxConns = DefaultAdminMaxConns
+	}
+	if c.AdminIdleTimeout <= 0 {
+		c.AdminIdleTimeout = DefaultAdminIdleTimeout
+	}
 	if c.Engine.Clock == nil {
 		c.Engine.Clock = engine.RealClock()
 	}
@@ -132,8 +161,12 @@ type Server struct {
 	metrics      metrics
 	admin        *adminServer
 
-	draining      atomic.Bool
-	conns         atomic.Int64
+	draining atomic.Bool
+	conns    atomic.Int64
+	// connCap is the effective connection cap: Config.MaxConns fitted
+	// under the descriptor limit. Zero until Start derived it, so a
+	// connection that races the start is refused.
+	connCap       atomic.Int64
 	pendingCloses atomic.Int64
 
 	stalledMu sync.Mutex
@@ -149,8 +182,14 @@ type Server struct {
 
 	stopDriver context.CancelFunc
 	done       sync.WaitGroup
-	runErr     chan error
-	closeOnce  sync.Once
+	// reactorDone is closed when gnet.Run returned, with reactorErr.
+	reactorDone chan struct{}
+	reactorErr  error
+	// stopping is set when Close stops the reactor; a reactor that ends
+	// without it failed, and failed is closed.
+	stopping  atomic.Bool
+	failed    chan struct{}
+	closeOnce sync.Once
 }
 
 // orphan is a grant whose waiter's connection closed before it could be
@@ -176,7 +215,8 @@ func Start(cfg Config) (*Server, error) {
 		batches: make(map[gnet.EventLoop]*batch),
 
 		openTenants: make(map[string]struct{}),
-		runErr:      make(chan error, 1),
+		reactorDone: make(chan struct{}),
+		failed:      make(chan struct{}),
 	}
 	if cfg.Backend != nil {
 		s.backend = cfg.Backend
@@ -196,7 +236,8 @@ func Start(cfg Config) (*Server, error) {
 	go func() { defer s.done.Done(); s.releaseOrphans(driverCtx) }()
 
 	go func() {
-		s.runErr <- gnet.Run(h, "tcp://"+cfg.Listen,
+		defer close(s.reactorDone)
+		s.reactorErr = gnet.Run(h, "tcp://"+cfg.Listen,
 			gnet.WithMulticore(true),
 			gnet.WithNumEventLoop(cfg.Loops),
 			gnet.WithReadBufferCap(ReadBufferCap),
@@ -208,18 +249,37 @@ func Start(cfg Config) (*Server, error) {
 	}()
 	select {
 	case <-booted:
-	case err := <-s.runErr:
+		if h.bootErr != nil {
+			<-s.reactorDone
+			s.stopBackground()
+			return nil, fmt.Errorf("server: listen on %s: %w", cfg.Listen, h.bootErr)
+		}
+	case <-s.reactorDone:
 		s.stopBackground()
-		return nil, fmt.Errorf("server: listen on %s: %w", cfg.Listen, err)
+		return nil, fmt.Errorf("server: listen on %s: %w", cfg.Listen, s.reactorErr)
 	}
+	go s.watchReactor()
 	if cfg.Admin != "" {
-		admin, err := startAdmin(cfg.Admin, s)
+		admin, err := startAdmin(s)
 		if err != nil {
 			s.Close()
 			return nil, err
 		}
 		s.admin = admin
 	}
+	d, err := s.deriveConnCap()
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	s.connCap.Store(int64(d.cap))
+	event := s.log.Info()
+	if d.cap < d.configured {
+		event = s.log.Warn()
+	}
+	event.Uint64("nofile_limit", d.limit).Uint64("nofile_before", d.before).Int("fds_open", d.open).
+		Int("admin_max_conns", d.admin).Int("fd_headroom", d.headroom).Int("max_conns", d.configured).
+		Int("conn_cap", d.cap).Msg("connection cap: the descriptor limit less the descriptors open, the admin connections and the headroom, at most --max-conns")
 	s.log.Info().Str("listen", s.addr).Str("admin", s.AdminAddr()).Bool("auth", cfg.Auth != nil).
 		Int("loops", cfg.Loops).Msg("lockd serving")
 	return s, nil
@@ -289,22 +349,42 @@ func (m *loggedMark) Reserve(mark uint64) error {
 	return err
 }
 
-// checkExposure refuses auth off on an address other machines can reach.
+// checkExposure refuses auth off on an address other machines can reach,
+// and the admin endpoint, which has no authentication, on one.
 func checkExposure(cfg Config) error {
-	if cfg.Auth != nil || cfg.InsecureNoAuth {
-		return nil
+	if cfg.Auth == nil && !cfg.InsecureNoAuth {
+		loopback, err := isLoopback(cfg.Listen)
+		if err != nil {
+			return fmt.Errorf("server: listen address %q: %w", cfg.Listen, err)
+		}
+		if !loopback {
+			return fmt.Errorf("server: refusing to listen on non-loopback %q with auth off: give --auth-file, or --insecure-no-auth to accept the risk", cfg.Listen)
+		}
 	}
-	host, _, err := net.SplitHostPort(cfg.Listen)
+	if cfg.Admin != "" && !cfg.InsecureAdmin {
+		loopback, err := isLoopback(cfg.Admin)
+		if err != nil {
+			return fmt.Errorf("server: admin address %q: %w", cfg.Admin, err)
+		}
+		if !loopback {
+			return fmt.Errorf("server: refusing the admin endpoint on non-loopback %q: it has no authentication; keep it on 127.0.0.1, or give --insecure-admin to accept the risk", cfg.Admin)
+		}
+	}
+	return nil
+}
+
+// isLoopback reports whether addr (host:port) can only be reached from
+// this machine.
+func isLoopback(addr string) (bool, error) {
+	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("server: listen address %q: %w", cfg.Listen, err)
+		return false, err
 	}
 	if host == "localhost" {
-		return nil
+		return true, nil
 	}
-	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
-		return nil
-	}
-	return fmt.Errorf("server: refusing to listen on non-loopback %q with auth off: give --auth-file, or --insecure-no-auth to accept the risk", cfg.Listen)
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback(), nil
 }
 
 // Addr is the address the server listens on (with the real port when
@@ -323,32 +403,71 @@ func (s *Server) AdminAddr() string {
 // when the server runs on another Backend.
 func (s *Server) Engine() *engine.Engine { return s.engine }
 
-// Close drains the server: new connections and requests are refused,
-// queued waiters are answered E shutting_down, then every connection is
-// closed. Held locks die with the process (single mode keeps no state but
-// its token mark).
+// Close drains the server: /healthz turns 503, new connections and
+// requests are refused, queued waiters are answered E shutting_down, the
+// ports stay open until Config.DrainGrace has passed since the drain
+// began, then every connection is closed. Held locks die with the process
+// (single mode keeps no state but its token mark).
 func (s *Server) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
 		s.draining.Store(true)
+		graceEnds := time.After(s.cfg.DrainGrace)
 		s.backend.Shutdown()
 		deadline := time.Now().Add(shutdownFlushTimeout)
 		for s.pendingCloses.Load() > 0 && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond)
 		}
+		<-graceEnds
 		if s.admin != nil {
 			s.admin.close()
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		err = s.gnetEng.Stop(ctx)
-		if runErr := <-s.runErr; err == nil && runErr != nil && !errors.Is(runErr, context.Canceled) {
-			err = runErr
+		if s.reactorFailed() {
+			err = errReactorStopped
+		} else {
+			s.stopping.Store(true)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err = s.gnetEng.Stop(ctx)
+			<-s.reactorDone
+			if err == nil && s.reactorErr != nil && !errors.Is(s.reactorErr, context.Canceled) {
+				err = s.reactorErr
+			}
 		}
 		s.stopBackground()
 		s.log.Info().Msg("lockd stopped")
 	})
 	return err
+}
+
+// errReactorStopped is Close's answer once the client port had stopped on
+// its own.
+var errReactorStopped = errors.New("server: the client port had stopped (the event loops ended); restart the process")
+
+// Failed is closed when the client port stops without Close: gnet's
+// reactor ended (it does on an accept error it cannot handle), so no
+// client can connect and the established ones were dropped. /healthz
+// then answers 503; the owner should Close and exit non-zero, for a
+// supervisor to restart the process.
+func (s *Server) Failed() <-chan struct{} { return s.failed }
+
+func (s *Server) reactorFailed() bool {
+	select {
+	case <-s.failed:
+		return true
+	default:
+		return false
+	}
+}
+
+// watchReactor turns a reactor that ended without Close into Failed.
+func (s *Server) watchReactor() {
+	<-s.reactorDone
+	if s.stopping.Load() {
+		return
+	}
+	s.log.Error().AnErr("reactor_error", s.reactorErr).Msg("the client port stopped: the event loops ended; /healthz answers 503 and the process must restart")
+	close(s.failed)
 }
 
 func (s *Server) stopBackground() {
@@ -448,10 +567,16 @@ func (s *Server) wakeOverdue() {
 	}
 }
 
-func listenerAddr(eng gnet.Engine) (string, error) {
+// prepareListener bounds the client port's accept queue to acceptBacklog
+// and returns its address (with the real port when Listen asked for 0).
+func prepareListener(eng gnet.Engine) (string, error) {
 	fd, err := eng.Dup()
 	if err != nil {
 		return "", err
+	}
+	if err := setAcceptBacklog(fd, acceptBacklog); err != nil {
+		_ = syscall.Close(fd)
+		return "", fmt.Errorf("bound the accept queue: %w", err)
 	}
 	f := os.NewFile(uintptr(fd), "listener")
 	defer f.Close()
@@ -466,17 +591,19 @@ func listenerAddr(eng gnet.Engine) (string, error) {
 // handler implements gnet.EventHandler.
 type handler struct {
 	gnet.BuiltinEventEngine
-	srv    *Server
-	booted chan struct{}
+	srv     *Server
+	booted  chan struct{}
+	bootErr error // set before booted is closed
 }
 
 func (h *handler) OnBoot(eng gnet.Engine) gnet.Action {
 	s := h.srv
 	s.gnetEng = eng
-	addr, err := listenerAddr(eng)
+	addr, err := prepareListener(eng)
 	if err != nil {
-		s.log.Error().Err(err).Msg("cannot read the listening address")
-		addr = s.cfg.Listen
+		h.bootErr = err
+		close(h.booted)
+		return gnet.Shutdown
 	}
 	s.addr = addr
 	close(h.booted)
@@ -488,7 +615,7 @@ func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	if s.draining.Load() {
 		return nil, gnet.Close
 	}
-	if s.conns.Add(1) > int64(s.cfg.MaxConns) {
+	if s.conns.Add(1) > s.connCap.Load() {
 		s.conns.Add(-1)
 		s.metrics.connsRejected.Add(1)
 		return nil, gnet.Close

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/bench"
+	"github.com/lockd/lockd/internal/privatefile"
 )
 
 const usage = `usage: lockbench [flags]
@@ -167,9 +168,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		}
 	}
 	if o.secretFile != "" {
-		data, err := os.ReadFile(o.secretFile)
+		data, err := privatefile.ReadFile(o.secretFile)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("--secret-file: %w", err)
 		}
 		if o.target.Secret, err = hex.DecodeString(strings.TrimSpace(string(data))); err != nil {
 			return nil, fmt.Errorf("--secret-file: %w", err)

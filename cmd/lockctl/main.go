@@ -21,6 +21,7 @@ import (
 	"github.com/lockd/lockd/cmd/internal/envflag"
 	"github.com/lockd/lockd/cmd/internal/version"
 	"github.com/lockd/lockd/codec"
+	"github.com/lockd/lockd/internal/privatefile"
 	"golang.org/x/sys/unix"
 )
 
@@ -280,7 +281,7 @@ func (a *addrList) Set(v string) error {
 func (o *options) secret() ([]byte, error) {
 	text, source := o.envSecret, "LOCKD_SECRET"
 	if o.secretFile != "" {
-		b, err := os.ReadFile(o.secretFile)
+		b, err := privatefile.ReadFile(o.secretFile)
 		if err != nil {
 			return nil, fmt.Errorf("--secret-file: %w", err)
 		}

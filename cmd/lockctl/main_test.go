@@ -318,6 +318,12 @@ func TestSettingsFromTheEnvironment(t *testing.T) {
 	if code, _, _ := (ctl{env: env}).run("acquire", "--secret-file", "/nonexistent", "c"); code != exitFailure {
 		t.Fatal("--secret-file must win over LOCKD_SECRET_FILE")
 	}
+	if err := os.Chmod(file, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if code, _, errs := (ctl{env: env}).run("acquire", "c"); code != exitFailure || !strings.Contains(errs, "chmod 600 "+file) {
+		t.Fatalf("a secret file others can read must be refused with the fix: %d %s", code, errs)
+	}
 	env["LOCKD_SECRET_FILE"] = ""
 	if code, _, errs := (ctl{env: env}).run("acquire", "c"); code != exitFailure || !strings.Contains(errs, "authentication") {
 		t.Fatalf("wrong secret: %d %s", code, errs)

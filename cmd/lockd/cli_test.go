@@ -103,12 +103,20 @@ func TestRuntimeFailuresExitOne(t *testing.T) {
 	if err := os.WriteFile(weak, []byte("billing : 0011\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	shared := filepath.Join(t.TempDir(), "shared")
+	if err := os.WriteFile(shared, []byte("billing:"+strings.Repeat("ab", 32)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(shared, 0o644); err != nil { // past the umask
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args []string
 		says []string
 	}{
 		{[]string{"serve", "--auth-file", missing}, []string{"--auth-file", missing}},
 		{[]string{"serve", "--auth-file", weak}, []string{"--auth-file", weak + ": line 1", "openssl rand -hex 32"}},
+		{[]string{"serve", "--auth-file", shared, "--admin", ""}, []string{"--auth-file", shared, "chmod 600 " + shared}},
 		// Refused before anything listens: auth off on every interface.
 		{[]string{"serve", "--listen", "0.0.0.0:0", "--admin", ""}, []string{"--auth-file", "--insecure-no-auth"}},
 	} {

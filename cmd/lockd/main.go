@@ -113,9 +113,14 @@ func serve(opts serveOptions, level zerolog.Level) error {
 	if err != nil {
 		return err
 	}
-	<-ctx.Done()
-	cfg.Logger.Info().Msg("signal received, draining")
-	return srv.Close()
+	select {
+	case <-ctx.Done():
+		cfg.Logger.Info().Msg("signal received, draining")
+		return srv.Close()
+	case <-srv.Failed():
+		// Already logged; exiting non-zero lets a supervisor restart it.
+		return srv.Close()
+	}
 }
 
 // serveOptions is everything `lockd serve` reads from flags.
@@ -144,6 +149,9 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.StringVar(&cfg.Admin, "admin", server.DefaultAdmin, "admin HTTP address (/healthz, /metrics); empty for none")
 	fs.StringVar(authFile, "auth-file", "", "file of tenant:hex-secret lines (make a secret with openssl rand -hex 32); turns authentication on")
 	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow auth off on a non-loopback address")
+	fs.BoolVar(&cfg.InsecureAdmin, "insecure-admin", false, "allow --admin, which has no authentication, on a non-loopback address")
+	fs.IntVar(&cfg.AdminMaxConns, "admin-max-conns", server.DefaultAdminMaxConns, "admin connections served at once; more wait to be accepted")
+	fs.DurationVar(&cfg.DrainGrace, "drain-grace", server.DefaultDrainGrace, "on SIGTERM, how long /healthz answers 503 before the ports close, for load balancers to notice")
 	fs.StringVar(&cfg.NodeName, "node-name", hostname(), "node name sent in the greeting (at most 64 bytes)")
 	fs.IntVar(&cfg.Engine.MaxKeys, "max-keys", engine.DefaultMaxKeys, "hard limit of live keys")
 	fs.IntVar(&cfg.Engine.MaxWaiters, "max-waiters", engine.DefaultMaxWaiters, "hard limit of queued waiters")

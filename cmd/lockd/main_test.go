@@ -42,10 +42,10 @@ func TestFlagsFromEnvironment(t *testing.T) {
 }
 
 // TestServeAndSIGTERM runs the real binary: it serves, answers on the
-// admin port, and exits 0 on SIGTERM.
+// admin port, answers /healthz 503 from SIGTERM on, and exits 0.
 func TestServeAndSIGTERM(t *testing.T) {
 	bin := buildLockd(t)
-	cmd := exec.Command(bin, "serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0")
+	cmd := exec.Command(bin, "serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--drain-grace", "1s")
 	cmd.Dir = t.TempDir() // for the default data dir
 	cmd.Env = append(os.Environ(), "LOCKD_LOG_LEVEL=info")
 	stderr, err := cmd.StderrPipe()
@@ -93,6 +93,17 @@ func TestServeAndSIGTERM(t *testing.T) {
 
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
+	}
+	// Within the grace /healthz turns 503 before the admin port closes.
+	for {
+		health, err := http.Get("http://" + started.Admin + "/healthz")
+		if err != nil {
+			t.Fatalf("the admin port closed before /healthz answered 503: %v", err)
+		}
+		health.Body.Close()
+		if health.StatusCode == http.StatusServiceUnavailable {
+			break
+		}
 	}
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("lockd must exit 0 on SIGTERM: %v", err)

@@ -1,0 +1,30 @@
+// Package privatefile reads files that hold secrets (lockd's auth file, a
+// client's secret file) and refuses them when their mode lets the group
+// or others in, as ssh does with private keys: a secret anyone on the
+// machine can read authenticates anyone on the machine.
+package privatefile
+
+import (
+	"fmt"
+	"io"
+	"os"
+)
+
+// ReadFile returns the contents of the file at path, or an error naming
+// the file and the chmod that fixes it when its mode gives the group or
+// others any access.
+func ReadFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	info, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if perm := info.Mode().Perm(); perm&0o077 != 0 {
+		return nil, fmt.Errorf("%s holds secrets but its mode %04o lets the group or others in: run chmod 600 %s", path, perm, path)
+	}
+	return io.ReadAll(f)
+}
