@@ -274,3 +274,26 @@ func TestClientPortStoppingFailsHealthzAndExitsNonZero(t *testing.T) {
 	}
 	w.exit <- nil // for the cleanup
 }
+
+// TestDescriptorLimitWithoutRoomRefusesToStart: a limit that cannot hold
+// the reserve and one client connection stops lockd before it listens,
+// exit status 1, naming the limit and how to raise it.
+func TestDescriptorLimitWithoutRoomRefusesToStart(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, buildLockd(t), "serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0", "--data-dir", "")
+	cmd.Env = append(os.Environ(), execWithNoFile+"=256:256")
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("lockd under a 256 descriptor limit: %v, want exit status 1; output:\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "descriptor limit 256 leaves no room for client connections") || !strings.Contains(string(out), "ulimit -n") {
+		t.Fatalf("want the limit named and how to raise it; output:\n%s", out)
+	}
+	if strings.Contains(string(out), "lockd serving") {
+		t.Fatalf("lockd served under a limit without room:\n%s", out)
+	}
+}
