@@ -111,7 +111,6 @@ func (a *KeepaliveConfig) applyDefaults(lease time.Duration) error {
 // taken at the half so that no lease can lapse before its first renewal.
 // It reads the usage of each half itself.
 func (r *run) keepaliveLoad(ctx context.Context, probes, holders []Caller) error {
-	half := r.cfg.Duration / timeoutsPhases
 	renewers := make([]Renewer, len(holders))
 	for i, h := range holders {
 		rn, ok := h.(Renewer)
@@ -124,25 +123,8 @@ func (r *run) keepaliveLoad(ctx context.Context, probes, holders []Caller) error
 	r.keepalive = st
 	baseline := startMeter(procRoot, r.cfg.ServerPIDs)
 
-	var wg sync.WaitGroup
-	probeArrivals := make(chan arrival, len(probes))
-	for i, c := range probes {
-		wg.Go(func() {
-			rng := r.newRand(i)
-			for arr := range probeArrivals {
-				r.cycle(ctx, c, i, streams*arr.phase+probeStream, r.probeKey(rng), 0, 0, arr.at)
-			}
-		})
-	}
 	var holdErr error
-	wg.Go(func() {
-		start := time.NewTimer(time.Until(r.start.Add(half)))
-		defer start.Stop()
-		select {
-		case <-start.C:
-		case <-ctx.Done():
-			return
-		}
+	r.probeHalves(ctx, probes, func() {
 		for i, h := range holders {
 			key := r.keyPrefix + "k/" + strconv.Itoa(i)
 			if out, err := h.Acquire(ctx, key, 0); out != Acquired {
@@ -163,13 +145,6 @@ func (r *run) keepaliveLoad(ctx context.Context, probes, holders []Caller) error
 		st.halves[1] = [2]usage{self, server}
 		st.serverRead = len(r.cfg.ServerPIDs) > 0 && st.halves[0][1].ioKnown && server.ioKnown
 	})
-	r.schedule(ctx, func(at time.Duration) (float64, int, time.Duration) {
-		if at < half {
-			return r.cfg.Rate, 0, half
-		}
-		return r.cfg.Rate, 1, r.cfg.Duration
-	}, probeArrivals, &r.lag)
-	wg.Wait()
 	return holdErr
 }
 

@@ -585,9 +585,36 @@ func (r *run) admission(ctx context.Context, probes, pressure []Caller, blocker 
 // probes share the same client. The first half, probes alone, is the
 // baseline the probes' latency is compared with.
 func (r *run) timeouts(ctx context.Context, probes, waiting []Caller) {
-	half := r.cfg.Duration / timeoutsPhases
 	reconnects := r.reconnectCount()
 	r.reconnects[0] = reconnects()
+	r.probeHalves(ctx, probes, func() {
+		r.reconnects[1] = reconnects()
+		var callers sync.WaitGroup
+		for i, c := range waiting {
+			worker := len(probes) + i
+			callers.Go(func() {
+				rng := r.newRand(worker)
+				for range maxCallerCycles {
+					now := time.Now()
+					if !now.Before(r.end) || ctx.Err() != nil {
+						return
+					}
+					r.cycle(ctx, c, worker, streams+pressureStream, r.pickKey(rng), r.cfg.Wait, r.cfg.Hold, now)
+				}
+			})
+		}
+		callers.Wait()
+	})
+	r.reconnects[2] = reconnects()
+}
+
+// probeHalves runs the probe stream of the workloads measured in two
+// halves (timeouts, keepalive): uncontended cycles at Config.Rate
+// throughout, recorded as phase 0 before the half and phase 1 after it,
+// while atHalf, started at the half unless ctx ends first, adds the load
+// whose cost the second half shows. It returns when both are done.
+func (r *run) probeHalves(ctx context.Context, probes []Caller, atHalf func()) {
+	half := r.cfg.Duration / timeoutsPhases
 	var wg sync.WaitGroup
 	probeArrivals := make(chan arrival, len(probes))
 	for i, c := range probes {
@@ -606,22 +633,7 @@ func (r *run) timeouts(ctx context.Context, probes, waiting []Caller) {
 		case <-ctx.Done():
 			return
 		}
-		r.reconnects[1] = reconnects()
-		var callers sync.WaitGroup
-		for i, c := range waiting {
-			worker := len(probes) + i
-			callers.Go(func() {
-				rng := r.newRand(worker)
-				for range maxCallerCycles {
-					now := time.Now()
-					if !now.Before(r.end) || ctx.Err() != nil {
-						return
-					}
-					r.cycle(ctx, c, worker, streams+pressureStream, r.pickKey(rng), r.cfg.Wait, r.cfg.Hold, now)
-				}
-			})
-		}
-		callers.Wait()
+		atHalf()
 	})
 	r.schedule(ctx, func(at time.Duration) (float64, int, time.Duration) {
 		if at < half {
@@ -630,7 +642,6 @@ func (r *run) timeouts(ctx context.Context, probes, waiting []Caller) {
 		return r.cfg.Rate, 1, r.cfg.Duration
 	}, probeArrivals, &r.lag)
 	wg.Wait()
-	r.reconnects[2] = reconnects()
 }
 
 // reconnectCounter is a target whose client reconnects by itself and
