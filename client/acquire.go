@@ -171,11 +171,7 @@ func (c *Client) release(ctx context.Context, key string, token uint64, now, dea
 
 	out, err := c.exchange(ctx, req, c.cfg.MaxInFlight+c.releaseReserve, true)
 	if err != nil {
-		if !req.mayHaveLeft && (errors.Is(err, ErrClosed) || errors.Is(err, ErrNotConnected)) {
-			return fmt.Errorf("release of %q token %d: %w", key, token, err)
-		}
-		// %v: the cause's promise that nothing was sent no longer holds.
-		return fmt.Errorf("%w: release of %q token %d: %v", ErrIndeterminate, key, token, err)
+		return tokenCallFailure("release", key, token, req, out, err)
 	}
 	switch out {
 	case outReleased:
@@ -184,18 +180,36 @@ func (c *Client) release(ctx context.Context, key string, token uint64, now, dea
 	case outNotHeld:
 		c.watches.end(key, token)
 		return ErrNotHeld
+	}
+	return tokenCallFailure("release", key, token, req, out, nil)
+}
+
+// tokenCallFailure is the error of a release or a renewal (op) of key's
+// token that exchange ended with err, or, when err is nil, with an
+// outcome other than the answers the call handles itself. Both are
+// retried after a byte may have left, so the same rules decide what the
+// caller can rely on.
+func tokenCallFailure(op, key string, token uint64, req *request, out outcome, err error) error {
+	if err != nil {
+		if !req.mayHaveLeft && (errors.Is(err, ErrClosed) || errors.Is(err, ErrNotConnected)) {
+			return fmt.Errorf("%s of %q token %d: %w", op, key, token, err)
+		}
+		// %v: the cause's promise that nothing was sent no longer holds.
+		return fmt.Errorf("%w: %s of %q token %d: %v", ErrIndeterminate, op, key, token, err)
+	}
+	switch out {
 	case outRejected:
-		// A refusal means the release did not happen — unless an earlier
+		// A refusal means the call did not happen — unless an earlier
 		// attempt may have got through, or the server could not say
 		// (unavailable: its proposal may still apply).
 		if req.mayHaveLeft || req.reason == codec.Unavailable {
-			return fmt.Errorf("%w: release of %q token %d: last answer %v", ErrIndeterminate, key, token, reasonError(req.reason))
+			return fmt.Errorf("%w: %s of %q token %d: last answer %v", ErrIndeterminate, op, key, token, reasonError(req.reason))
 		}
-		return fmt.Errorf("release of %q token %d: %w", key, token, reasonError(req.reason))
+		return fmt.Errorf("%s of %q token %d: %w", op, key, token, reasonError(req.reason))
 	case outUnsent, outExpired:
-		return fmt.Errorf("%w: release of %q token %d: the deadline came before it was sent", ErrIndeterminate, key, token)
+		return fmt.Errorf("%w: %s of %q token %d: the deadline came before it was sent", ErrIndeterminate, op, key, token)
 	}
-	return fmt.Errorf("%w: release of %q token %d got no answer: %w", ErrIndeterminate, key, token, req.cause)
+	return fmt.Errorf("%w: %s of %q token %d got no answer: %w", ErrIndeterminate, op, key, token, req.cause)
 }
 
 type compensation struct {

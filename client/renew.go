@@ -51,10 +51,7 @@ func (t *Ticket) Renew(ctx context.Context, lease time.Duration) error {
 	// from the answered attempt's send instant.
 	out, err := c.exchange(ctx, req, c.cfg.MaxInFlight+c.releaseReserve, true)
 	if err != nil {
-		if !req.mayHaveLeft && (errors.Is(err, ErrClosed) || errors.Is(err, ErrNotConnected)) {
-			return fmt.Errorf("renewal of %q token %d: %w", t.key, t.token, err)
-		}
-		return fmt.Errorf("%w: renewal of %q token %d: %v", ErrIndeterminate, t.key, t.token, err)
+		return tokenCallFailure("renewal", t.key, t.token, req, out, err)
 	}
 	switch out {
 	case outAcquired:
@@ -67,15 +64,8 @@ func (t *Ticket) Renew(ctx context.Context, lease time.Duration) error {
 		t.validUntil = time.Time{}
 		c.watches.end(t.key, t.token)
 		return fmt.Errorf("%w: renewal of %q token %d", ErrNotHeld, t.key, t.token)
-	case outRejected:
-		if req.mayHaveLeft || req.reason == codec.Unavailable {
-			return fmt.Errorf("%w: renewal of %q token %d: last answer %v", ErrIndeterminate, t.key, t.token, reasonError(req.reason))
-		}
-		return fmt.Errorf("renewal of %q token %d: %w", t.key, t.token, reasonError(req.reason))
-	case outUnsent, outExpired:
-		return fmt.Errorf("%w: renewal of %q token %d: the deadline came before it was sent", ErrIndeterminate, t.key, t.token)
 	}
-	return fmt.Errorf("%w: renewal of %q token %d got no answer: %w", ErrIndeterminate, t.key, t.token, req.cause)
+	return tokenCallFailure("renewal", t.key, t.token, req, out, nil)
 }
 
 // KeepAlive renews t with its lease (that of the grant or of the latest
