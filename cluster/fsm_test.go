@@ -7,8 +7,10 @@ import (
 	"math/rand/v2"
 	"reflect"
 	"testing"
+	"time"
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
+	"github.com/lockd/lockd/engine"
 )
 
 // detachedFSM is a state machine whose node is none of the proposers, so
@@ -26,16 +28,16 @@ func detachedFSMWithKeys(maxKeys int) *fsm {
 
 type fsmState struct {
 	Locks      map[string]lockState
-	Now        int64
-	LastToken  uint64
-	Issued     uint64
+	Now        time.Duration
+	Tokens     engine.TokenCounter
 	KeysClosed bool
 	Queued     int
 }
 
 func stateOf(f *fsm) fsmState {
-	st := fsmState{Locks: map[string]lockState{}, Now: f.now, LastToken: f.lastToken, Issued: f.issued, KeysClosed: f.keysClosed, Queued: f.queued}
-	for k, l := range f.locks {
+	s := &f.state
+	st := fsmState{Locks: map[string]lockState{}, Now: s.now, Tokens: s.tokens, KeysClosed: s.keysClosed, Queued: s.queued}
+	for k, l := range s.locks {
 		c := *l
 		if len(c.queue) == 0 {
 			c.queue = nil
@@ -104,14 +106,23 @@ func TestFSMDeterministicAndSnapshot(t *testing.T) {
 			}
 		}
 	}
+	// A lock renewed at the end, so that the snapshot carries renewals.
+	renewedKey := []byte("renewed")
+	now := int64(a.state.now)
+	applyOne(t, a, now, func(b []byte) []byte { return appendAcquire(b, 1, 1, 30, 0, 1<<20, "t", renewedKey) })
+	applyOne(t, b, now, func(b []byte) []byte { return appendAcquire(b, 1, 1, 30, 0, 1<<20, "t", renewedKey) })
+	token := a.state.locks[lockKey([]byte("t"), renewedKey)].Token
+	for _, f := range []*fsm{a, b} {
+		applyOne(t, f, now, func(b []byte) []byte { return appendKeep(b, 1, 2, token, 0, 30, "t", renewedKey) })
+	}
 	if !reflect.DeepEqual(stateOf(a), stateOf(b)) {
 		t.Fatal("replicas diverged")
 	}
-	if a.lastToken == 0 || len(a.locks) == 0 {
+	if a.state.tokens.Last == 0 || len(a.state.locks) == 0 {
 		t.Fatalf("the workload did nothing: %+v", stateOf(a))
 	}
 	renewed := 0
-	for _, l := range a.locks {
+	for _, l := range a.state.locks {
 		if l.renewals > 0 {
 			renewed++
 		}
@@ -130,8 +141,8 @@ func TestFSMDeterministicAndSnapshot(t *testing.T) {
 	if !reflect.DeepEqual(stateOf(a), stateOf(c)) {
 		t.Fatalf("snapshot restore differs:\n%+v\n%+v", stateOf(a), stateOf(c))
 	}
-	if len(c.fresh) != len(c.locks) {
-		t.Fatalf("restored locks not handed to the expiry heap: %d of %d", len(c.fresh), len(c.locks))
+	if len(c.fresh) != len(c.state.locks) {
+		t.Fatalf("restored locks not handed to the expiry heap: %d of %d", len(c.fresh), len(c.state.locks))
 	}
 	// Continuing after the restore stays in step.
 	for i, cmd := range randomBatches(8, 200) {
@@ -171,7 +182,7 @@ func TestExpiryHeapValidatedByToken(t *testing.T) {
 	}
 	// Release a; its entry goes stale and is never reported due.
 	b = make([]byte, headerLen)
-	b = appendRelease(b, 1, 0, f.locks[lockKey([]byte("t"), []byte("a"))].token, "t", []byte("a"))
+	b = appendRelease(b, 1, 0, f.state.locks[lockKey([]byte("t"), []byte("a"))].Token, "t", []byte("a"))
 	putHeader(b, 2, 1)
 	f.Update(sm.Entry{Cmd: b})
 	if due := f.due(100+15e9, 5e8, nil); len(due) != 0 {
@@ -191,7 +202,7 @@ func TestExpiryHeapValidatedByToken(t *testing.T) {
 	}
 	// An unknown lock (e.g. after a restore) gets a full lease from now.
 	g := detachedFSM()
-	g.locks["x"] = &lockState{token: 5, lease: 3}
+	g.state.locks["x"] = &lockState{Lease: engine.Lease{Token: 5, End: 3e9}, lease: 3}
 	g.rebuild(1000)
 	if g.heap[0].At != 1000+3e9 {
 		t.Fatalf("%+v", g.heap)

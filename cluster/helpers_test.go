@@ -237,7 +237,7 @@ func queueLen(n *Node, key string) int {
 	f := n.groups[n.GroupOf("default", []byte(key))].fsm.Load()
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if l := f.locks[lockKey([]byte("default"), []byte(key))]; l != nil {
+	if l := f.state.locks[lockKey([]byte("default"), []byte(key))]; l != nil {
 		return len(l.queue)
 	}
 	return 0

@@ -33,14 +33,14 @@ func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 	key := []byte("k")
 	k := lockKey([]byte("t"), key)
 	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 10, 0, 1<<20, "t", key) })
-	token := f.locks[k].token
+	token := f.state.locks[k].Token
 	f.stampFresh(100)
 
 	applyOne(t, f, 2, func(b []byte) []byte { return appendKeep(b, 1, ask(1), token, 0, 30, "t", key) })
 	if got := rec.wait(t, 1, time.Second); got != (engine.Result{Outcome: engine.Renewed, Token: token}) {
 		t.Fatalf("KEEP of the current token: %+v", got)
 	}
-	if l := f.locks[k]; l.token != token || l.lease != 30 || l.renewals != 1 {
+	if l := f.state.locks[k]; l.Token != token || l.lease != 30 || l.renewals != 1 {
 		t.Fatalf("renewed lock %+v", *l)
 	}
 	f.stampFresh(100 + 5e9)
@@ -51,7 +51,7 @@ func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 	// logged by a build before KEEP, name the replaced lease.
 	applyOne(t, f, 3, func(b []byte) []byte { return appendLeaseEnd(b, token, 0, "t", key) })
 	applyOne(t, f, 4, func(b []byte) []byte { return appendOldExpire(b, token, "t", key) })
-	if l := f.locks[k]; l == nil || l.token != token {
+	if l := f.state.locks[k]; l == nil || l.Token != token {
 		t.Fatal("the replaced lease's end freed the renewed lock")
 	}
 
@@ -63,7 +63,7 @@ func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 			t.Fatalf("owner %d: %+v, want NotHeld", owner, got)
 		}
 	}
-	if l := f.locks[k]; l.renewals != 1 {
+	if l := f.state.locks[k]; l.renewals != 1 {
 		t.Fatalf("a refused KEEP renewed: %+v", *l)
 	}
 
@@ -72,7 +72,11 @@ func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 		t.Fatalf("renewed lease's end: %+v", due)
 	}
 	applyOne(t, f, 7, func(b []byte) []byte { return appendLeaseEnd(b, token, 1, "t", key) })
-	if f.locks[k] != nil {
+	if f.state.locks[k] == nil {
+		t.Fatal("a lease end applied before the renewed lease ran out on the group's clock freed the key")
+	}
+	applyOne(t, f, 2+30e9, func(b []byte) []byte { return appendLeaseEnd(b, token, 1, "t", key) })
+	if f.state.locks[k] != nil {
 		t.Fatal("the renewed lease's end did not free the key")
 	}
 	applyOne(t, f, 8, func(b []byte) []byte { return appendKeep(b, 1, ask(4), token, 1, 30, "t", key) })
@@ -97,7 +101,7 @@ func TestFSMKeepAppliedTwiceRenewsOnce(t *testing.T) {
 	key := []byte("k")
 	k := lockKey([]byte("t"), key)
 	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 10, 0, 1<<20, "t", key) })
-	token := f.locks[k].token
+	token := f.state.locks[k].Token
 	short := func(id uint64) func([]byte) []byte {
 		return func(b []byte) []byte { return appendKeep(b, 1, id, token, 0, 5, "t", key) }
 	}
@@ -111,7 +115,7 @@ func TestFSMKeepAppliedTwiceRenewsOnce(t *testing.T) {
 	}
 	fresh := len(f.fresh)
 	applyOne(t, f, 4, short(first)) // the first KEEP's batch, applied again
-	if l := f.locks[k]; l.lease != 60 || l.renewals != 2 || len(f.fresh) != fresh {
+	if l := f.state.locks[k]; l.lease != 60 || l.renewals != 2 || len(f.fresh) != fresh {
 		t.Fatalf("a duplicate KEEP changed the lock: %+v, %d fresh entries (was %d)", *l, len(f.fresh), fresh)
 	}
 	g.mu.Lock()
@@ -123,7 +127,7 @@ func TestFSMKeepAppliedTwiceRenewsOnce(t *testing.T) {
 
 	lagging := ask(3)
 	applyOne(t, f, 5, func(b []byte) []byte { return appendKeep(b, 1, lagging, token, 1, 30, "t", key) })
-	if _, answered := rec.peek(3); answered || f.locks[k].renewals != 2 {
+	if _, answered := rec.peek(3); answered || f.state.locks[k].renewals != 2 {
 		t.Fatal("a KEEP naming an old renewal took effect or was answered")
 	}
 	g.mu.Lock()
@@ -141,7 +145,7 @@ func TestRebuildKeepsTheRenewedDeadline(t *testing.T) {
 	f := detachedFSM()
 	key := []byte("k")
 	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 60, 0, 1<<20, "t", key) })
-	token := f.locks[lockKey([]byte("t"), key)].token
+	token := f.state.locks[lockKey([]byte("t"), key)].Token
 	f.stampFresh(100)
 	applyOne(t, f, 2, func(b []byte) []byte { return appendKeep(b, 2, 0, token, 0, 5, "t", key) })
 	f.stampFresh(100 + 1e9)

@@ -583,20 +583,21 @@ func (n *Node) Keep(ns engine.Namespace, key []byte, owner, token uint64, lease 
 // node, the KEEP was proposed from a lagging view (this replica has now
 // applied everything before it): it is proposed again, naming the current
 // renewal. Otherwise it was a duplicate of one already answered. It runs
-// inside Update, so it only queues.
-func (g *group) staleKeep(c *command, renewals uint32) {
+// on dragonboat's apply goroutine, so it only queues.
+func (g *group) staleKeep(a answer) {
 	n := g.n
-	if c.node != n.cfg.NodeID || c.id == 0 {
+	if a.node != n.cfg.NodeID || a.id == 0 {
 		return
 	}
 	n.regMu.Lock()
-	p := n.reg[c.id]
+	p := n.reg[a.id]
 	n.regMu.Unlock()
 	if p == nil {
 		return
 	}
+	tenant, key := splitLockKey(a.key)
 	g.mu.Lock()
-	g.buf = appendKeep(g.buf, n.cfg.NodeID, c.id, c.token, renewals, c.lease, string(c.tenant), c.key)
+	g.buf = appendKeep(g.buf, n.cfg.NodeID, a.id, a.token, a.renewals, a.lease, tenant, key)
 	g.count++
 	g.mu.Unlock()
 	g.dirty.Store(true)
@@ -642,25 +643,30 @@ func (n *Node) Flush() {
 	}
 }
 
-// Stats sums the replicated tables of this replica (keys, tokens) and the
-// node's own gates (waiters, in-flight).
+// Stats sums the replicated tables of this replica (keys, tokens, the keys
+// gates: closed when any group's is) and the node's own gates (waiters,
+// in-flight).
 func (n *Node) Stats() engine.Stats {
 	var st engine.Stats
+	var keysClosed bool
+	var keysRefused uint64
 	for _, g := range n.groups {
 		f := g.fsm.Load()
 		if f == nil {
 			continue
 		}
 		f.mu.Lock()
-		st.Keys += len(f.locks)
-		st.TokensIssued += f.issued
-		st.LastToken = max(st.LastToken, f.lastToken)
+		st.Keys += len(f.state.locks)
+		st.TokensIssued += f.state.tokens.Issued
+		st.LastToken = max(st.LastToken, f.state.tokens.Last)
+		keysClosed = keysClosed || f.state.keysClosed
 		f.mu.Unlock()
+		keysRefused += f.keysRefused.Load()
 	}
 	st.HeldLocks = st.Keys
 	st.WaitersGate, st.InflightGate = n.waiters.Stats(), n.inflight.Stats()
 	st.Waiters, st.Inflight = st.WaitersGate.Count, st.InflightGate.Count
-	st.KeysGate = engine.GateStats{Open: true, Limit: n.cfg.MaxKeys, Count: st.Keys}
+	st.KeysGate = engine.GateStats{Open: !keysClosed, Limit: n.cfg.MaxKeys, Count: st.Keys, Refused: keysRefused}
 	return st
 }
 
@@ -804,8 +810,32 @@ func (n *Node) timerLoop(ctx context.Context) {
 	}
 }
 
-// result is called by g's state machine for every command outcome; only
-// the node that owns id acts on it.
+// deliver routes one answer of g's state machine, given after Update
+// released the state machine's lock; only the node that owns the request
+// acts on it.
+func (g *group) deliver(a answer) {
+	switch a.kind {
+	case answerDirect:
+		g.result(a.key, a.node, a.id, a.r)
+	case answerHandOff:
+		if a.r.Outcome == engine.Granted {
+			g.granted(a.key, a.node, a.id, a.r)
+		} else {
+			g.result(a.key, a.node, a.id, a.r)
+		}
+	case answerStaleKeep:
+		g.staleKeep(a)
+	case answerRestored:
+		if a.r.Outcome == engine.Granted {
+			g.restoredGrant(a.id, a.r.Token)
+		} else {
+			g.result(a.key, a.node, a.id, a.r)
+		}
+	}
+}
+
+// result is the answer to a request of this node's (or of the waiter a
+// handoff passed); a grant nobody waits for any more is released.
 func (g *group) result(key string, node, id uint64, r engine.Result) {
 	n := g.n
 	if node != n.cfg.NodeID || id == 0 {
@@ -886,10 +916,11 @@ func (g *group) restoredGrant(id, token uint64) {
 	}
 }
 
-// orphan queues the release of a grant nobody waits for. It runs inside
-// Update, so it only queues; the proposer drops the ones no longer
+// orphan queues the release of a grant nobody waits for; the proposer
+// drops the ones no longer
 // current before proposing (a restarted node replaying its log finds
-// many such historical grants).
+// many such historical grants). It runs on dragonboat's apply goroutine,
+// so it only queues.
 func (g *group) orphan(key string, token uint64) {
 	g.mu.Lock()
 	g.orphans = append(g.orphans, expiry{key: key, token: token})

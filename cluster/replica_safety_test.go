@@ -49,27 +49,28 @@ func TestReplicasAgreeWhateverTheirMaxKeys(t *testing.T) {
 		logBatch(t0+4, releaseCmd(1, "k1")),
 		logBatch(t0+5, acquireCmd(2, 22, 0, 2, "k3")),
 	})
-	if a.lastToken != b.lastToken || len(a.locks) != len(b.locks) {
-		t.Fatalf("replicas diverged: lastToken %d vs %d, %d vs %d keys", a.lastToken, b.lastToken, len(a.locks), len(b.locks))
+	if a.state.tokens.Last != b.state.tokens.Last || len(a.state.locks) != len(b.state.locks) {
+		t.Fatalf("replicas diverged: lastToken %d vs %d, %d vs %d keys", a.state.tokens.Last, b.state.tokens.Last, len(a.state.locks), len(b.state.locks))
 	}
-	for k, l := range a.locks {
-		if other := b.locks[k]; other == nil || other.token != l.token {
-			t.Fatalf("key %q: token %d on one replica, %+v on the other", k, l.token, other)
+	for k, l := range a.state.locks {
+		if other := b.state.locks[k]; other == nil || other.Token != l.Token {
+			t.Fatalf("key %q: token %d on one replica, %+v on the other", k, l.Token, other)
 		}
 	}
 }
 
 // One proposer with a clock an hour fast moves the group's time ahead for
-// good; waits are relative to that time, so later waiters still queue.
+// good; waits and leases are relative to that time, so a lock granted
+// after it lasts its lease and a later waiter still queues.
 func TestFastClockStampDoesNotEndLaterWaits(t *testing.T) {
 	f := detachedFSM()
 	t0 := time.Now().UnixNano()
 	applyAll([]*fsm{f}, [][]byte{
-		logBatch(t0, acquireCmd(1, 11, 0, 1<<20, "k")),
 		logBatch(t0+int64(time.Hour), releaseCmd(999, "other")), // a node whose clock is 1 h fast
+		logBatch(t0, acquireCmd(1, 11, 0, 1<<20, "k")),
 		logBatch(t0+int64(time.Millisecond), acquireCmd(1, 12, time.Minute, 1<<20, "k")),
 	})
-	if q := len(f.locks[lockKey([]byte("t"), []byte("k"))].queue); q != 1 {
+	if q := len(f.state.locks[lockKey([]byte("t"), []byte("k"))].queue); q != 1 {
 		t.Fatalf("a 60 s waiter was not queued (queue %d)", q)
 	}
 }
@@ -107,9 +108,9 @@ func TestPruneAgreesAfterSnapshotRestore(t *testing.T) {
 			b.Update(sm.Entry{Cmd: e})
 		}
 		k := lockKey([]byte("t"), []byte("k"))
-		if len(a.locks[k].queue) != len(b.locks[k].queue) || a.queued != b.queued {
+		if len(a.state.locks[k].queue) != len(b.state.locks[k].queue) || a.state.queued != b.state.queued {
 			t.Fatalf("%d waiters: queue %d vs %d, queued %d vs %d", waiters,
-				len(a.locks[k].queue), len(b.locks[k].queue), a.queued, b.queued)
+				len(a.state.locks[k].queue), len(b.state.locks[k].queue), a.state.queued, b.state.queued)
 		}
 	}
 }

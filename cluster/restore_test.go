@@ -70,7 +70,7 @@ func TestSnapshotDeliversGrantsOfWaitingRequests(t *testing.T) {
 	}
 
 	got := rec.wait(t, 1, time.Second)
-	want := engine.Result{Outcome: engine.Granted, Token: upToDate.locks[lockKey([]byte("t"), []byte("b"))].token}
+	want := engine.Result{Outcome: engine.Granted, Token: upToDate.state.locks[lockKey([]byte("t"), []byte("b"))].Token}
 	if got != want {
 		t.Fatalf("waiting request got %+v, want %+v", got, want)
 	}
@@ -119,8 +119,10 @@ func TestVersion1SnapshotRestores(t *testing.T) {
 	if err := f.RecoverFromSnapshot(bytes.NewReader(b), nil, nil); err != nil {
 		t.Fatal(err)
 	}
-	want := fsmState{Now: 5e9, LastToken: 41, Issued: 41, Queued: 1, Locks: map[string]lockState{
-		k: {token: 41, lease: 30, granted: 4e9, queue: []waitEntry{{node: 2, id: 9, waitUntil: 6e9, enqueued: 4e9, lease: 30}}},
+	// The version-1 grant instant is not a lease end: the lease runs a
+	// full lease from the snapshot's time, never shorter than it was.
+	want := fsmState{Now: 5e9, Tokens: engine.TokenCounter{Last: 41, Issued: 41}, Queued: 1, Locks: map[string]lockState{
+		k: {Lease: engine.Lease{Token: 41, End: 5e9 + 30e9}, lease: 30, queue: []waitEntry{{node: 2, id: 9, Waiting: engine.Waiting{Deadline: 6e9, Arrived: 4e9, Lease: 30e9}}}},
 	}}
 	if got := stateOf(f); !reflect.DeepEqual(got, want) {
 		t.Fatalf("restored\n%+v\nwant\n%+v", got, want)

@@ -1,5 +1,8 @@
 // Package engine is the lock table of lockd: it knows locks, waiters, tokens
-// and time, and nothing of sockets, connections or bytes on the wire. It is a
+// and time, and nothing of sockets, connections or bytes on the wire. Its
+// rule core (rules.go) states the lock rules and the admission hysteresis
+// as pure functions of a key's state and an instant; the Engine here and
+// the cluster's replicated state machine both decide through it. The Engine is a
 // sharded in-memory table keyed by (namespace, key) with one mutex per shard
 // and no global lock on the hot path; every decision is a function of the
 // calls it receives and of an injected monotonic Clock, so tests drive it with

@@ -112,11 +112,9 @@ type Wait struct {
 	// waiter is dropped once w has left its queue: a stale timer can keep w
 	// alive for up to a full wait, and must not keep the connection behind
 	// the Waiter alive with it.
-	waiter   Waiter
-	owner    uint64
-	arrived  time.Duration // the Acquire call instant, for Result.Waited
-	deadline time.Duration // never granted at or after this instant
-	lease    time.Duration
+	waiter Waiter
+	owner  uint64
+	queued Waiting
 }
 
 // Engine is the lock table. All methods are safe for concurrent use.
@@ -146,23 +144,21 @@ type Engine struct {
 // entry leaves the table for its shard's free list, keeping its key buffer
 // so that the next new key reuses both without allocating.
 type entry struct {
-	key      []byte // a copy owned by the entry
-	token    uint64
-	leaseEnd time.Duration
-	head     *Wait
-	tail     *Wait
-	ns       Namespace
+	key   []byte // a copy owned by the entry
+	lease Lease
+	head  *Wait
+	tail  *Wait
+	ns    Namespace
 	// leaseArmed: the lease end of the current token is in the timer
 	// heap; only a held key with waiters needs one.
 	leaseArmed bool
 }
 
 type shard struct {
-	mu        sync.Mutex
-	table     keyTable
-	timers    DeadlineHeap[timer]
-	lastToken uint64 // the last token issued; tokens start at the first token
-	issued    uint64
+	mu     sync.Mutex
+	table  keyTable
+	timers DeadlineHeap[timer]
+	tokens TokenCounter // tokens start at the first token
 	// free holds retired entries for reuse, at most freePerShard;
 	// freeLow is its smallest length since the last Sweep, so that Sweep
 	// drops only the entries nobody needed for a whole interval.
@@ -203,7 +199,7 @@ func New(cfg Config) *Engine {
 	e.nextTick.Store(int64(noDeadline))
 	lastToken := e.tokens.init(cfg) - 1
 	for i := range e.shards {
-		e.shards[i].lastToken = lastToken
+		e.shards[i].tokens.Last = lastToken
 	}
 	return e
 }
@@ -318,8 +314,15 @@ func (e *Engine) acquireLocked(s *shard, h uint64, ns Namespace, key []byte, own
 		// passes the keys gate like a new key.
 		ent = e.settle(s, h, ent, now)
 	}
-	if ent == nil {
-		if limit := e.tokens.limit.Load(); s.lastToken >= limit {
+	var held Lease
+	if ent != nil {
+		held = ent.lease
+	}
+	switch Acquire(held, now, wait) {
+	case TimedOut:
+		return Result{Outcome: TimedOut}, nil
+	case Granted:
+		if limit := e.tokens.limit.Load(); !s.tokens.Room(limit) {
 			return Result{Outcome: e.tokens.shortage(limit)}, nil
 		}
 		if !e.keys.Admit() {
@@ -328,23 +331,18 @@ func (e *Engine) acquireLocked(s *shard, h uint64, ns Namespace, key []byte, own
 		ent = s.newEntry(ns, key)
 		s.table.insert(h, ent)
 		e.grant(s, ent, now, lease)
-		return Result{Outcome: Granted, Token: ent.token}, nil
-	}
-	if wait == 0 {
-		return Result{Outcome: TimedOut}, nil
+		return Result{Outcome: Granted, Token: ent.lease.Token}, nil
 	}
 	if !e.waiters.Admit() {
 		return Result{Outcome: Busy}, nil
 	}
 	wt := &Wait{
-		shard:    s,
-		entry:    ent,
-		prev:     ent.tail,
-		waiter:   w,
-		owner:    owner,
-		arrived:  now,
-		deadline: now + wait,
-		lease:    lease,
+		shard:  s,
+		entry:  ent,
+		prev:   ent.tail,
+		waiter: w,
+		owner:  owner,
+		queued: QueueEntry(now, wait, lease),
 	}
 	if ent.tail != nil {
 		ent.tail.next = wt
@@ -353,7 +351,7 @@ func (e *Engine) acquireLocked(s *shard, h uint64, ns Namespace, key []byte, own
 	}
 	ent.tail = wt
 	s.waiting++
-	e.schedule(s, wt.deadline, timer{wait: wt})
+	e.schedule(s, wt.queued.Deadline, timer{wait: wt})
 	e.armLease(s, ent)
 	return Result{Outcome: Queued}, wt
 }
@@ -389,7 +387,7 @@ func (e *Engine) Release(ns Namespace, key []byte, token uint64) Result {
 	if ent != nil {
 		ent = e.settle(s, h, ent, now)
 	}
-	if ent == nil || ent.token != token {
+	if ent == nil || Release(ent.lease, token, now) != Released {
 		return Result{Outcome: NotHeld}
 	}
 	if ent.head != nil {
@@ -414,13 +412,16 @@ func (e *Engine) Keep(ns Namespace, key []byte, token uint64, lease time.Duratio
 	if ent != nil {
 		ent = e.settle(s, h, ent, now)
 	}
-	if ent == nil || ent.token != token {
+	if ent == nil {
 		return Result{Outcome: NotHeld}
 	}
-	if end := now + lease; end != ent.leaseEnd {
+	end := ent.lease.End
+	if Keep(&ent.lease, token, now, lease) != Renewed {
+		return Result{Outcome: NotHeld}
+	}
+	if ent.lease.End != end {
 		// The armed timer, if any, carries the old lease end and is now
 		// stale: a waiter must be handed the lock at the new one.
-		ent.leaseEnd = end
 		ent.leaseArmed = false
 		e.armLease(s, ent)
 	}
@@ -454,8 +455,8 @@ func (e *Engine) Stats() Stats {
 	for i := range e.shards {
 		s := &e.shards[i]
 		s.mu.Lock()
-		issued += s.issued
-		last = max(last, s.lastToken)
+		issued += s.tokens.Issued
+		last = max(last, s.tokens.Last)
 		s.mu.Unlock()
 	}
 	keys, waiters, inflight := e.keys.Stats(), e.waiters.Stats(), e.inflight.Stats()
@@ -481,12 +482,14 @@ func (e *Engine) Stats() Stats {
 // is below the token limit. Half a block before the limit it asks for the
 // next block, which is recorded in the background.
 func (e *Engine) grant(s *shard, ent *entry, now, lease time.Duration) {
-	s.lastToken++
-	s.issued++
-	ent.token = s.lastToken
-	ent.leaseEnd = now + lease
+	s.tokens.Grant(&ent.lease, now, lease)
 	ent.leaseArmed = false
-	if s.lastToken >= e.tokens.refillAt.Load() {
+	e.granted(s)
+}
+
+// granted asks for the next block of tokens half a block before the limit.
+func (e *Engine) granted(s *shard) {
+	if s.tokens.Last >= e.tokens.refillAt.Load() {
 		e.tokens.want()
 	}
 }
@@ -510,7 +513,7 @@ func (s *shard) newEntry(ns Namespace, key []byte) *entry {
 // settle applies a lease expiry that is due but not yet processed, and
 // returns ent, or nil if it left the table.
 func (e *Engine) settle(s *shard, h uint64, ent *entry, now time.Duration) *entry {
-	if ent.leaseEnd > now {
+	if !ent.lease.Lapsed(now) {
 		return ent
 	}
 	if ent.head != nil {
@@ -527,17 +530,18 @@ func (e *Engine) handoff(s *shard, h uint64, ent *entry, now time.Duration) *ent
 		w := ent.head
 		e.unqueue(s, w)
 		limit := e.tokens.limit.Load()
-		switch {
-		case w.deadline <= now:
-			e.resolve(w, Result{Outcome: TimedOut})
-		case s.lastToken >= limit:
-			e.resolve(w, Result{Outcome: e.tokens.shortage(limit)})
-		default:
-			e.grant(s, ent, now, w.lease)
-			e.resolve(w, Result{Outcome: Granted, Token: ent.token, Waited: now - w.arrived})
+		r := HandOff(&ent.lease, &s.tokens, limit, w.queued, now)
+		switch r.Outcome {
+		case Granted:
+			ent.leaseArmed = false
+			e.granted(s)
+			e.resolve(w, r)
 			e.armLease(s, ent)
 			return ent
+		case TokenExhausted:
+			r.Outcome = e.tokens.shortage(limit)
 		}
+		e.resolve(w, r)
 	}
 	return e.retire(s, h, ent)
 }
@@ -549,7 +553,7 @@ func (e *Engine) retire(s *shard, h uint64, ent *entry) *entry {
 	e.keys.Leave()
 	s.table.remove(h, ent)
 	if len(s.free) < e.freePerShard {
-		ent.token, ent.leaseEnd = 0, 0
+		ent.lease = Lease{}
 		s.free = append(s.free, ent)
 	}
 	return nil

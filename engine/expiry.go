@@ -14,13 +14,12 @@ const SweepInterval = 5 * time.Second
 const noDeadline = time.Duration(math.MaxInt64)
 
 // timer is an item of a shard's DeadlineHeap: the end of a waiter's wait
-// (wait set), or the lease end leaseEnd of entry's token. It is checked
-// when it comes due and dropped if it no longer applies.
+// (wait set), or the end of entry's lease. It is checked when it comes due
+// and dropped if it no longer applies.
 type timer struct {
-	wait     *Wait
-	entry    *entry
-	token    uint64
-	leaseEnd time.Duration
+	wait  *Wait
+	entry *entry
+	lease Lease
 }
 
 // keep is live for compaction, which may drop a lease timer while its key
@@ -39,7 +38,7 @@ func (t timer) keep() bool {
 // current reports whether a lease timer is for the lease in force: the same
 // token and, since Keep moves a lease's end, the same end.
 func (t timer) current() bool {
-	return t.entry.token == t.token && t.entry.leaseEnd == t.leaseEnd
+	return t.entry.lease == t.lease
 }
 
 func (t timer) live() bool {
@@ -81,7 +80,7 @@ func (e *Engine) armLease(s *shard, ent *entry) {
 		return
 	}
 	ent.leaseArmed = true
-	e.schedule(s, ent.leaseEnd, timer{entry: ent, token: ent.token, leaseEnd: ent.leaseEnd})
+	e.schedule(s, ent.lease.End, timer{entry: ent, lease: ent.lease})
 }
 
 // Tick processes everything due at Clock.Now(): lease ends of keys with
@@ -134,7 +133,7 @@ func (e *Engine) Sweep() {
 		s.mu.Lock()
 		now := e.clock.Now()
 		s.table.sweep(func(ent *entry) bool {
-			if ent.head != nil || ent.leaseEnd > now {
+			if ent.head != nil || !ent.lease.Lapsed(now) {
 				return false
 			}
 			e.keys.Leave()

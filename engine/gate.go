@@ -10,11 +10,7 @@ import "sync/atomic"
 // exceeded.
 type AdmissionGate struct {
 	limit int64
-	// closeAt and reopenBelow are count*10 >= limit*9 and count*4 < limit*3
-	// solved for count (ceil(0.9*limit) = limit - limit/10, ceil(0.75*limit)
-	// = limit - limit/4), which cannot overflow for any limit.
-	closeAt     int64
-	reopenBelow int64
+	rule  GateRule
 
 	count   atomic.Int64
 	closed  atomic.Bool
@@ -36,7 +32,7 @@ func NewAdmissionGate(limit int) *AdmissionGate {
 		panic("engine: AdmissionGate limit must be >= 1")
 	}
 	l := int64(limit)
-	return &AdmissionGate{limit: l, closeAt: l - l/10, reopenBelow: l - l/4}
+	return &AdmissionGate{limit: l, rule: NewGateRule(l)}
 }
 
 // Admit takes one unit and reports whether it was admitted; a refusal is
@@ -44,17 +40,12 @@ func NewAdmissionGate(limit int) *AdmissionGate {
 func (g *AdmissionGate) Admit() bool {
 	for {
 		n := g.count.Load()
-		if g.closed.Load() {
-			if n >= g.reopenBelow {
-				g.refused.Add(1)
-				return false
-			}
-			g.closed.Store(false)
+		closed := g.closed.Load()
+		admitted, closedAfter := g.rule.Admit(closed, n)
+		if closedAfter != closed {
+			g.closed.Store(closedAfter)
 		}
-		// closeAt <= limit, and the increment below only happens from a
-		// count under closeAt, so this is also the hard limit.
-		if n >= g.closeAt {
-			g.closed.Store(true)
+		if !admitted {
 			g.refused.Add(1)
 			return false
 		}
@@ -68,7 +59,7 @@ func (g *AdmissionGate) Admit() bool {
 func (g *AdmissionGate) Leave() {
 	// Reopening here, not only in Admit, keeps Stats truthful while nobody
 	// knocks.
-	if n := g.count.Add(-1); n < g.reopenBelow && g.closed.Load() {
+	if n := g.count.Add(-1); g.rule.Reopens(n) && g.closed.Load() {
 		g.closed.Store(false)
 	}
 }

@@ -143,7 +143,7 @@ func (e *Engine) highestToken() uint64 {
 	for i := range e.shards {
 		s := &e.shards[i]
 		s.mu.Lock()
-		high = max(high, s.lastToken)
+		high = max(high, s.tokens.Last)
 		s.mu.Unlock()
 	}
 	return high

@@ -1,0 +1,374 @@
+package cluster
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math"
+	"time"
+
+	sm "github.com/lni/dragonboat/v4/statemachine"
+	"github.com/lockd/lockd/engine"
+)
+
+// This file owns a group's replicated state and applies commands to it
+// with the engine's rule core (engine.Acquire, Release, Keep, HandOff,
+// GateRule), judged against the replicated time: a lease that has lapsed
+// is free and a late RELEASE or KEEP is NotHeld, exactly as in single
+// mode. It holds no lock, reads no clock and calls nothing: applying a
+// command returns what happened (answers to requests, leases to time), and
+// the state machine adapter (fsm.go) hands that to the node.
+
+// waitEntry is a queued acquire in the replicated FIFO of a key, on the
+// replicated clock. node and id name the waiter on the node its connection
+// is on; only that node delivers the grant (or, if the waiter is gone,
+// releases it).
+type waitEntry struct {
+	node, id uint64
+	engine.Waiting
+}
+
+// lockState is one held key. A key is in the table only while held: a
+// freed lock goes straight to the head waiter, or the key is deleted.
+// node and id name the request it was granted to, so that a node that
+// only learns of the grant from a snapshot can still deliver it.
+type lockState struct {
+	engine.Lease        // token and lease end, on the replicated clock
+	lease        uint16 // seconds, of the grant or of the latest KEEP
+	// renewals counts the KEEPs applied to the token: a retried KEEP
+	// names the renewal it extends, so that applied twice it renews once.
+	renewals uint32
+	node, id uint64
+	queue    []waitEntry
+}
+
+// replicated is one group's replicated state: the same on every replica
+// that has applied the same log.
+type replicated struct {
+	locks      map[string]*lockState
+	now        time.Duration // max of proposers' clocks seen so far (Unix ns)
+	tokens     engine.TokenCounter
+	keysClosed bool
+	queued     int // waitEntries in all queues
+}
+
+func newReplicated(firstToken uint64) replicated {
+	return replicated{locks: make(map[string]*lockState), tokens: engine.TokenCounter{Last: max(firstToken, 1) - 1}}
+}
+
+// answerKind says how the node delivers an answer.
+type answerKind uint8
+
+const (
+	answerDirect    answerKind = iota + 1 // the answer to the command's own request
+	answerHandOff                         // a queued waiter was granted (or passed) when the lock freed
+	answerStaleKeep                       // a KEEP named an older renewal; its request may need it again
+	answerRestored                        // a grant or queue entry of this node's, found in a snapshot
+)
+
+// answer is one outcome of applying commands, for the node that owns id.
+type answer struct {
+	kind     answerKind
+	key      string // lock key (tenant 0x00 key)
+	node, id uint64
+	r        engine.Result
+	// for answerStaleKeep: what to propose again
+	token    uint64
+	renewals uint32
+	lease    uint16
+}
+
+// applied gathers what a batch did: the answers to deliver and the leases
+// (grants and renewals) whose end each replica times on its own clock.
+type applied struct {
+	answers []answer
+	leases  []expiry
+}
+
+func (a *applied) answer(kind answerKind, key string, node, id uint64, r engine.Result) {
+	a.answers = append(a.answers, answer{kind: kind, key: key, node: node, id: id, r: r})
+}
+
+// apply runs one command at s.now.
+func (s *replicated) apply(c *command, out *applied) {
+	k := lockKey(c.tenant, c.key)
+	switch c.kind {
+	case cmdAcquire:
+		s.acquire(k, c, out)
+	case cmdRelease:
+		r := engine.Result{Outcome: engine.NotHeld}
+		if l := s.settle(k, out); l != nil && engine.Release(l.Lease, c.token, s.now) == engine.Released {
+			r.Outcome = engine.Released
+			s.free(k, l, out)
+		}
+		if c.id != 0 {
+			out.answer(answerDirect, k, c.node, c.id, r)
+		}
+	case cmdKeep:
+		l := s.settle(k, out)
+		switch {
+		case l == nil || !l.Current(c.token, s.now):
+			if c.id != 0 {
+				out.answer(answerDirect, k, c.node, c.id, engine.Result{Outcome: engine.NotHeld})
+			}
+		case l.renewals != c.renewals:
+			// A duplicate of a KEEP that applied already, or one proposed
+			// from a replica that had not seen the latest renewal: no
+			// effect. The proposer asks again for a request still waiting.
+			out.answers = append(out.answers, answer{
+				kind: answerStaleKeep, key: k, node: c.node, id: c.id,
+				token: c.token, renewals: l.renewals, lease: c.lease,
+			})
+		default:
+			engine.Keep(&l.Lease, c.token, s.now, seconds(c.lease))
+			l.lease = c.lease
+			l.renewals++
+			out.leases = append(out.leases, expiry{key: k, token: l.Token, renewals: l.renewals, lease: seconds(c.lease)})
+			if c.id != 0 {
+				out.answer(answerDirect, k, c.node, c.id, engine.Result{Outcome: engine.Renewed, Token: l.Token})
+			}
+		}
+	case cmdLeaseEnd, cmdExpire:
+		// The leader's timer saw the lease fall due; whether it has is the
+		// replicated clock's to say, so a renewed lease or a later token
+		// is left alone.
+		s.settle(k, out)
+	}
+}
+
+func (s *replicated) acquire(k string, c *command, out *applied) {
+	l := s.settle(k, out)
+	var held engine.Lease
+	if l != nil {
+		held = l.Lease
+	}
+	switch engine.Acquire(held, s.now, time.Duration(max(c.wait, 0))) {
+	case engine.TimedOut:
+		out.answer(answerDirect, k, c.node, c.id, engine.Result{Outcome: engine.TimedOut})
+	case engine.Granted:
+		r := engine.Result{Outcome: engine.Granted}
+		switch {
+		case !s.tokens.Room(math.MaxUint64):
+			r.Outcome = engine.TokenExhausted
+		case !s.admitKey(int64(c.keyLimit)):
+			r.Outcome = engine.Busy
+		default:
+			l = &lockState{}
+			s.locks[k] = l
+			s.grant(k, l, c.node, c.id, c.lease, out)
+			r.Token = l.Token
+		}
+		out.answer(answerDirect, k, c.node, c.id, r)
+	case engine.Queued:
+		// A multiple of 64, not the slice's capacity: replicas restored
+		// from a snapshot have other capacities and must still prune alike.
+		if len(l.queue) >= 64 && len(l.queue)%64 == 0 {
+			s.prune(l) // waiters that timed out stay queued until passed; bound them
+		}
+		l.queue = append(l.queue, waitEntry{node: c.node, id: c.id, Waiting: engine.QueueEntry(s.now, time.Duration(c.wait), seconds(c.lease))})
+		s.queued++
+		out.answer(answerDirect, k, c.node, c.id, engine.Result{Outcome: engine.Queued})
+	}
+}
+
+// admitKey is the keys admission gate (SPEC §8) on replicated state, so
+// every replica decides alike; limit is the proposer's share of MaxKeys
+// carried in the command.
+func (s *replicated) admitKey(limit int64) bool {
+	admitted, closed := engine.NewGateRule(limit).Admit(s.keysClosed, int64(len(s.locks)))
+	s.keysClosed = closed
+	return admitted
+}
+
+func (s *replicated) grant(k string, l *lockState, node, id uint64, lease uint16, out *applied) {
+	s.tokens.Grant(&l.Lease, s.now, seconds(lease))
+	s.granted(k, l, node, id, lease, out)
+}
+
+// granted records who holds the token just issued to l.
+func (s *replicated) granted(k string, l *lockState, node, id uint64, lease uint16, out *applied) {
+	l.lease = lease
+	l.renewals = 0
+	l.node, l.id = node, id
+	out.leases = append(out.leases, expiry{key: k, token: l.Token, lease: seconds(lease)})
+}
+
+// settle frees the lock of k if its lease has lapsed at s.now (SPEC §5), so
+// that a command on the key sees it as single mode would. It returns the
+// key's lock from then on, nil if free.
+func (s *replicated) settle(k string, out *applied) *lockState {
+	l := s.locks[k]
+	if l == nil || !l.Lapsed(s.now) {
+		return l
+	}
+	return s.free(k, l, out)
+}
+
+// free hands the lock to the first waiter still within its wait, or
+// deletes the key; it returns the lock, nil when deleted.
+func (s *replicated) free(k string, l *lockState, out *applied) *lockState {
+	for len(l.queue) > 0 {
+		w := l.queue[0]
+		l.queue[0] = waitEntry{}
+		l.queue = l.queue[1:]
+		s.queued--
+		r := engine.HandOff(&l.Lease, &s.tokens, math.MaxUint64, w.Waiting, s.now)
+		out.answer(answerHandOff, k, w.node, w.id, r)
+		if r.Outcome == engine.Granted {
+			s.granted(k, l, w.node, w.id, uint16(w.Lease/time.Second), out)
+			return l
+		}
+	}
+	delete(s.locks, k)
+	return nil
+}
+
+// prune drops waiters whose wait has ended (their node answered T already).
+func (s *replicated) prune(l *lockState) {
+	kept := l.queue[:0]
+	for _, w := range l.queue {
+		if w.Deadline > s.now {
+			kept = append(kept, w)
+		} else {
+			s.queued--
+		}
+	}
+	clear(l.queue[len(kept):])
+	l.queue = kept
+}
+
+func seconds(s uint16) time.Duration { return time.Duration(s) * time.Second }
+
+// snapshotVersion 2 added each lock's holder (node, id), version 3 its
+// renewals, version 4 its lease end on the replicated clock (in place of
+// the grant instant). Older snapshots, written by earlier builds, still
+// restore — dragonboat stops the process when a snapshot cannot be read —
+// with no holder known, no renewals, and a lease ending a full lease after
+// the snapshot's time: never sooner than the lease it describes.
+const snapshotVersion = 4
+
+// save writes the state; stop aborts a long save.
+func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
+	bw := bufio.NewWriterSize(w, 64<<10)
+	var b []byte
+	b = append(b, snapshotVersion)
+	b = binary.BigEndian.AppendUint64(b, uint64(s.now))
+	b = binary.BigEndian.AppendUint64(b, s.tokens.Last)
+	b = binary.BigEndian.AppendUint64(b, s.tokens.Issued)
+	if s.keysClosed {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
+	}
+	b = binary.BigEndian.AppendUint64(b, uint64(len(s.locks)))
+	if _, err := bw.Write(b); err != nil {
+		return err
+	}
+	n := 0
+	for k, l := range s.locks {
+		if n++; n%4096 == 0 {
+			select {
+			case <-stop:
+				return sm.ErrSnapshotStopped
+			default:
+			}
+		}
+		b = b[:0]
+		b = binary.BigEndian.AppendUint16(b, uint16(len(k)))
+		b = append(b, k...)
+		b = binary.BigEndian.AppendUint64(b, l.Token)
+		b = binary.BigEndian.AppendUint16(b, l.lease)
+		b = binary.BigEndian.AppendUint64(b, uint64(l.End))
+		b = binary.BigEndian.AppendUint64(b, l.node)
+		b = binary.BigEndian.AppendUint64(b, l.id)
+		b = binary.BigEndian.AppendUint32(b, l.renewals)
+		b = binary.BigEndian.AppendUint32(b, uint32(len(l.queue)))
+		for _, q := range l.queue {
+			b = binary.BigEndian.AppendUint64(b, q.node)
+			b = binary.BigEndian.AppendUint64(b, q.id)
+			b = binary.BigEndian.AppendUint64(b, uint64(q.Deadline))
+			b = binary.BigEndian.AppendUint64(b, uint64(q.Arrived))
+			b = binary.BigEndian.AppendUint16(b, uint16(q.Lease/time.Second))
+		}
+		if _, err := bw.Write(b); err != nil {
+			return err
+		}
+	}
+	return bw.Flush()
+}
+
+// restore reads a state written by save (of this build or an older one).
+func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var hdr [1 + 8 + 8 + 8 + 1 + 8]byte
+	if _, err := io.ReadFull(br, hdr[:]); err != nil {
+		return replicated{}, err
+	}
+	version := hdr[0]
+	if version < 1 || version > snapshotVersion {
+		return replicated{}, fmt.Errorf("cluster: snapshot version %d, this build reads 1 to %d", version, snapshotVersion)
+	}
+	be := binary.BigEndian
+	s := replicated{
+		locks:      make(map[string]*lockState),
+		now:        time.Duration(be.Uint64(hdr[1:])),
+		tokens:     engine.TokenCounter{Last: be.Uint64(hdr[9:]), Issued: be.Uint64(hdr[17:])},
+		keysClosed: hdr[25] == 1,
+	}
+	nLocks := be.Uint64(hdr[26:])
+	const waitEntryLen = 8 + 8 + 8 + 8 + 2
+	holderLen, renewalsLen := 8+8, 4
+	if version == 1 {
+		holderLen = 0
+	}
+	if version < 3 {
+		renewalsLen = 0
+	}
+	var buf [8 + 2 + 8 + 16 + 4 + 4]byte
+	for i := uint64(0); i < nLocks; i++ {
+		if i%4096 == 4095 {
+			select {
+			case <-stop:
+				return replicated{}, sm.ErrSnapshotStopped
+			default:
+			}
+		}
+		if _, err := io.ReadFull(br, buf[:2]); err != nil {
+			return replicated{}, err
+		}
+		kb := make([]byte, be.Uint16(buf[:2]))
+		if _, err := io.ReadFull(br, kb); err != nil {
+			return replicated{}, err
+		}
+		if _, err := io.ReadFull(br, buf[:8+2+8+holderLen+renewalsLen+4]); err != nil {
+			return replicated{}, err
+		}
+		l := &lockState{Lease: engine.Lease{Token: be.Uint64(buf[:])}, lease: be.Uint16(buf[8:])}
+		if version >= 4 {
+			l.End = time.Duration(be.Uint64(buf[10:]))
+		} else {
+			l.End = s.now + seconds(l.lease)
+		}
+		if holderLen > 0 {
+			l.node, l.id = be.Uint64(buf[18:]), be.Uint64(buf[26:])
+		}
+		if renewalsLen > 0 {
+			l.renewals = be.Uint32(buf[18+holderLen:])
+		}
+		nq := int(be.Uint32(buf[18+holderLen+renewalsLen:]))
+		for range nq {
+			if _, err := io.ReadFull(br, buf[:waitEntryLen]); err != nil {
+				return replicated{}, err
+			}
+			l.queue = append(l.queue, waitEntry{node: be.Uint64(buf[:]), id: be.Uint64(buf[8:]), Waiting: engine.Waiting{
+				Deadline: time.Duration(be.Uint64(buf[16:])),
+				Arrived:  time.Duration(be.Uint64(buf[24:])),
+				Lease:    seconds(be.Uint16(buf[32:])),
+			}})
+		}
+		s.queued += nq
+		s.locks[string(kb)] = l
+	}
+	return s, nil
+}
