@@ -208,3 +208,36 @@ func TestExpiryHeapValidatedByToken(t *testing.T) {
 		t.Fatalf("%+v", g.heap)
 	}
 }
+
+// The node's Stats read the replicated keys gate: closed at 90 % of the
+// limit the commands carry, its refusals counted, open again below 75 %.
+func TestStatsReadTheKeysGate(t *testing.T) {
+	f := detachedFSMWithKeys(10)
+	n := f.g.n
+	n.groups = []*group{f.g}
+	n.cfg.MaxKeys = 10
+	n.inflight, n.waiters = engine.NewAdmissionGate(100), engine.NewAdmissionGate(100)
+	var tokens []uint64
+	for i := range 10 {
+		key := []byte(fmt.Sprint("k", i))
+		applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 1, uint64(i+1), 30, 0, 10, "t", key) })
+		if l := f.state.locks[lockKey([]byte("t"), key)]; l != nil {
+			tokens = append(tokens, l.Token)
+		}
+	}
+	st := n.Stats().KeysGate
+	if len(tokens) != 9 || st.Open || st.Count != 9 || st.Refused != 1 || st.Limit != 10 {
+		t.Fatalf("after 10 acquires on a limit of 10: %d granted, gate %+v; want 9 granted, closed, 1 refused", len(tokens), st)
+	}
+	for i, token := range tokens[:3] {
+		key := []byte(fmt.Sprint("k", i))
+		applyOne(t, f, 1, func(b []byte) []byte { return appendRelease(b, 1, 0, token, "t", key) })
+	}
+	if st := n.Stats().KeysGate; !st.Open || st.Count != 6 {
+		t.Fatalf("after releasing to 6 keys: gate %+v, want open", st)
+	}
+	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 1, 99, 30, 0, 10, "t", []byte("again")) })
+	if st := n.Stats().KeysGate; !st.Open || st.Count != 7 {
+		t.Fatalf("after releasing to 6 keys and one more acquire: gate %+v, want open with 7 keys", st)
+	}
+}

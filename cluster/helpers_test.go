@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/engine"
-	"github.com/lockd/lockd/server"
 	"github.com/rs/zerolog"
 )
 
@@ -212,7 +211,7 @@ func acquire(t testing.TB, n *Node, rec *recorder, owner uint64, key string, lea
 	return rec.wait(t, owner, wait+10*time.Second)
 }
 
-func startAcquire(t testing.TB, n *Node, rec *recorder, owner uint64, key string, lease, wait time.Duration) server.Handle {
+func startAcquire(t testing.TB, n *Node, rec *recorder, owner uint64, key string, lease, wait time.Duration) engine.Handle {
 	t.Helper()
 	r, h := n.Acquire(n.Namespace("default"), []byte(key), owner, lease, wait, rec)
 	if r.Outcome != engine.Queued {
@@ -255,7 +254,7 @@ func waitUntil(t testing.TB, within time.Duration, what string, cond func() bool
 }
 
 // isQueued reports whether the request behind h is queued in its group.
-func isQueued(n *Node, h server.Handle) bool {
+func isQueued(n *Node, h engine.Handle) bool {
 	p := h.(*pending)
 	n.regMu.Lock()
 	defer n.regMu.Unlock()

@@ -446,7 +446,11 @@ type Stats struct {
 	// tokens reserved so far had run out; TokenReserveFailures counts
 	// marks that could not be recorded.
 	TokensUnreserved, TokenReserveFailures uint64
-	KeysGate, WaitersGate, InflightGate    GateStats
+	// AbandonedReleased counts grants whose waiter could no longer take
+	// them that the backend released itself (Backend.Abandon);
+	// AbandonedDropped those it left to their lease (its queue was full).
+	AbandonedReleased, AbandonedDropped uint64
+	KeysGate, WaitersGate, InflightGate GateStats
 }
 
 // Stats returns a snapshot of the counters.

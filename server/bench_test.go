@@ -53,7 +53,7 @@ type grantingBackend struct{ tokens atomic.Uint64 }
 
 func (*grantingBackend) Namespace(string) engine.Namespace { return 0 }
 
-func (g *grantingBackend) Acquire(engine.Namespace, []byte, uint64, time.Duration, time.Duration, engine.Waiter) (engine.Result, Handle) {
+func (g *grantingBackend) Acquire(engine.Namespace, []byte, uint64, time.Duration, time.Duration, engine.Waiter) (engine.Result, engine.Handle) {
 	return engine.Result{Outcome: engine.Granted, Token: g.tokens.Add(1)}, nil
 }
 
@@ -65,12 +65,13 @@ func (*grantingBackend) Keep(_ engine.Namespace, _ []byte, _, token uint64, _ ti
 	return engine.Result{Outcome: engine.Renewed, Token: token}
 }
 
-func (*grantingBackend) AsyncRelease() bool      { return false }
-func (*grantingBackend) Cancel(Handle)           {}
-func (*grantingBackend) Flush()                  {}
-func (*grantingBackend) Stats() engine.Stats     { return engine.Stats{} }
-func (*grantingBackend) Shutdown()               {}
-func (*grantingBackend) Run(ctx context.Context) { <-ctx.Done() }
+func (*grantingBackend) AsyncRelease() bool                       { return false }
+func (*grantingBackend) Abandon(engine.Namespace, []byte, uint64) {}
+func (*grantingBackend) Cancel(engine.Handle)                     {}
+func (*grantingBackend) Flush()                                   {}
+func (*grantingBackend) Stats() engine.Stats                      { return engine.Stats{} }
+func (*grantingBackend) Shutdown()                                {}
+func (*grantingBackend) Run(ctx context.Context)                  { <-ctx.Done() }
 
 func benchCycles(b *testing.B, conns, depth int, cfg Config) {
 	cfg.Listen, cfg.Logger = "127.0.0.1:0", zerolog.Nop()

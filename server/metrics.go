@@ -87,8 +87,6 @@ type metrics struct {
 	progressTimeouts atomic.Uint64
 	authFailures     atomic.Uint64
 	connInflightBusy atomic.Uint64
-	orphansReleased  atomic.Uint64
-	orphansDropped   atomic.Uint64
 }
 
 func (m *metrics) countRequest(op opKind) { m.requests[op].Add(1) }
@@ -196,8 +194,8 @@ func (s *Server) writePrometheus(w io.Writer) {
 	counter("lockd_progress_timeouts_total", "Connections closed for a frame stalled past 5 s.", m.progressTimeouts.Load())
 	counter("lockd_auth_failures_total", "Failed handshakes.", m.authFailures.Load())
 	counter("lockd_conn_inflight_busy_total", "B answers caused by --max-conn-inflight.", m.connInflightBusy.Load())
-	counter("lockd_orphan_grants_released_total", "Grants to closed connections released by the server.", m.orphansReleased.Load())
-	counter("lockd_orphan_grants_dropped_total", "Grants to closed connections left to lease expiry (release queue full).", m.orphansDropped.Load())
+	counter("lockd_orphan_grants_released_total", "Grants to closed connections released by the backend.", st.AbandonedReleased)
+	counter("lockd_orphan_grants_dropped_total", "Grants to closed connections left to lease expiry (release queue full).", st.AbandonedDropped)
 	if x, ok := s.backend.(interface{ WritePrometheus(io.Writer) }); ok {
 		x.WritePrometheus(w) // cluster mode's own series
 	}

@@ -13,7 +13,7 @@ import (
 // of one owner, so a test can hold the event loop at an exact point of a
 // race window instead of sleeping into it. Owners are unique per test.
 type gatedBackend struct {
-	engineBackend
+	*engine.Local
 	gateOwner uint64
 	before    bool          // hold before the engine sees the acquire, else after
 	entered   chan struct{} // closed when the loop reaches the gate
@@ -22,19 +22,19 @@ type gatedBackend struct {
 
 func newGatedBackend(owner uint64, before bool) *gatedBackend {
 	return &gatedBackend{
-		engineBackend: engineBackend{engine.New(engine.Config{Clock: engine.NewFakeClock()})},
-		gateOwner:     owner, before: before,
+		Local:     engine.NewLocal(engine.New(engine.Config{Clock: engine.NewFakeClock()})),
+		gateOwner: owner, before: before,
 		entered: make(chan struct{}), proceed: make(chan struct{}),
 	}
 }
 
-func (b *gatedBackend) Acquire(ns engine.Namespace, key []byte, owner uint64, lease, wait time.Duration, w engine.Waiter) (engine.Result, Handle) {
+func (b *gatedBackend) Acquire(ns engine.Namespace, key []byte, owner uint64, lease, wait time.Duration, w engine.Waiter) (engine.Result, engine.Handle) {
 	gated := owner == b.gateOwner
 	if gated && b.before {
 		close(b.entered)
 		<-b.proceed
 	}
-	r, h := b.engineBackend.Acquire(ns, key, owner, lease, wait, w)
+	r, h := b.Local.Acquire(ns, key, owner, lease, wait, w)
 	if gated && !b.before {
 		close(b.entered)
 		<-b.proceed
@@ -73,7 +73,7 @@ func TestNothingHandledAfterAWriteFails(t *testing.T) {
 	close(be.proceed)
 
 	waitFor(t, func() bool { return s.conns.Load() == 0 })
-	if issued := be.e.Stats().TokensIssued; issued != 1 {
+	if issued := be.Stats().TokensIssued; issued != 1 {
 		t.Fatalf("%d tokens issued: locks were granted for a connection already closed", issued)
 	}
 }

@@ -63,7 +63,6 @@ const (
 	// shutdownFlushTimeout bounds how long Close waits for the
 	// shutting_down answers of queued waiters to be written.
 	shutdownFlushTimeout = 2 * time.Second
-	orphanQueue          = 4096
 )
 
 // Config configures a Server. The zero value serves single mode on
@@ -110,7 +109,7 @@ type Config struct {
 	// Engine's limits are then ignored and Engine.Clock only times frames.
 	// The server calls its Shutdown and Run but does not own what it
 	// wraps: the caller closes that after Server.Close.
-	Backend Backend
+	Backend engine.Backend
 	Logger  zerolog.Logger
 }
 
@@ -153,7 +152,7 @@ type Server struct {
 	// tokenMark is the data dir's token mark, nil when volatile or with a
 	// Backend; closed once the engine's driver has stopped.
 	tokenMark *tokenfile.File
-	backend   Backend
+	backend   engine.Backend
 	// asyncRelease: RELEASE and KEEP answers come through the Waiter path.
 	asyncRelease bool
 	gnetEng      gnet.Engine
@@ -171,8 +170,6 @@ type Server struct {
 
 	stalledMu sync.Mutex
 	stalled   map[*session]struct{} // sessions holding a started frame
-
-	orphans chan orphan
 
 	batchesMu sync.Mutex
 	batches   map[gnet.EventLoop]*batch
@@ -192,14 +189,6 @@ type Server struct {
 	closeOnce sync.Once
 }
 
-// orphan is a grant whose waiter's connection closed before it could be
-// told: the server releases it itself rather than leaving it to the lease.
-type orphan struct {
-	ns    engine.Namespace
-	key   string
-	token uint64
-}
-
 // Start listens on cfg.Listen and serves until Close.
 func Start(cfg Config) (*Server, error) {
 	cfg.applyDefaults()
@@ -211,7 +200,6 @@ func Start(cfg Config) (*Server, error) {
 		log:     cfg.Logger,
 		clock:   cfg.Engine.Clock,
 		stalled: make(map[*session]struct{}),
-		orphans: make(chan orphan, orphanQueue),
 		batches: make(map[gnet.EventLoop]*batch),
 
 		openTenants: make(map[string]struct{}),
@@ -224,16 +212,15 @@ func Start(cfg Config) (*Server, error) {
 		if err := s.startEngine(); err != nil {
 			return nil, err
 		}
-		s.backend = engineBackend{s.engine}
+		s.backend = engine.NewLocal(s.engine)
 	}
 	s.asyncRelease = s.backend.AsyncRelease()
 	booted := make(chan struct{})
 	h := &handler{srv: s, booted: booted}
 	driverCtx, stop := context.WithCancel(context.Background())
 	s.stopDriver = stop
-	s.done.Add(2)
+	s.done.Add(1)
 	go func() { defer s.done.Done(); s.backend.Run(driverCtx) }()
-	go func() { defer s.done.Done(); s.releaseOrphans(driverCtx) }()
 
 	go func() {
 		defer close(s.reactorDone)
@@ -474,43 +461,6 @@ func (s *Server) stopBackground() {
 	s.stopDriver()
 	s.done.Wait()
 	s.closeTokenMark()
-}
-
-// releaseOrphans releases queued orphan grants until ctx ends, then those
-// still queued. The channel is never closed: a backend may resolve a grant
-// after Close, and adoptOrphan must then drop it, not panic.
-func (s *Server) releaseOrphans(ctx context.Context) {
-	for {
-		select {
-		case o := <-s.orphans:
-			s.releaseOrphan(o)
-		case <-ctx.Done():
-			for {
-				select {
-				case o := <-s.orphans:
-					s.releaseOrphan(o)
-				default:
-					return
-				}
-			}
-		}
-	}
-}
-
-func (s *Server) releaseOrphan(o orphan) {
-	r := s.backend.Release(o.ns, []byte(o.key), 0, o.token, nil)
-	s.log.Debug().Str("key", o.key).Uint64("token", o.token).Stringer("outcome", r.Outcome).
-		Msg("released a grant whose connection had closed")
-}
-
-// adoptOrphan is called under an engine shard lock, so it only queues.
-func (s *Server) adoptOrphan(o orphan) {
-	select {
-	case s.orphans <- o:
-		s.metrics.orphansReleased.Add(1)
-	default:
-		s.metrics.orphansDropped.Add(1)
-	}
 }
 
 // admitOpenTenant bounds the tenants HELLO may name while auth is off:

@@ -63,16 +63,16 @@ type resolution struct {
 	pendingAcquire
 }
 
-// adoptIfGranted turns an undeliverable grant into a release the server
-// makes itself; other answers need nothing.
-func (r resolution) adoptIfGranted(s *Server, ns engine.Namespace) {
+// abandonIfGranted hands an undeliverable grant back to the backend, which
+// releases it; other answers need nothing.
+func (r resolution) abandonIfGranted(s *Server, ns engine.Namespace) {
 	if r.result.Outcome == engine.Granted && r.async == opUnknown {
-		s.adoptOrphan(orphan{ns: ns, key: r.key, token: r.result.Token})
+		s.backend.Abandon(ns, []byte(r.key), r.result.Token)
 	}
 }
 
 type pendingAcquire struct {
-	wait Handle
+	wait engine.Handle
 	key  string // kept only for a queued acquire, to release an orphaned grant
 	// async is opRelease or opKeep for an asynchronous RELEASE or KEEP
 	// (cluster mode) awaiting its answer: it is in flight for dup_owner,
@@ -385,7 +385,7 @@ func (ss *session) Resolve(owner uint64, r engine.Result) {
 	res := resolution{owner: owner, result: r, pendingAcquire: p}
 	if ss.closed {
 		ss.mu.Unlock()
-		res.adoptIfGranted(ss.srv, ss.ns)
+		res.abandonIfGranted(ss.srv, ss.ns)
 		return
 	}
 	wake := len(ss.outbox) == 0
@@ -412,7 +412,7 @@ func (ss *session) deliverResolutions(closing bool) bool {
 	ss.mu.Unlock()
 	for _, r := range resolved {
 		if closing && r.result.Outcome != engine.ShuttingDown {
-			r.adoptIfGranted(ss.srv, ss.ns)
+			r.abandonIfGranted(ss.srv, ss.ns)
 			continue
 		}
 		op := opAcquire
@@ -443,10 +443,10 @@ func (ss *session) close(peerEnded bool) {
 	ss.mu.Lock()
 	ss.closed = true
 	for _, r := range ss.outbox {
-		r.adoptIfGranted(ss.srv, ss.ns)
+		r.abandonIfGranted(ss.srv, ss.ns)
 	}
 	ss.outbox = nil
-	waits := make([]Handle, 0, len(ss.pending))
+	waits := make([]engine.Handle, 0, len(ss.pending))
 	for _, p := range ss.pending {
 		if p.wait != nil {
 			waits = append(waits, p.wait)

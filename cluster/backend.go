@@ -1,0 +1,180 @@
+package cluster
+
+// This file owns the Node's side of the backend interface the server
+// talks to: each request becomes a command in its group's next proposal,
+// answered through the request registry.
+
+import (
+	"time"
+
+	"github.com/lockd/lockd/engine"
+)
+
+// Namespace interns a tenant; commands carry the tenant's name, since
+// interned numbers are local to a process.
+func (n *Node) Namespace(tenant string) engine.Namespace { return n.tenants.Intern(tenant) }
+
+func (n *Node) tenant(ns engine.Namespace) string { return n.tenants.Name(ns) }
+
+// Acquire proposes the acquire to the key's group and answers Queued: the
+// outcome comes through w once the group applied it, or Unavailable when
+// it did not within ProposeTimeout (or the wait, if shorter).
+func (n *Node) Acquire(ns engine.Namespace, key []byte, owner uint64, lease, wait time.Duration, w engine.Waiter) (engine.Result, engine.Handle) {
+	if n.shutting.Load() {
+		return engine.Result{Outcome: engine.ShuttingDown}, nil
+	}
+	if !n.inflight.Admit() {
+		return engine.Result{Outcome: engine.Busy}, nil
+	}
+	tenant := n.tenant(ns)
+	now := n.clock()
+	limit := n.cfg.ProposeTimeout
+	if wait > 0 && wait < limit {
+		limit = wait
+	}
+	p := &pending{id: n.nextID(), w: w, owner: owner, start: now, wait: wait, deadline: now + limit}
+	if !n.register(p) {
+		n.inflight.Leave()
+		return engine.Result{Outcome: engine.ShuttingDown}, nil
+	}
+	g := n.groups[groupOf(tenant, key, len(n.groups))]
+	g.mu.Lock()
+	g.buf = appendAcquire(g.buf, n.cfg.NodeID, p.id, uint16(lease/time.Second), int64(wait), uint32(g.maxKeys), tenant, key)
+	g.count++
+	g.mu.Unlock()
+	g.dirty.Store(true)
+	return engine.Result{Outcome: engine.Queued}, p
+}
+
+// AsyncRelease: releases and keeps are answered through the Waiter once
+// applied.
+func (n *Node) AsyncRelease() bool { return true }
+
+// Release proposes the release; the answer comes through w. A nil w is
+// the server releasing an orphaned grant: nobody is told.
+func (n *Node) Release(ns engine.Namespace, key []byte, owner, token uint64, w engine.Waiter) engine.Result {
+	tenant := n.tenant(ns)
+	var id uint64
+	if w != nil {
+		id = n.registerUngated(owner, w)
+	}
+	g := n.groups[groupOf(tenant, key, len(n.groups))]
+	g.enqueueRelease(id, token, tenant, key)
+	if w == nil {
+		g.propose()
+	}
+	return engine.Result{Outcome: engine.Queued}
+}
+
+// Keep proposes the renewal (SPEC §5 KEEP); the answer comes through w:
+// Renewed with the same token, NotHeld, or Unavailable when the group did
+// not apply it within ProposeTimeout (the lease may or may not have been
+// renewed). Like Release it passes no gate.
+func (n *Node) Keep(ns engine.Namespace, key []byte, owner, token uint64, lease time.Duration, w engine.Waiter) engine.Result {
+	tenant := n.tenant(ns)
+	var id uint64
+	if w != nil {
+		id = n.registerUngated(owner, w)
+	}
+	g := n.groups[groupOf(tenant, key, len(n.groups))]
+	renewals := g.fsm.Load().renewalsOf(lockKey([]byte(tenant), key), token)
+	g.mu.Lock()
+	g.buf = appendKeep(g.buf, n.cfg.NodeID, id, token, renewals, uint16(lease/time.Second), tenant, key)
+	g.count++
+	g.mu.Unlock()
+	g.dirty.Store(true)
+	return engine.Result{Outcome: engine.Queued}
+}
+
+// registerUngated registers a release or keep answered through w and
+// returns its request id.
+func (n *Node) registerUngated(owner uint64, w engine.Waiter) uint64 {
+	now := n.clock()
+	p := &pending{id: n.nextID(), w: w, owner: owner, start: now, deadline: now + n.cfg.ProposeTimeout, ungated: true}
+	n.register(p)
+	return p.id
+}
+
+func (g *group) enqueueRelease(id, token uint64, tenant string, key []byte) {
+	g.mu.Lock()
+	g.buf = appendRelease(g.buf, g.n.cfg.NodeID, id, token, tenant, key)
+	g.count++
+	g.mu.Unlock()
+	g.dirty.Store(true)
+}
+
+// Abandon releases a grant whose waiter's connection closed before the
+// grant could be written: the same release, checked against the current
+// token first, as for a grant whose waiter is gone from the registry.
+func (n *Node) Abandon(ns engine.Namespace, key []byte, token uint64) {
+	tenant := n.tenant(ns)
+	n.groups[groupOf(tenant, key, len(n.groups))].orphan(lockKey([]byte(tenant), key), token)
+}
+
+// Cancel drops a waiter whose connection closed. Its replicated queue
+// entry stays; if it is ever granted, this node releases the grant.
+func (n *Node) Cancel(h engine.Handle) {
+	p, ok := h.(*pending)
+	if !ok || p == nil {
+		return
+	}
+	n.regMu.Lock()
+	n.finishLocked(p)
+	n.regMu.Unlock()
+}
+
+// Flush proposes what this event-loop batch queued: one proposal per
+// touched group (group commit).
+func (n *Node) Flush() {
+	for _, g := range n.groups {
+		if g.dirty.Load() {
+			g.propose()
+		}
+	}
+}
+
+// Stats sums the replicated tables of this replica (keys, tokens, the keys
+// gates: closed when any group's is) and the node's own gates (waiters,
+// in-flight).
+func (n *Node) Stats() engine.Stats {
+	var st engine.Stats
+	var keysClosed bool
+	var keysRefused uint64
+	for _, g := range n.groups {
+		f := g.fsm.Load()
+		if f == nil {
+			continue
+		}
+		f.mu.Lock()
+		st.Keys += len(f.state.locks)
+		st.TokensIssued += f.state.tokens.Issued
+		st.LastToken = max(st.LastToken, f.state.tokens.Last)
+		// The replicated flag changes only when an acquire asks; the gate
+		// is open again as soon as the count is below its reopening mark.
+		keys := int64(len(f.state.locks))
+		keysClosed = keysClosed || f.state.keysClosed && !engine.NewGateRule(int64(g.maxKeys)).Reopens(keys)
+		f.mu.Unlock()
+		keysRefused += f.keysRefused.Load()
+	}
+	st.HeldLocks = st.Keys
+	st.WaitersGate, st.InflightGate = n.waiters.Stats(), n.inflight.Stats()
+	st.Waiters, st.Inflight = st.WaitersGate.Count, st.InflightGate.Count
+	st.KeysGate = engine.GateStats{Open: !keysClosed, Limit: n.cfg.MaxKeys, Count: st.Keys, Refused: keysRefused}
+	st.AbandonedReleased = n.stats.abandoned.Load()
+	return st
+}
+
+// ClusterStats are counters for benchmarks and tests.
+type ClusterStats struct {
+	Proposals, Commands, ProposeRetries, ProposeFailures, Unavailable, OrphanReleases, Expires, LeaderTransfers uint64
+}
+
+// ClusterStats returns the node's Raft-side counters.
+func (n *Node) ClusterStats() ClusterStats {
+	s := &n.stats
+	return ClusterStats{
+		Proposals: s.proposals.Load(), Commands: s.commands.Load(), ProposeRetries: s.proposeRetries.Load(),
+		ProposeFailures: s.proposeFailures.Load(), Unavailable: s.unavailable.Load(),
+		OrphanReleases: s.orphanReleases.Load(), Expires: s.expires.Load(), LeaderTransfers: s.leaderTransfers.Load(),
+	}
+}

@@ -1,0 +1,89 @@
+package cluster
+
+// This file owns lease expiry on this node: stamping the leases applied,
+// the leader's proposals of lease ends, leader-change detection, and the
+// leader placement it drives.
+
+import (
+	"context"
+	"time"
+)
+
+// expiryLoop drives lease expiry. Every replica keeps a deadline heap per
+// group (grants are stamped with this process's clock after they apply);
+// only the leader acts on it, proposing an expire for each due entry that
+// still names the key's current token. A replica that becomes leader
+// rebuilds its heap from the replicated table, keeping what it knew.
+func (n *Node) expiryLoop(ctx context.Context) {
+	t := time.NewTicker(expiryTick)
+	defer t.Stop()
+	var due []expiry
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		for i, g := range n.groups {
+			f := g.fsm.Load()
+			if f == nil {
+				continue
+			}
+			leaderID := n.Leader(i)
+			if leaderID != 0 && leaderID != g.leaderSeen {
+				if g.leaderSeen != 0 {
+					close(*g.newLeader.Swap(new(make(chan struct{}))))
+				}
+				g.leaderSeen = leaderID
+			}
+			leader := leaderID == n.cfg.NodeID
+			now := n.clock()
+			f.mu.Lock()
+			f.stampFresh(now)
+			if leader && !g.wasLeader {
+				f.rebuild(now)
+			}
+			if leader {
+				due = f.due(now, expireRetry, due[:0])
+			}
+			var moveTo uint64
+			if g.placement.due(now) {
+				busiest, own := f.takeLoad(n.cfg.NodeID)
+				if !n.cfg.FixedLeaders {
+					moveTo = g.placement.observe(now, leader, busiest, own)
+				}
+			}
+			f.mu.Unlock()
+			g.wasLeader = leader
+			if moveTo != 0 {
+				n.moveLeader(g, moveTo)
+			}
+			g.recheckOrphans(now, f)
+			if len(due) == 0 {
+				continue
+			}
+			g.mu.Lock()
+			for _, e := range due {
+				tenant, key := splitLockKey(e.key)
+				g.buf = appendLeaseEnd(g.buf, e.token, e.renewals, tenant, key)
+				g.count++
+			}
+			g.mu.Unlock()
+			n.stats.expires.Add(uint64(len(due)))
+			clear(due)
+			g.propose()
+		}
+	}
+}
+
+// moveLeader asks for group g's leadership to pass to node to. Raft only
+// hands it over once to has the whole log; until then, and if it fails,
+// this node stays leader.
+func (n *Node) moveLeader(g *group, to uint64) {
+	if err := n.nh.RequestLeaderTransfer(g.shardID, to); err != nil {
+		n.log.Debug().Err(err).Uint64("group", g.shardID).Uint64("to", to).Msg("leader transfer not started")
+		return
+	}
+	n.stats.leaderTransfers.Add(1)
+	n.log.Info().Uint64("group", g.shardID).Uint64("to", to).Msg("moving group leader toward its load")
+}

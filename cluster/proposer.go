@@ -1,0 +1,214 @@
+package cluster
+
+// This file owns a group's proposer: group commit of the commands the
+// event loops queued, the proposal slots, retries and leader-change
+// re-sends.
+
+import (
+	"context"
+	"encoding/binary"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/lni/dragonboat/v4"
+)
+
+// group is this node's side of one Raft group.
+type group struct {
+	n       *Node
+	idx     int
+	shardID uint64
+	maxKeys int
+	fsm     atomic.Pointer[fsm]
+
+	mu    sync.Mutex
+	buf   []byte // header space + commands not yet proposed
+	count uint32
+	// orphans are grants to waiters gone from this node, to release;
+	// releasing are those proposed, to be checked again later in case
+	// their proposal was given up (recheckOrphans).
+	orphans   []expiry
+	releasing []orphanCheck
+	dirty     atomic.Bool
+	kick      chan struct{}
+	// slots bounds this node's proposals in flight for the group: while
+	// they are all out, new commands gather into the next batch. A second
+	// proposal only goes out beside the first when pipelineMin commands
+	// wait; freed signals a slot coming back.
+	slots chan struct{}
+	freed chan struct{}
+
+	wasLeader  bool            // expiry driver only
+	leaderSeen uint64          // expiry driver only
+	placement  leaderPlacement // expiry driver only
+	// newLeader is closed, and replaced, when the group's leader changes:
+	// proposals in flight then go out again at once (see watch).
+	newLeader atomic.Pointer[chan struct{}]
+}
+
+func (g *group) pending() uint32 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.count
+}
+
+// freeSlot gives back a proposal slot and tells the proposer.
+func (g *group) freeSlot() {
+	<-g.slots
+	select {
+	case g.freed <- struct{}{}:
+	default:
+	}
+}
+
+// propose wakes the group's proposer.
+func (g *group) propose() {
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+}
+
+// take swaps out the commands gathered so far as one stamped proposal.
+func (g *group) take() []byte {
+	g.dirty.Store(false)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.count == 0 {
+		return nil
+	}
+	b := g.buf
+	putHeader(b, time.Now().UnixNano(), g.count)
+	g.buf = make([]byte, headerLen, max(4096, min(len(b), 1<<20)))
+	g.count = 0
+	return b
+}
+
+// proposeLoop turns whatever accumulated since the last proposal into the
+// next one. Proposals are asynchronous, so while one is in flight the next
+// batch gathers: one Raft entry carries many requests under load.
+func (g *group) proposeLoop(ctx context.Context) {
+	n := g.n
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-g.kick:
+		case <-g.freed: // commands held back while a proposal was out
+		}
+		g.releaseOrphans()
+		for {
+			select {
+			case g.slots <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+			if len(g.slots) > 1 && g.pending() < pipelineMin {
+				// One proposal is out and few commands wait: let them
+				// gather until it completes (or more arrive).
+				<-g.slots
+				select {
+				case <-g.freed:
+					continue
+				case <-g.kick:
+					g.releaseOrphans()
+					continue
+				case <-ctx.Done():
+					return
+				}
+			}
+			b := g.take()
+			if b == nil {
+				<-g.slots // nothing to do: no signal, or this loop would spin
+				break
+			}
+			if !g.send(ctx, b, time.Now().Add(n.cfg.ProposeTimeout)) {
+				g.freeSlot()
+			}
+		}
+	}
+}
+
+// send proposes b until it is applied or deadline passes, retrying when
+// the group did not take it (busy, no leader yet, dropped) and when an
+// attempt timed out (e.g. it was forwarded to a leader that just died).
+// Retrying a proposal that may also have been applied is safe: every
+// command is idempotent in effect. A duplicate release or lease end names
+// a token (or renewal) that can never be current again, and so does a
+// duplicate keep, which therefore changes nothing; a duplicate acquire's second
+// outcome finds its request already answered, and if it is a grant the
+// node releases it as an orphan. Same for a batch that applies after its
+// requests were answered E unavailable.
+//
+// It reports whether a watcher took over b (and the group's slot, which
+// it frees when b's fate is known).
+func (g *group) send(ctx context.Context, b []byte, deadline time.Time) bool {
+	n := g.n
+	for {
+		left := time.Until(deadline)
+		if left <= 0 || ctx.Err() != nil {
+			n.stats.proposeFailures.Add(1)
+			return false
+		}
+		leaderChanged := *g.newLeader.Load()
+		rs, err := n.nh.Propose(n.nh.GetNoOPSession(g.shardID), b, min(left, n.attemptTimeout))
+		if err == nil {
+			n.stats.proposals.Add(1)
+			n.stats.commands.Add(uint64(binaryCount(b)))
+			// Added from a goroutine the node's WaitGroup already counts
+			// (the proposer or a watcher), so Close cannot miss it.
+			n.wg.Add(1)
+			go func() { defer n.wg.Done(); g.watch(ctx, rs, leaderChanged, b, deadline) }()
+			return true
+		}
+		if !dragonboat.IsTempError(err) {
+			n.stats.proposeFailures.Add(1)
+			n.log.Warn().Err(err).Uint64("group", g.shardID).Msg("proposal refused")
+			return false
+		}
+		n.stats.proposeRetries.Add(1)
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func binaryCount(b []byte) uint32 { return binary.BigEndian.Uint32(b[9:]) }
+
+// watch waits for a proposal's fate and sends it again when it was
+// dropped or timed out, or at once when the group's leader changed while
+// it was out: a dead leader loses what a follower forwarded to it, and a
+// leader handing over drops it, without telling the follower, which
+// would otherwise learn only at the attempt timeout (two election
+// timeouts). Sending a proposal twice is safe (see send).
+func (g *group) watch(ctx context.Context, rs *dragonboat.RequestState, leaderChanged <-chan struct{}, b []byte, deadline time.Time) {
+	var r dragonboat.RequestResult
+	select {
+	case r = <-rs.ResultC():
+	case <-leaderChanged:
+		// rs completes on its own; its outcome no longer matters.
+		g.n.stats.proposeRetries.Add(1)
+		if g.send(ctx, b, deadline) {
+			return // the new watcher owns the slot
+		}
+		g.freeSlot()
+		return
+	case <-ctx.Done():
+		g.freeSlot()
+		return
+	}
+	rs.Release()
+	if r.Dropped() || r.Timeout() {
+		g.n.stats.proposeRetries.Add(1)
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Millisecond):
+		}
+		if g.send(ctx, b, deadline) {
+			return // the new watcher owns the slot
+		}
+	}
+	g.freeSlot()
+}
