@@ -12,7 +12,12 @@ import (
 
 // Namespace interns a tenant; commands carry the tenant's name, since
 // interned numbers are local to a process.
-func (n *Node) Namespace(tenant string) engine.Namespace { return n.tenants.Intern(tenant) }
+// A tenant with limits gets its gates then.
+func (n *Node) Namespace(tenant string) engine.Namespace {
+	ns := n.tenants.Intern(tenant)
+	n.quotas.Add(ns, tenant)
+	return ns
+}
 
 func (n *Node) tenant(ns engine.Namespace) string { return n.tenants.Name(ns) }
 
@@ -27,23 +32,60 @@ func (n *Node) Acquire(ns engine.Namespace, key []byte, owner uint64, lease, wai
 		return engine.Result{Outcome: engine.Busy}, nil
 	}
 	tenant := n.tenant(ns)
+	g := n.groups[groupOf(tenant, key, len(n.groups))]
+	quota := n.quotas.Of(ns)
+	if !quota.AdmitInflight() {
+		n.inflight.Leave()
+		return engine.Result{Outcome: engine.Busy}, nil
+	}
+	if !n.admitTenantKey(quota, g, tenant, key) {
+		quota.LeaveInflight()
+		n.inflight.Leave()
+		return engine.Result{Outcome: engine.Busy}, nil
+	}
 	now := n.clock()
 	limit := n.cfg.ProposeTimeout
 	if wait > 0 && wait < limit {
 		limit = wait
 	}
-	p := &pending{id: n.nextID(), w: w, owner: owner, start: now, wait: wait, deadline: now + limit}
+	p := &pending{id: n.nextID(), w: w, owner: owner, start: now, wait: wait, deadline: now + limit, quota: quota}
 	if !n.register(p) {
+		quota.LeaveInflight()
 		n.inflight.Leave()
 		return engine.Result{Outcome: engine.ShuttingDown}, nil
 	}
-	g := n.groups[groupOf(tenant, key, len(n.groups))]
 	g.mu.Lock()
 	g.buf = appendAcquire(g.buf, n.cfg.NodeID, p.id, uint16(lease/time.Second), int64(wait), uint32(g.maxKeys), tenant, key)
 	g.count++
 	g.mu.Unlock()
 	g.dirty.Store(true)
 	return engine.Result{Outcome: engine.Queued}, p
+}
+
+// admitTenantKey is the tenant's keys quota for an acquire of key in g: a
+// key this replica holds already needs no new key; otherwise the tenant's
+// keys in this node's replicas of every group decide, with the gate's
+// hysteresis. The replicas may lag their groups by a few commands, which
+// an admission gate tolerates.
+func (n *Node) admitTenantKey(quota *engine.TenantGates, g *group, tenant string, key []byte) bool {
+	if quota == nil || quota.Keys == nil {
+		return true
+	}
+	if f := g.fsm.Load(); f != nil && f.holds(lockKey([]byte(tenant), key)) {
+		return true
+	}
+	return quota.AdmitKeyCounted(n.tenantKeys(tenant))
+}
+
+// tenantKeys counts tenant's keys in this node's replicas.
+func (n *Node) tenantKeys(tenant string) int {
+	count := 0
+	for _, g := range n.groups {
+		if f := g.fsm.Load(); f != nil {
+			count += f.tenantKeys(tenant)
+		}
+	}
+	return count
 }
 
 // AsyncRelease: releases and keeps are answered through the Waiter once
@@ -161,6 +203,11 @@ func (n *Node) Stats() engine.Stats {
 	st.Waiters, st.Inflight = st.WaitersGate.Count, st.InflightGate.Count
 	st.KeysGate = engine.GateStats{Open: !keysClosed, Limit: n.cfg.MaxKeys, Count: st.Keys, Refused: keysRefused}
 	st.AbandonedReleased = n.stats.abandoned.Load()
+	st.Tenants = n.quotas.Stats(n.Namespace)
+	for i := range st.Tenants {
+		// The keys gate holds no units here: the replicas count the keys.
+		st.Tenants[i].KeysGate.Count = n.tenantKeys(st.Tenants[i].Tenant)
+	}
 	return st
 }
 

@@ -67,6 +67,11 @@ type Config struct {
 	MaxKeys     int // live keys, all groups (each group gets its share)
 	MaxWaiters  int // queued waiters on this node
 	MaxInflight int // acquires in flight on this node, pending in Raft included
+	// TenantLimits gives each tenant its share of the limits, as
+	// engine.Config.TenantLimits does: in-flight acquires and waiters on
+	// this node, and keys as this node's replicas of all groups count
+	// them.
+	TenantLimits func(tenant string) engine.TenantLimits
 	// FirstToken starts every group's counter (default 1); the same on
 	// every node. For tests of token exhaustion.
 	FirstToken uint64

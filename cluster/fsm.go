@@ -173,6 +173,20 @@ func (f *fsm) takeLoad(self uint64) (busiest loadShare, own uint64) {
 	return busiest, own
 }
 
+// holds reports whether this replica holds a lock on key.
+func (f *fsm) holds(key string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.state.locks[key] != nil
+}
+
+// tenantKeys is the number of tenant's keys in this replica.
+func (f *fsm) tenantKeys(tenant string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.state.tenantKeys[tenant]
+}
+
 // renewalsOf is the renewals of key's lock as this replica has applied
 // them, when token is its current token; 0 otherwise (a KEEP proposed on
 // that view, if stale, is proposed again once this replica catches up).

@@ -51,6 +51,10 @@ type Node struct {
 
 	inflight *engine.AdmissionGate
 	waiters  *engine.AdmissionGate
+	// quotas are the tenants' own gates. Their keys gates are asked with
+	// the tenant's keys in the group's replica (AdmitCounted): keys come
+	// and go on every node.
+	quotas *engine.TenantQuotas
 
 	tenants engine.Tenants // commands carry names: Namespaces are local to a process
 
@@ -144,6 +148,7 @@ func Start(cfg Config) (*Node, error) {
 		wakeReg:        make(chan struct{}, 1),
 		inflight:       engine.NewAdmissionGate(cfg.MaxInflight),
 		waiters:        engine.NewAdmissionGate(cfg.MaxWaiters),
+		quotas:         engine.NewTenantQuotas(cfg.TenantLimits),
 	}
 	var seed [8]byte
 	if _, err := rand.Read(seed[:]); err != nil {

@@ -22,8 +22,9 @@ type pending struct {
 	// ungated marks a release or keep: it holds no gate, and it is still
 	// answered after Shutdown.
 	ungated bool
-	queued  bool // the state machine queued it
-	done    bool // resolved or cancelled
+	queued  bool                // the state machine queued it
+	done    bool                // resolved or cancelled
+	quota   *engine.TenantGates // of the acquire's tenant, nil without limits
 }
 
 // staleKeep is called by g's state machine for a KEEP that named an older
@@ -102,9 +103,23 @@ func (n *Node) finishLocked(p *pending) bool {
 	delete(n.reg, p.id)
 	if !p.ungated {
 		n.inflight.Leave()
+		p.quota.LeaveInflight()
 		if p.queued {
 			n.waiters.Leave()
+			p.quota.LeaveWaiter()
 		}
+	}
+	return true
+}
+
+// admitWaiter takes a unit of the node's waiters gate and of the tenant's.
+func (n *Node) admitWaiter(quota *engine.TenantGates) bool {
+	if !n.waiters.Admit() {
+		return false
+	}
+	if !quota.AdmitWaiter() {
+		n.waiters.Leave()
+		return false
 	}
 	return true
 }
@@ -201,7 +216,7 @@ func (g *group) result(key string, node, id uint64, r engine.Result) {
 			n.regMu.Unlock()
 			return
 		}
-		if !n.waiters.Admit() {
+		if !n.admitWaiter(p.quota) {
 			// The replicated entry stays; a grant for it will be released.
 			n.finishLocked(p)
 			n.regMu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strings"
 	"time"
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
@@ -51,10 +52,23 @@ type replicated struct {
 	tokens     engine.TokenCounter
 	keysClosed bool
 	queued     int // waitEntries in all queues
+	// tenantKeys counts each tenant's keys (derived from locks), for the
+	// tenants' keys quotas.
+	tenantKeys map[string]int
 }
 
 func newReplicated(firstToken uint64) replicated {
-	return replicated{locks: make(map[string]*lockState), tokens: engine.TokenCounter{Last: max(firstToken, 1) - 1}}
+	return replicated{
+		locks:      make(map[string]*lockState),
+		tokens:     engine.TokenCounter{Last: max(firstToken, 1) - 1},
+		tenantKeys: make(map[string]int),
+	}
+}
+
+// tenantOf is the tenant of a lock key.
+func tenantOf(k string) string {
+	tenant, _, _ := strings.Cut(k, "\x00")
+	return tenant
 }
 
 // answerKind says how the node delivers an answer.
@@ -156,6 +170,7 @@ func (s *replicated) acquire(k string, c *command, out *applied) {
 		default:
 			l = &lockState{}
 			s.locks[k] = l
+			s.tenantKeys[tenantOf(k)]++
 			s.grant(k, l, c.node, c.id, c.lease, out)
 			r.Token = l.Token
 		}
@@ -221,6 +236,10 @@ func (s *replicated) free(k string, l *lockState, out *applied) *lockState {
 		}
 	}
 	delete(s.locks, k)
+	tenant := tenantOf(k)
+	if s.tenantKeys[tenant]--; s.tenantKeys[tenant] == 0 {
+		delete(s.tenantKeys, tenant)
+	}
 	return nil
 }
 
@@ -315,6 +334,7 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 		now:        time.Duration(be.Uint64(hdr[1:])),
 		tokens:     engine.TokenCounter{Last: be.Uint64(hdr[9:]), Issued: be.Uint64(hdr[17:])},
 		keysClosed: hdr[25] == 1,
+		tenantKeys: make(map[string]int),
 	}
 	nLocks := be.Uint64(hdr[26:])
 	const waitEntryLen = 8 + 8 + 8 + 8 + 2
@@ -369,6 +389,7 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 		}
 		s.queued += nq
 		s.locks[string(kb)] = l
+		s.tenantKeys[tenantOf(string(kb))]++
 	}
 	return s, nil
 }

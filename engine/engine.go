@@ -29,6 +29,10 @@ type Config struct {
 	// TokenBlock is how many tokens one reservation adds; default
 	// DefaultTokenBlock.
 	TokenBlock uint64
+	// TenantLimits, when set, gives each tenant its share of the limits
+	// (asked once, when the tenant is first named); nil, or a zero
+	// TenantLimits, leaves a tenant to the global gates alone.
+	TenantLimits func(tenant string) TenantLimits
 }
 
 // Defaults of the Config limits.
@@ -114,6 +118,7 @@ type Wait struct {
 	// the Waiter alive with it.
 	waiter Waiter
 	owner  uint64
+	quota  *TenantGates // of the acquire's tenant, nil without limits
 	queued Waiting
 }
 
@@ -137,6 +142,7 @@ type Engine struct {
 	wake     chan struct{}
 
 	tenants Tenants
+	quotas  *TenantQuotas
 	tokens  tokenReserve
 }
 
@@ -195,6 +201,7 @@ func New(cfg Config) *Engine {
 		keys:         NewAdmissionGate(maxKeys),
 		waiters:      NewAdmissionGate(orDefault(cfg.MaxWaiters, DefaultMaxWaiters)),
 		wake:         make(chan struct{}, 1),
+		quotas:       NewTenantQuotas(cfg.TenantLimits),
 	}
 	e.nextTick.Store(int64(noDeadline))
 	lastToken := e.tokens.init(cfg) - 1
@@ -205,7 +212,12 @@ func New(cfg Config) *Engine {
 }
 
 // Namespace interns tenant: the same tenant always gets the same Namespace.
-func (e *Engine) Namespace(tenant string) Namespace { return e.tenants.Intern(tenant) }
+// A tenant with limits gets its gates then.
+func (e *Engine) Namespace(tenant string) Namespace {
+	ns := e.tenants.Intern(tenant)
+	e.quotas.Add(ns, tenant)
+	return ns
+}
 
 // Tenants interns tenant names as Namespaces and maps them back. It is
 // safe for concurrent use, and the zero value is ready; Namespace 0 is
@@ -294,19 +306,24 @@ func (e *Engine) Acquire(ns Namespace, key []byte, owner uint64, lease, wait tim
 	if e.shuttingDown.Load() {
 		return Result{Outcome: ShuttingDown}, nil
 	}
+	quota := e.quotas.Of(ns)
 	if !e.inflight.Admit() {
+		return Result{Outcome: Busy}, nil
+	}
+	if !quota.AdmitInflight() {
+		e.inflight.Leave()
 		return Result{Outcome: Busy}, nil
 	}
 	// Read under the lock so that events within a shard are ordered in time.
 	now := e.clock.Now()
-	r, wt := e.acquireLocked(s, h, ns, key, owner, lease, wait, w, now)
+	r, wt := e.acquireLocked(s, h, ns, quota, key, owner, lease, wait, w, now)
 	if wt == nil {
-		e.inflight.Leave()
+		e.leaveInflight(quota)
 	}
 	return r, wt
 }
 
-func (e *Engine) acquireLocked(s *shard, h uint64, ns Namespace, key []byte, owner uint64, lease, wait time.Duration, w Waiter, now time.Duration) (Result, *Wait) {
+func (e *Engine) acquireLocked(s *shard, h uint64, ns Namespace, quota *TenantGates, key []byte, owner uint64, lease, wait time.Duration, w Waiter, now time.Duration) (Result, *Wait) {
 	ent := s.table.get(h, ns, key)
 	if ent != nil {
 		// A due handoff goes first, or this acquire would jump the queue. An
@@ -328,6 +345,10 @@ func (e *Engine) acquireLocked(s *shard, h uint64, ns Namespace, key []byte, own
 		if !e.keys.Admit() {
 			return Result{Outcome: Busy}, nil
 		}
+		if !quota.AdmitKey() {
+			e.keys.Leave()
+			return Result{Outcome: Busy}, nil
+		}
 		ent = s.newEntry(ns, key)
 		s.table.insert(h, ent)
 		e.grant(s, ent, now, lease)
@@ -336,12 +357,17 @@ func (e *Engine) acquireLocked(s *shard, h uint64, ns Namespace, key []byte, own
 	if !e.waiters.Admit() {
 		return Result{Outcome: Busy}, nil
 	}
+	if !quota.AdmitWaiter() {
+		e.waiters.Leave()
+		return Result{Outcome: Busy}, nil
+	}
 	wt := &Wait{
 		shard:  s,
 		entry:  ent,
 		prev:   ent.tail,
 		waiter: w,
 		owner:  owner,
+		quota:  quota,
 		queued: QueueEntry(now, wait, lease),
 	}
 	if ent.tail != nil {
@@ -371,7 +397,7 @@ func (e *Engine) Cancel(w *Wait) bool {
 	}
 	e.unqueue(s, w)
 	w.waiter = nil
-	e.inflight.Leave()
+	e.leaveInflight(w.quota)
 	return true
 }
 
@@ -451,6 +477,8 @@ type Stats struct {
 	// AbandonedDropped those it left to their lease (its queue was full).
 	AbandonedReleased, AbandonedDropped uint64
 	KeysGate, WaitersGate, InflightGate GateStats
+	// Tenants are the gates of the tenants with limits.
+	Tenants []TenantStats
 }
 
 // Stats returns a snapshot of the counters.
@@ -479,6 +507,8 @@ func (e *Engine) Stats() Stats {
 		KeysGate:     keys,
 		WaitersGate:  waiters,
 		InflightGate: inflight,
+
+		Tenants: e.quotas.Stats(e.Namespace),
 	}
 }
 
@@ -554,7 +584,7 @@ func (e *Engine) handoff(s *shard, h uint64, ent *entry, now time.Duration) *ent
 // goes to the shard's free list while that has room. It returns nil, the
 // key's entry from now on.
 func (e *Engine) retire(s *shard, h uint64, ent *entry) *entry {
-	e.keys.Leave()
+	e.leaveKey(ent.ns)
 	s.table.remove(h, ent)
 	if len(s.free) < e.freePerShard {
 		ent.lease = Lease{}
@@ -578,11 +608,23 @@ func (e *Engine) unqueue(s *shard, w *Wait) {
 	w.entry, w.prev, w.next = nil, nil, nil
 	s.waiting--
 	e.waiters.Leave()
+	w.quota.LeaveWaiter()
 }
 
 // resolve answers a waiter that has left its queue.
 func (e *Engine) resolve(w *Wait, r Result) {
 	w.waiter.Resolve(w.owner, r)
 	w.waiter = nil
+	e.leaveInflight(w.quota)
+}
+
+// leaveKey gives back the key units of a key of ns leaving the table.
+func (e *Engine) leaveKey(ns Namespace) {
+	e.keys.Leave()
+	e.quotas.Of(ns).LeaveKey()
+}
+
+func (e *Engine) leaveInflight(quota *TenantGates) {
 	e.inflight.Leave()
+	quota.LeaveInflight()
 }

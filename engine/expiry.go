@@ -136,7 +136,7 @@ func (e *Engine) Sweep() {
 			if ent.head != nil || !ent.lease.Lapsed(now) {
 				return false
 			}
-			e.keys.Leave()
+			e.leaveKey(ent.ns)
 			return true
 		})
 		s.table.shrink()

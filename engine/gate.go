@@ -55,6 +55,20 @@ func (g *AdmissionGate) Admit() bool {
 	}
 }
 
+// AdmitCounted decides one more unit for a gate whose units are counted
+// elsewhere (count): the same hysteresis and refusal count, no unit held.
+func (g *AdmissionGate) AdmitCounted(count int) bool {
+	closed := g.closed.Load()
+	admitted, closedAfter := g.rule.Admit(closed, int64(count))
+	if closedAfter != closed {
+		g.closed.Store(closedAfter)
+	}
+	if !admitted {
+		g.refused.Add(1)
+	}
+	return admitted
+}
+
 // Leave gives back one admitted unit.
 func (g *AdmissionGate) Leave() {
 	// Reopening here, not only in Admit, keeps Stats truthful while nobody

@@ -6,9 +6,11 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/lockd/lockd/codec"
+	"github.com/lockd/lockd/engine"
 	"github.com/lockd/lockd/internal/privatefile"
 )
 
@@ -19,58 +21,126 @@ const MinSecretLen = 16
 // makeSecret is how the errors about a secret say to make a good one.
 const makeSecret = "make one with `openssl rand -hex 32`"
 
+// AuthFile is what an auth file says: each tenant's secret, and the
+// limits its line sets.
+type AuthFile struct {
+	Secrets map[string][]byte
+	// Limits holds the fields a tenant's line sets (keys=N, waiters=N,
+	// inflight=N); the others are 0, a fair share (TenantLimits).
+	Limits map[string]engine.TenantLimits
+}
+
 // LoadAuthFile reads tenants and secrets from lines "tenant:hex-secret",
-// spaces allowed around the colon. Blank lines and lines starting with #
-// are ignored. Errors name the file and the line. A file the group or
-// others may access is refused (the fix is chmod 600): its secrets would
-// authenticate anyone on the machine.
-func LoadAuthFile(path string) (map[string][]byte, error) {
+// spaces allowed around the colon, optionally followed by the tenant's
+// own limits: "keys=N waiters=N inflight=N", any of them. Blank lines and
+// lines starting with # are ignored. Errors name the file and the line. A
+// file the group or others may access is refused (the fix is chmod 600):
+// its secrets would authenticate anyone on the machine.
+func LoadAuthFile(path string) (AuthFile, error) {
 	data, err := privatefile.ReadFile(path)
 	if err != nil {
-		return nil, err
+		return AuthFile{}, err
 	}
-	tenants, err := ParseAuth(bytes.NewReader(data))
+	auth, err := ParseAuth(bytes.NewReader(data))
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return AuthFile{}, fmt.Errorf("%s: %w", path, err)
 	}
-	return tenants, nil
+	return auth, nil
 }
 
 // ParseAuth parses the auth file format; see LoadAuthFile.
-func ParseAuth(r io.Reader) (map[string][]byte, error) {
-	tenants := make(map[string][]byte)
+func ParseAuth(r io.Reader) (AuthFile, error) {
+	auth := AuthFile{Secrets: make(map[string][]byte), Limits: make(map[string]engine.TenantLimits)}
 	sc := bufio.NewScanner(r)
 	for line := 1; sc.Scan(); line++ {
 		text := strings.TrimSpace(sc.Text())
 		if text == "" || strings.HasPrefix(text, "#") {
 			continue
 		}
-		tenant, hexSecret, ok := strings.Cut(text, ":")
+		tenant, rest, ok := strings.Cut(text, ":")
 		if !ok {
-			return nil, fmt.Errorf("line %d: want tenant:hex-secret (%s)", line, makeSecret)
+			return AuthFile{}, fmt.Errorf("line %d: want tenant:hex-secret (%s)", line, makeSecret)
 		}
-		tenant, hexSecret = strings.TrimSpace(tenant), strings.TrimSpace(hexSecret)
+		tenant = strings.TrimSpace(tenant)
+		fields := strings.Fields(rest)
 		if !codec.ValidTenant([]byte(tenant)) {
-			return nil, fmt.Errorf("line %d: tenant %q is not 1..32 bytes of [A-Za-z0-9._-]", line, tenant)
+			return AuthFile{}, fmt.Errorf("line %d: tenant %q is not 1..32 bytes of [A-Za-z0-9._-]", line, tenant)
 		}
-		secret, err := hex.DecodeString(hexSecret)
+		if len(fields) == 0 {
+			return AuthFile{}, fmt.Errorf("line %d: tenant %q has no secret; %s", line, tenant, makeSecret)
+		}
+		secret, err := hex.DecodeString(fields[0])
 		if err != nil {
-			return nil, fmt.Errorf("line %d: the secret of %q is not hex; %s", line, tenant, makeSecret)
+			return AuthFile{}, fmt.Errorf("line %d: the secret of %q is not hex; %s", line, tenant, makeSecret)
 		}
 		if len(secret) < MinSecretLen {
-			return nil, fmt.Errorf("line %d: the secret of %q has %d bytes, at least %d are needed against online guessing; %s",
+			return AuthFile{}, fmt.Errorf("line %d: the secret of %q has %d bytes, at least %d are needed against online guessing; %s",
 				line, tenant, len(secret), MinSecretLen, makeSecret)
 		}
-		if _, dup := tenants[tenant]; dup {
-			return nil, fmt.Errorf("line %d: tenant %q appears twice", line, tenant)
+		if _, dup := auth.Secrets[tenant]; dup {
+			return AuthFile{}, fmt.Errorf("line %d: tenant %q appears twice", line, tenant)
 		}
-		tenants[tenant] = secret
+		limits, err := parseTenantLimits(fields[1:])
+		if err != nil {
+			return AuthFile{}, fmt.Errorf("line %d: tenant %q: %w", line, tenant, err)
+		}
+		auth.Secrets[tenant] = secret
+		auth.Limits[tenant] = limits
 	}
 	if err := sc.Err(); err != nil {
-		return nil, err
+		return AuthFile{}, err
 	}
-	if len(tenants) == 0 {
-		return nil, fmt.Errorf("no tenants: add tenant:hex-secret lines (%s)", makeSecret)
+	if len(auth.Secrets) == 0 {
+		return AuthFile{}, fmt.Errorf("no tenants: add tenant:hex-secret lines (%s)", makeSecret)
 	}
-	return tenants, nil
+	return auth, nil
+}
+
+// parseTenantLimits reads "keys=N waiters=N inflight=N", N >= 1.
+func parseTenantLimits(fields []string) (engine.TenantLimits, error) {
+	var l engine.TenantLimits
+	for _, f := range fields {
+		name, value, _ := strings.Cut(f, "=")
+		n, err := strconv.Atoi(value)
+		if err != nil || n < 1 {
+			return l, fmt.Errorf("%q: want keys=N, waiters=N or inflight=N with N >= 1", f)
+		}
+		switch name {
+		case "keys":
+			l.Keys = n
+		case "waiters":
+			l.Waiters = n
+		case "inflight":
+			l.Inflight = n
+		default:
+			return l, fmt.Errorf("%q: want keys=N, waiters=N or inflight=N with N >= 1", f)
+		}
+	}
+	return l, nil
+}
+
+// TenantLimits gives each tenant of the file its share of the global
+// limits (keys, waiters, inflight): what its line sets, and for what it
+// does not, a fair share — the limit divided by the number of tenants,
+// rounded up — so that no tenant can take what the others are owed. A
+// file of one tenant sets no shares of its own: the global gates are that
+// tenant's. Tenants not in the file cannot authenticate and get none.
+func (a AuthFile) TenantLimits(keys, waiters, inflight int) func(tenant string) engine.TenantLimits {
+	n := len(a.Secrets)
+	share := func(set, limit int) int {
+		switch {
+		case set > 0:
+			return set
+		case n < 2:
+			return 0
+		}
+		return (limit + n - 1) / n
+	}
+	return func(tenant string) engine.TenantLimits {
+		l, ok := a.Limits[tenant]
+		if !ok {
+			return engine.TenantLimits{}
+		}
+		return engine.TenantLimits{Keys: share(l.Keys, keys), Waiters: share(l.Waiters, waiters), Inflight: share(l.Inflight, inflight)}
+	}
 }

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/lockd/lockd/engine"
 )
 
 func TestParseAuthRejects(t *testing.T) {
@@ -16,6 +18,10 @@ func TestParseAuthRejects(t *testing.T) {
 		"not hex":         "alpha:" + strings.Repeat("zz", MinSecretLen) + "\n",
 		"twice":           "alpha:" + secret + "\nalpha:" + secret + "\n",
 		"no tenants":      "# nobody\n",
+		"no secret":       "alpha: keys=5\n",
+		"unknown limit":   "alpha:" + secret + " conns=5\n",
+		"zero limit":      "alpha:" + secret + " keys=0\n",
+		"bad limit":       "alpha:" + secret + " waiters=many\n",
 	} {
 		if _, err := ParseAuth(strings.NewReader(text)); err == nil {
 			t.Errorf("%s: accepted", name)
@@ -46,12 +52,12 @@ func TestParseAuthAllowsSpacesAroundTheColon(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tenant := range []string{"alpha", "beta", "gamma"} {
-		if len(auth[tenant]) != MinSecretLen || auth[tenant][0] != 0xab {
-			t.Errorf("tenant %q: secret %x", tenant, auth[tenant])
+		if len(auth.Secrets[tenant]) != MinSecretLen || auth.Secrets[tenant][0] != 0xab {
+			t.Errorf("tenant %q: secret %x", tenant, auth.Secrets[tenant])
 		}
 	}
-	if len(auth) != 3 {
-		t.Fatalf("parsed %d tenants: %v", len(auth), auth)
+	if len(auth.Secrets) != 3 {
+		t.Fatalf("parsed %d tenants: %v", len(auth.Secrets), auth.Secrets)
 	}
 }
 
@@ -65,8 +71,8 @@ func TestLoadAuthFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(auth) != 2 || len(auth["alpha"]) != 16 || auth["beta"][31] != 0xff {
-		t.Fatalf("parsed %v", auth)
+	if len(auth.Secrets) != 2 || len(auth.Secrets["alpha"]) != 16 || auth.Secrets["beta"][31] != 0xff {
+		t.Fatalf("parsed %v", auth.Secrets)
 	}
 	missing := filepath.Join(t.TempDir(), "missing")
 	if _, err := LoadAuthFile(missing); err == nil || !strings.Contains(err.Error(), missing) {
@@ -95,5 +101,33 @@ func TestLoadAuthFileRefusesReadableByOthers(t *testing.T) {
 		if _, err := LoadAuthFile(path); err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "chmod 600") {
 			t.Errorf("mode %04o: %v; want a refusal naming the file and chmod 600", mode, err)
 		}
+	}
+}
+
+// A tenant's line may set its own limits; the rest are fair shares of
+// the global limits, none with a single tenant.
+func TestAuthFileTenantLimits(t *testing.T) {
+	secret := strings.Repeat("ab", MinSecretLen)
+	auth, err := ParseAuth(strings.NewReader("big:" + secret + " keys=500 inflight=40\nsmall:" + secret + "\nthird : " + secret + " waiters=7\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	limits := auth.TenantLimits(1000, 100, 10)
+	for tenant, want := range map[string]engine.TenantLimits{
+		"big":     {Keys: 500, Waiters: 34, Inflight: 40},
+		"small":   {Keys: 334, Waiters: 34, Inflight: 4},
+		"third":   {Keys: 334, Waiters: 7, Inflight: 4},
+		"unknown": {},
+	} {
+		if got := limits(tenant); got != want {
+			t.Errorf("%s: %+v, want %+v", tenant, got, want)
+		}
+	}
+	alone, err := ParseAuth(strings.NewReader("only:" + secret + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := alone.TenantLimits(1000, 100, 10)("only"); got != (engine.TenantLimits{}) {
+		t.Fatalf("a single tenant got shares %+v, want none", got)
 	}
 }

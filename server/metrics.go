@@ -169,6 +169,7 @@ func (s *Server) writePrometheus(w io.Writer) {
 		p("lockd_gate_count{gate=%q} %d\n", g.name, g.st.Count)
 		p("lockd_gate_limit{gate=%q} %d\n", g.name, g.st.Limit)
 	}
+	writeTenantGates(p, st.Tenants)
 	gauge := func(name, help string, v any) {
 		p("# HELP %s %s\n# TYPE %s gauge\n%s %v\n", name, help, name, name, v)
 	}
@@ -198,5 +199,37 @@ func (s *Server) writePrometheus(w io.Writer) {
 	counter("lockd_orphan_grants_dropped_total", "Grants to closed connections left to lease expiry (release queue full).", st.AbandonedDropped)
 	if x, ok := s.backend.(interface{ WritePrometheus(io.Writer) }); ok {
 		x.WritePrometheus(w) // cluster mode's own series
+	}
+}
+
+// writeTenantGates writes the gates of the tenants with limits, one
+// family at a time; the tenants are those of the auth file, a bounded set.
+func writeTenantGates(p func(format string, a ...any), tenants []engine.TenantStats) {
+	if len(tenants) == 0 {
+		return
+	}
+	for _, family := range []struct {
+		name, help, kind string
+		value            func(engine.GateStats) any
+	}{
+		{"lockd_tenant_gate_open", "A tenant's own admission gate state (1 open, 0 closed).", "gauge", func(g engine.GateStats) any {
+			if g.Open {
+				return 1
+			}
+			return 0
+		}},
+		{"lockd_tenant_gate_refused_total", "B answers caused by a tenant's own gate.", "counter", func(g engine.GateStats) any { return g.Refused }},
+		{"lockd_tenant_gate_count", "Current count held against a tenant's own limit.", "gauge", func(g engine.GateStats) any { return g.Count }},
+		{"lockd_tenant_gate_limit", "A tenant's own limit (0: the global gate alone).", "gauge", func(g engine.GateStats) any { return g.Limit }},
+	} {
+		p("# HELP %s %s\n# TYPE %s %s\n", family.name, family.help, family.name, family.kind)
+		for _, ts := range tenants {
+			for _, g := range []struct {
+				name string
+				st   engine.GateStats
+			}{{"keys", ts.KeysGate}, {"waiters", ts.WaitersGate}, {"inflight", ts.InflightGate}} {
+				p("%s{tenant=%q,gate=%q} %v\n", family.name, ts.Tenant, g.name, family.value(g.st))
+			}
+		}
 	}
 }

@@ -685,7 +685,7 @@ func TestReliabilityWeakSecretsRefused(t *testing.T) {
 		t.Fatal("a 15-byte secret must be refused")
 	}
 	auth, err := ParseAuth(strings.NewReader("# team\n\nalpha:" + strings.Repeat("ab", 16) + "\n"))
-	if err != nil || len(auth["alpha"]) != 16 {
+	if err != nil || len(auth.Secrets["alpha"]) != 16 {
 		t.Fatalf("a 16-byte secret must be accepted: %v", err)
 	}
 }

@@ -89,10 +89,12 @@ func serve(opts serveOptions, level zerolog.Level) error {
 	cfg, authFile := opts.server, opts.authFile
 	cfg.Logger = zerolog.New(os.Stderr).Level(level).With().Timestamp().Logger()
 	if authFile != "" {
-		var err error
-		if cfg.Auth, err = server.LoadAuthFile(authFile); err != nil {
+		auth, err := server.LoadAuthFile(authFile)
+		if err != nil {
 			return fmt.Errorf("--auth-file: %w", err)
 		}
+		cfg.Auth = auth.Secrets
+		cfg.Engine.TenantLimits = auth.TenantLimits(cfg.Engine.MaxKeys, cfg.Engine.MaxWaiters, cfg.Engine.MaxInflight)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -101,6 +103,7 @@ func serve(opts serveOptions, level zerolog.Level) error {
 	if opts.cluster {
 		cc := opts.clusterCfg
 		cc.MaxKeys, cc.MaxWaiters, cc.MaxInflight = cfg.Engine.MaxKeys, cfg.Engine.MaxWaiters, cfg.Engine.MaxInflight
+		cc.TenantLimits = cfg.Engine.TenantLimits
 		cc.Logger = cfg.Logger
 		var err error
 		if node, err = cluster.Start(cc); err != nil {
@@ -147,7 +150,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	o.flags = fs
 	fs.StringVar(&cfg.Listen, "listen", server.DefaultListen, "client protocol address")
 	fs.StringVar(&cfg.Admin, "admin", server.DefaultAdmin, "admin HTTP address (/healthz, /metrics); empty for none")
-	fs.StringVar(authFile, "auth-file", "", "file of tenant:hex-secret lines (make a secret with openssl rand -hex 32); turns authentication on")
+	fs.StringVar(authFile, "auth-file", "", "file of tenant:hex-secret lines, each optionally with the tenant's keys=N waiters=N inflight=N (make a secret with openssl rand -hex 32); turns authentication on, and with two or more tenants, per-tenant quotas")
 	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow auth off on a non-loopback address")
 	fs.BoolVar(&cfg.InsecureAdmin, "insecure-admin", false, "allow --admin, which has no authentication, on a non-loopback address")
 	fs.IntVar(&cfg.AdminMaxConns, "admin-max-conns", server.DefaultAdminMaxConns, "admin connections served at once; more wait to be accepted")
