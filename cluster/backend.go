@@ -48,7 +48,7 @@ func (n *Node) Acquire(ns engine.Namespace, key []byte, owner uint64, lease, wai
 	if wait > 0 && wait < limit {
 		limit = wait
 	}
-	p := &pending{id: n.nextID(), w: w, owner: owner, start: now, wait: wait, deadline: now + limit, quota: quota}
+	p := &pending{id: n.nextID(), w: w, owner: owner, start: now, wait: wait, deadline: now + limit, quota: quota, group: g, key: lockKey([]byte(tenant), key)}
 	if !n.register(p) {
 		quota.LeaveInflight()
 		n.inflight.Leave()
@@ -145,12 +145,14 @@ func (g *group) enqueueRelease(id, token uint64, tenant string, key []byte) {
 	g.dirty.Store(true)
 }
 
-// Abandon releases a grant whose waiter's connection closed before the
-// grant could be written: the same release, checked against the current
-// token first, as for a grant whose waiter is gone from the registry.
-func (n *Node) Abandon(ns engine.Namespace, key []byte, token uint64) {
-	tenant := n.tenant(ns)
-	n.groups[groupOf(tenant, key, len(n.groups))].orphan(lockKey([]byte(tenant), key), token)
+// Abandon releases the grant of an acquire whose waiter's connection
+// closed before the grant could be written: the same release, checked
+// against the current token first, as for a grant whose waiter is gone
+// from the registry.
+func (n *Node) Abandon(h engine.Handle, token uint64) {
+	if p, ok := h.(*pending); ok && p.group != nil {
+		p.group.orphan(p.key, token)
+	}
 }
 
 // Cancel drops a waiter whose connection closed. Its replicated queue

@@ -25,6 +25,10 @@ type pending struct {
 	queued  bool                // the state machine queued it
 	done    bool                // resolved or cancelled
 	quota   *engine.TenantGates // of the acquire's tenant, nil without limits
+	// group and key (a lock key) of an acquire, to release a grant its
+	// waiter abandons.
+	group *group
+	key   string
 }
 
 // staleKeep is called by g's state machine for a KEEP that named an older

@@ -38,12 +38,12 @@ type Backend interface {
 	// AsyncRelease reports whether Release and Keep answer through the
 	// Waiter.
 	AsyncRelease() bool
-	// Abandon gives back a grant resolved to a waiter that can no longer
-	// take it (its connection closed first), instead of leaving the lock
-	// to its lease. It never blocks and may be called from inside
-	// Waiter.Resolve; the backend releases the token if it is still
-	// current.
-	Abandon(ns Namespace, key []byte, token uint64)
+	// Abandon gives back the grant of token to the queued acquire h (what
+	// Acquire returned) when its waiter can no longer take it (its
+	// connection closed first), instead of leaving the lock to its lease.
+	// It never blocks and may be called from inside Waiter.Resolve; the
+	// backend releases the token if it is still current.
+	Abandon(h Handle, token uint64)
 	// Cancel drops a queued acquire whose connection closed; the Handle is
 	// what Acquire returned. Safe after resolution and with a nil Handle.
 	Cancel(h Handle)
@@ -79,8 +79,7 @@ type Local struct {
 }
 
 type abandonedGrant struct {
-	ns    Namespace
-	key   string
+	w     *Wait
 	token uint64
 }
 
@@ -113,9 +112,13 @@ func (*Local) AsyncRelease() bool { return false }
 
 // Abandon queues the release; the queue is never closed, so a grant
 // resolved after Run has returned is dropped, not a panic.
-func (b *Local) Abandon(ns Namespace, key []byte, token uint64) {
+func (b *Local) Abandon(h Handle, token uint64) {
+	w, ok := h.(*Wait)
+	if !ok {
+		return
+	}
 	select {
-	case b.abandoned <- abandonedGrant{ns: ns, key: string(key), token: token}:
+	case b.abandoned <- abandonedGrant{w: w, token: token}:
 		b.released.Add(1)
 	default:
 		b.dropped.Add(1)
@@ -148,12 +151,12 @@ func (b *Local) Run(ctx context.Context) {
 	for {
 		select {
 		case g := <-b.abandoned:
-			b.e.Release(g.ns, []byte(g.key), g.token)
+			b.e.ReleaseGranted(g.w, g.token)
 		case <-ctx.Done():
 			for {
 				select {
 				case g := <-b.abandoned:
-					b.e.Release(g.ns, []byte(g.key), g.token)
+					b.e.ReleaseGranted(g.w, g.token)
 				default:
 					return
 				}

@@ -18,7 +18,8 @@ func TestLocalBackendReleasesAbandonedGrants(t *testing.T) {
 	var rec recorder
 	key := []byte("k")
 	first, _ := b.Acquire(ns, key, 1, 30*time.Second, 0, &rec)
-	if _, h := b.Acquire(ns, key, 2, 30*time.Second, time.Minute, &rec); h == nil {
+	_, queued := b.Acquire(ns, key, 2, 30*time.Second, time.Minute, &rec)
+	if queued == nil {
 		t.Fatal("second acquire not queued")
 	}
 	b.Release(ns, key, 0, first.Token, nil)
@@ -26,7 +27,10 @@ func TestLocalBackendReleasesAbandonedGrants(t *testing.T) {
 	if len(granted) != 1 || granted[0].r.Outcome != Granted {
 		t.Fatalf("handoff %+v", granted)
 	}
-	b.Abandon(ns, key, granted[0].r.Token) // owner 2's connection had closed
+	if r := e.ReleaseGranted(queued.(*Wait), granted[0].r.Token-1); r.Outcome != NotHeld {
+		t.Fatalf("ReleaseGranted with another token: %v, want NotHeld", r.Outcome)
+	}
+	b.Abandon(queued, granted[0].r.Token) // owner 2's connection had closed
 
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -50,7 +54,7 @@ func TestLocalBackendReleasesAbandonedGrants(t *testing.T) {
 
 	// Run has returned: the queue fills, and what does not fit is dropped.
 	for i := range AbandonQueue + 1 {
-		b.Abandon(ns, key, uint64(1000+i))
+		b.Abandon(queued, uint64(1000+i))
 	}
 	if st := b.Stats(); st.AbandonedReleased != 1+AbandonQueue || st.AbandonedDropped != 1 {
 		t.Fatalf("after overfilling the queue: released %d dropped %d", st.AbandonedReleased, st.AbandonedDropped)

@@ -119,7 +119,11 @@ type Wait struct {
 	waiter Waiter
 	owner  uint64
 	quota  *TenantGates // of the acquire's tenant, nil without limits
-	queued Waiting
+	// granted is the entry w was handed, for ReleaseGranted. The entry
+	// may have left the table and serve another key since; its token
+	// then differs, tokens being unique within a shard.
+	granted *entry
+	queued  Waiting
 }
 
 // Engine is the lock table. All methods are safe for concurrent use.
@@ -408,12 +412,29 @@ func (e *Engine) Release(ns Namespace, key []byte, token uint64) Result {
 	s, h := e.locate(ns, key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := e.clock.Now()
 	ent := s.table.get(h, ns, key)
-	if ent != nil {
-		ent = e.settle(s, h, ent, now)
+	if ent == nil {
+		return Result{Outcome: NotHeld}
 	}
-	if ent == nil || Release(ent.lease, token, now) != Released {
+	return e.releaseLocked(s, h, ent, token, e.clock.Now())
+}
+
+// ReleaseGranted is Release of the lock that w, a queued acquire, was
+// granted with token: for a grant its waiter could not take. It needs no
+// key, so that the connection behind w keeps none per waiter.
+func (e *Engine) ReleaseGranted(w *Wait, token uint64) Result {
+	s := w.shard
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ent := w.granted
+	if ent == nil || ent.lease.Token != token {
+		return Result{Outcome: NotHeld}
+	}
+	return e.releaseLocked(s, e.hash(ent.ns, ent.key), ent, token, e.clock.Now())
+}
+
+func (e *Engine) releaseLocked(s *shard, h uint64, ent *entry, token uint64, now time.Duration) Result {
+	if ent = e.settle(s, h, ent, now); ent == nil || Release(ent.lease, token, now) != Released {
 		return Result{Outcome: NotHeld}
 	}
 	if ent.head != nil {
@@ -569,6 +590,7 @@ func (e *Engine) handoff(s *shard, h uint64, ent *entry, now time.Duration) *ent
 		case Granted:
 			ent.leaseArmed = false
 			e.granted(s)
+			w.granted = ent
 			e.resolve(w, r)
 			e.armLease(s, ent)
 			return ent

@@ -65,13 +65,13 @@ func (*grantingBackend) Keep(_ engine.Namespace, _ []byte, _, token uint64, _ ti
 	return engine.Result{Outcome: engine.Renewed, Token: token}
 }
 
-func (*grantingBackend) AsyncRelease() bool                       { return false }
-func (*grantingBackend) Abandon(engine.Namespace, []byte, uint64) {}
-func (*grantingBackend) Cancel(engine.Handle)                     {}
-func (*grantingBackend) Flush()                                   {}
-func (*grantingBackend) Stats() engine.Stats                      { return engine.Stats{} }
-func (*grantingBackend) Shutdown()                                {}
-func (*grantingBackend) Run(ctx context.Context)                  { <-ctx.Done() }
+func (*grantingBackend) AsyncRelease() bool            { return false }
+func (*grantingBackend) Abandon(engine.Handle, uint64) {}
+func (*grantingBackend) Cancel(engine.Handle)          {}
+func (*grantingBackend) Flush()                        {}
+func (*grantingBackend) Stats() engine.Stats           { return engine.Stats{} }
+func (*grantingBackend) Shutdown()                     {}
+func (*grantingBackend) Run(ctx context.Context)       { <-ctx.Done() }
 
 func benchCycles(b *testing.B, conns, depth int, cfg Config) {
 	cfg.Listen, cfg.Logger = "127.0.0.1:0", zerolog.Nop()

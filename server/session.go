@@ -65,15 +65,16 @@ type resolution struct {
 
 // abandonIfGranted hands an undeliverable grant back to the backend, which
 // releases it; other answers need nothing.
-func (r resolution) abandonIfGranted(s *Server, ns engine.Namespace) {
+func (r resolution) abandonIfGranted(s *Server) {
 	if r.result.Outcome == engine.Granted && r.async == opUnknown {
-		s.backend.Abandon(ns, []byte(r.key), r.result.Token)
+		s.backend.Abandon(r.wait, r.result.Token)
 	}
 }
 
 type pendingAcquire struct {
+	// wait is the queued acquire's handle, to cancel it or to abandon its
+	// grant; no key is kept per waiter.
 	wait engine.Handle
-	key  string // kept only for a queued acquire, to release an orphaned grant
 	// async is opRelease or opKeep for an asynchronous RELEASE or KEEP
 	// (cluster mode) awaiting its answer: it is in flight for dup_owner,
 	// and answered as that op. opUnknown for an acquire.
@@ -323,13 +324,13 @@ func (ss *session) acquire(req *codec.Request) bool {
 	case r.Outcome != engine.Queued:
 		delete(ss.pending, req.Owner)
 	case stillQueued:
-		ss.pending[req.Owner] = pendingAcquire{wait: w, key: string(req.Key)}
+		ss.pending[req.Owner] = pendingAcquire{wait: w}
 	default:
-		// Resolved before Acquire returned: give its answer the key an
-		// orphan release would need if the connection closes first.
+		// Resolved before Acquire returned: give its answer the handle
+		// an abandoned grant needs if the connection closes first.
 		for i := range ss.outbox {
 			if ss.outbox[i].owner == req.Owner {
-				ss.outbox[i].key = string(req.Key)
+				ss.outbox[i].wait = w
 			}
 		}
 	}
@@ -385,7 +386,7 @@ func (ss *session) Resolve(owner uint64, r engine.Result) {
 	res := resolution{owner: owner, result: r, pendingAcquire: p}
 	if ss.closed {
 		ss.mu.Unlock()
-		res.abandonIfGranted(ss.srv, ss.ns)
+		res.abandonIfGranted(ss.srv)
 		return
 	}
 	wake := len(ss.outbox) == 0
@@ -412,7 +413,7 @@ func (ss *session) deliverResolutions(closing bool) bool {
 	ss.mu.Unlock()
 	for _, r := range resolved {
 		if closing && r.result.Outcome != engine.ShuttingDown {
-			r.abandonIfGranted(ss.srv, ss.ns)
+			r.abandonIfGranted(ss.srv)
 			continue
 		}
 		op := opAcquire
@@ -443,7 +444,7 @@ func (ss *session) close(peerEnded bool) {
 	ss.mu.Lock()
 	ss.closed = true
 	for _, r := range ss.outbox {
-		r.abandonIfGranted(ss.srv, ss.ns)
+		r.abandonIfGranted(ss.srv)
 	}
 	ss.outbox = nil
 	waits := make([]engine.Handle, 0, len(ss.pending))
