@@ -20,14 +20,14 @@ import (
 func commitMarker(t *testing.T, tc *testCluster, from uint64, key string, rec *recorder, owner uint64) {
 	t.Helper()
 	n := tc.node(from)
-	marker := keyInGroup(fmt.Sprintf("marker/%d", owner), n.GroupOf("default", []byte(key)), len(n.groups))
+	marker := keyInGroup(fmt.Sprintf("marker/%d", owner), n.GroupOf("default", []byte(key)), tc.cfgs[from-1].Groups)
 	r := acquire(t, n, rec, owner, marker, time.Minute, 0)
 	if r.Outcome != engine.Granted {
 		t.Fatalf("marker acquire of %q through node %d: %+v", marker, from, r)
 	}
-	for _, other := range tc.nodes {
+	for i, other := range tc.nodes {
 		if other != nil {
-			waitUntil(t, 10*time.Second, fmt.Sprintf("node %d applies the marker", other.cfg.NodeID), func() bool {
+			waitUntil(t, 10*time.Second, fmt.Sprintf("node %d applies the marker", i+1), func() bool {
 				return other.Token("default", []byte(marker)) == r.Token
 			})
 		}
