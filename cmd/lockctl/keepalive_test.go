@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/lockd/lockd/client"
 	"github.com/lockd/lockd/client/lockdtest"
@@ -19,7 +18,6 @@ import (
 // lease it was granted with.
 func TestExecKeepsTheLockForAJobThreeTimesItsLease(t *testing.T) {
 	addr := startServer(t, nil)
-	const lease = 2 * time.Second
 	stdin, feed := io.Pipe()
 	var out, errs syncBuffer
 	done := make(chan int, 1)
