@@ -9,6 +9,8 @@ FUZZ_TARGETS := \
 	./codec:FuzzDecodeRequest \
 	./codec:FuzzRequestRoundTrip \
 	./codec:FuzzDecodeResponse \
+	./codec:FuzzResponseReader \
+	./codec:FuzzClientHandshake \
 	./server:FuzzServerFrameLoop \
 	./server:FuzzReliabilityServerAnswers \
 	./client:FuzzClientAnswers

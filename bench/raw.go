@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -25,6 +24,10 @@ type rawTarget struct {
 	wg     sync.WaitGroup
 }
 
+// rawReadBufferSize holds the answers to many pipelined requests, so that
+// one read hands out many of them.
+const rawReadBufferSize = 64 << 10
+
 // rawConn is one pipelined connection.
 type rawConn struct {
 	nc net.Conn
@@ -41,75 +44,37 @@ func openRaw(ctx context.Context, addr string, opts TargetOptions) (*rawTarget, 
 		opts.Conns = defaultConns
 	}
 	for range opts.Conns {
-		nc, leftover, err := rawDial(ctx, addr, opts.Tenant, opts.Secret)
+		nc, rr, err := rawDial(ctx, addr, opts.Tenant, opts.Secret)
 		if err != nil {
 			t.Close()
 			return nil, err
 		}
 		rc := &rawConn{nc: nc, pending: make(map[uint64]*rawCaller), w: coalescingWriter{nc: nc}}
 		t.conns = append(t.conns, rc)
-		t.wg.Go(func() { rc.readLoop(leftover) })
+		t.wg.Go(func() { rc.readLoop(rr) })
 	}
 	return t, nil
 }
 
-// rawDial connects and runs the handshake of SPEC §7. It returns the bytes
-// read past the handshake.
-func rawDial(ctx context.Context, addr, tenant string, secret []byte) (net.Conn, []byte, error) {
+// rawDial connects and runs the handshake of SPEC §7. The reader it
+// returns may already hold answers past the handshake.
+func rawDial(ctx context.Context, addr, tenant string, secret []byte) (net.Conn, *codec.ResponseReader, error) {
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, nil, err
 	}
 	nc.SetDeadline(time.Now().Add(answerSlack))
-	buf := make([]byte, 0, 4*codec.MaxFrame)
-	var greeting codec.Response
-	if buf, err = readResponse(nc, buf, &greeting); err != nil {
+	rr := codec.NewResponseReader(nc, rawReadBufferSize)
+	if err := codec.ClientHandshake(nc, rr, codec.Credentials{Tenant: tenant, Secret: secret}); err != nil {
 		nc.Close()
-		return nil, nil, fmt.Errorf("greeting from %s: %w", addr, err)
-	}
-	authRequired := greeting.Flags&codec.GreetingAuthRequired != 0
-	if authRequired && len(secret) == 0 {
-		nc.Close()
-		return nil, nil, fmt.Errorf("%s requires authentication: give a tenant and its secret", addr)
-	}
-	if authRequired || tenant != "" {
-		var clientNonce [codec.NonceLen]byte
-		rand.Read(clientNonce[:])
-		mac := codec.ClientMAC(secret, greeting.ServerNonce, clientNonce, []byte(tenant))
-		var welcome codec.Response
-		if _, err = nc.Write(codec.AppendHello(nil, clientNonce, mac, tenant)); err == nil {
-			buf, err = readResponse(nc, buf, &welcome)
+		if errors.Is(err, codec.ErrHandshakeAuth) && len(secret) == 0 {
+			return nil, nil, fmt.Errorf("%s requires authentication: give a tenant and its secret: %w", addr, err)
 		}
-		if err == nil && welcome.Op != codec.OpWelcome {
-			err = fmt.Errorf("answered HELLO with %q %v", welcome.Op, welcome.Reason)
-		}
-		if err != nil {
-			nc.Close()
-			return nil, nil, fmt.Errorf("handshake with %s: %w", addr, err)
-		}
+		return nil, nil, fmt.Errorf("handshake with %s: %w", addr, err)
 	}
 	nc.SetDeadline(time.Time{})
-	return nc, buf, nil
-}
-
-// readResponse reads until buf starts with a whole frame, decodes it, and
-// returns the bytes after it.
-func readResponse(nc net.Conn, buf []byte, resp *codec.Response) ([]byte, error) {
-	for {
-		n, err := codec.DecodeResponse(buf, resp)
-		if err == nil {
-			return append(buf[:0], buf[n:]...), nil
-		}
-		if !errors.Is(err, codec.ErrIncomplete) || len(buf) == cap(buf) {
-			return nil, fmt.Errorf("undecodable frame: %w", err)
-		}
-		m, err := nc.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+m]
-		if err != nil && m == 0 {
-			return nil, err
-		}
-	}
+	return nc, rr, nil
 }
 
 func (t *rawTarget) Kind() string { return SchemeLockd + "-raw" }
@@ -151,30 +116,17 @@ func (t *rawTarget) Close() error {
 	return nil
 }
 
-func (rc *rawConn) readLoop(buf []byte) {
-	buf = append(make([]byte, 0, 64<<10), buf...)
+func (rc *rawConn) readLoop(rr *codec.ResponseReader) {
 	var resp codec.Response
 	for {
-		start := 0
-		for {
-			n, err := codec.DecodeResponse(buf[start:], &resp)
-			if errors.Is(err, codec.ErrIncomplete) {
-				break
+		if err := rr.Next(&resp); err != nil {
+			if _, undecodable := err.(codec.Reason); undecodable {
+				err = fmt.Errorf("undecodable frame from the server: %w", err)
 			}
-			if err != nil {
-				rc.fail(fmt.Errorf("undecodable frame from the server: %w", err))
-				return
-			}
-			start += n
-			rc.deliver(&resp)
-		}
-		buf = buf[:copy(buf, buf[start:])]
-		n, err := rc.nc.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err != nil && n == 0 {
 			rc.fail(err)
 			return
 		}
+		rc.deliver(&resp)
 	}
 }
 

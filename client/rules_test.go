@@ -994,6 +994,42 @@ func TestHandshakeRefusesAServerThatCannotProveTheSecret(t *testing.T) {
 	}
 }
 
+func TestHandshakeRefusesAServerThatBreaksTheProtocol(t *testing.T) {
+	greetingV2 := codec.AppendGreeting(nil, 0, [codec.NonceLen]byte{}, "n")
+	greetingV2[1] = 2
+	violations := map[string]lockdtest.Script{
+		"no GREETING first":     func(c *lockdtest.Conn) { c.Reply(codec.OpPong, 1) },
+		"GREETING of version 2": func(c *lockdtest.Conn) { c.Write(greetingV2) },
+		"undecodable GREETING":  func(c *lockdtest.Conn) { c.Write([]byte("Z\n")) },
+		"HELLO answered with a grant": func(c *lockdtest.Conn) {
+			c.Greet(false)
+			var req codec.Request
+			if c.ReadRequest(&req) == nil {
+				c.Write(codec.AppendAcquired(nil, 1, 2, 3))
+			}
+			c.ReadRequest(&req)
+		},
+	}
+	for name, script := range violations {
+		t.Run(name, func(t *testing.T) {
+			srv, err := lockdtest.Start(func(c *lockdtest.Conn) {
+				script(c)
+				var req codec.Request
+				for c.ReadRequest(&req) == nil {
+				}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Close()
+			_, err = Dial(context.Background(), Config{Addrs: []string{srv.Addr()}, Tenant: "t1"})
+			if !errors.Is(err, ErrProtocol) || errors.Is(err, ErrAuth) {
+				t.Fatalf("got %v, want ErrProtocol", err)
+			}
+		})
+	}
+}
+
 func TestHandshakeNamesTheTenantWhenAuthIsOff(t *testing.T) {
 	tenants := make(chan string, 1)
 	srv, err := lockdtest.Start(func(c *lockdtest.Conn) {

@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -572,47 +571,19 @@ func (c *Client) connect(ctx context.Context, addr string, capacity int, pool *w
 
 // handshake runs SPEC §7 and returns the reader, which may already hold
 // bytes past the handshake's last frame.
-// With a secret configured the server must prove it knows the secret too:
-// a server that does not ask for authentication is refused rather than
-// trusted.
 func (c *Client) handshake(conn net.Conn, addr string) (*codec.ResponseReader, error) {
-	var resp codec.Response
 	rr := codec.NewResponseReader(conn, readBufferSize)
-	if err := nextFrame(rr, &resp); err != nil {
-		return nil, fmt.Errorf("greeting from %s: %w", addr, err)
-	}
-	if resp.Op != codec.OpGreeting || resp.Version != codec.Version {
-		return nil, fmt.Errorf("%w: %s sent op %q version %d instead of a version %d GREETING", ErrProtocol, addr, resp.Op, resp.Version, codec.Version)
-	}
-	authRequired := resp.Flags&codec.GreetingAuthRequired != 0
-	secret, tenant := c.cfg.Secret, c.cfg.Tenant
+	err := codec.ClientHandshake(conn, rr, codec.Credentials{Tenant: c.cfg.Tenant, Secret: c.cfg.Secret})
+	var refusal codec.Reason
 	switch {
-	case authRequired && len(secret) == 0:
-		return nil, fmt.Errorf("%w: %s requires authentication and Config.Secret is empty", ErrAuth, addr)
-	case !authRequired && len(secret) != 0:
-		return nil, fmt.Errorf("%w: %s does not authenticate, so it cannot prove it knows the secret", ErrAuth, addr)
-	case !authRequired && tenant == "":
+	case err == nil:
 		return rr, nil
+	case errors.Is(err, codec.ErrHandshakeRefused) && errors.As(err, &refusal):
+		return nil, fmt.Errorf("handshake with %s: %w", addr, reasonError(refusal))
+	case errors.Is(err, codec.ErrHandshakeAuth):
+		return nil, fmt.Errorf("%w: handshake with %s: %w", ErrAuth, addr, err)
+	case errors.Is(err, codec.ErrHandshakeProtocol):
+		return nil, fmt.Errorf("%w: handshake with %s: %w", ErrProtocol, addr, err)
 	}
-	serverNonce := resp.ServerNonce
-	var clientNonce [codec.NonceLen]byte
-	rand.Read(clientNonce[:])
-	mac := codec.ClientMAC(secret, serverNonce, clientNonce, []byte(tenant))
-	if _, err := conn.Write(codec.AppendHello(nil, clientNonce, mac, tenant)); err != nil {
-		return nil, fmt.Errorf("hello to %s: %w", addr, err)
-	}
-	if err := nextFrame(rr, &resp); err != nil {
-		return nil, fmt.Errorf("welcome from %s: %w", addr, err)
-	}
-	switch resp.Op {
-	case codec.OpWelcome:
-	case codec.OpError:
-		return nil, fmt.Errorf("handshake with %s: %w", addr, reasonError(resp.Reason))
-	default:
-		return nil, fmt.Errorf("%w: %s answered HELLO with op %q", ErrProtocol, addr, resp.Op)
-	}
-	if authRequired && !codec.EqualMAC(resp.ServerMAC, codec.ServerMAC(secret, clientNonce, serverNonce, []byte(tenant))) {
-		return nil, fmt.Errorf("%w: the server MAC of %s does not verify", ErrAuth, addr)
-	}
-	return rr, nil
+	return nil, fmt.Errorf("handshake with %s: %w", addr, err)
 }

@@ -192,10 +192,12 @@ func probeAcquire(p *proc, key string) (codec.Response, time.Duration, error) {
 // TestProcessesPartitions runs 3 lockd processes in network namespaces of
 // their own under continuous lock traffic and, several times, cuts the
 // leader of one group off from the other two nodes, then heals the cut.
-// While cut, the isolated node must answer E unavailable within the
-// propose timeout and the other two must keep granting; after healing, the
-// isolated node must grant again. At the end the recorded history is
+// While cut, the isolated node must answer E unavailable — before the cut
+// heals — and the other two must elect a leader and grant; after healing,
+// the isolated node must grant again. At the end the recorded history is
 // checked: no two clients held a key at once and tokens never went back.
+// Every wait is for one of those events; a side that does not get there in
+// settle fails the test as hung, and no wall-clock bound is asserted.
 //
 // Raft runs on 10.213.0.N inside the namespaces; clients reach each node on
 // its namespace's 127.0.0.1, so a cut separates nodes but never a node from
@@ -219,11 +221,9 @@ func TestProcessesPartitions(t *testing.T) {
 		groups         = 4
 		proposeTimeout = 2 * time.Second
 		rounds         = 4
-		// With the default 10 ms RTT an election takes 30-60 RTTs.
-		maxElection = 600 * time.Millisecond
-		// How late an answer may be on this machine, race detector and
-		// other packages' tests running beside it included.
-		slack = 1500 * time.Millisecond
+		// settle is how long a side may take to do what it must before the
+		// test calls it hung: many propose timeouts and elections.
+		settle = 30 * time.Second
 	)
 	var peers []string
 	for id := uint64(1); id <= 3; id++ {
@@ -257,14 +257,16 @@ func TestProcessesPartitions(t *testing.T) {
 	traffic := startLockTraffic(procs, []string{key0, "part/1", "part/2", "part/3", "part/4", "part/5"}, 6)
 	var unavailableProbes int
 	for round := range rounds {
-		time.Sleep(2 * time.Second)
+		traffic.awaitGrants(t, 40, fmt.Sprintf("round %d, before the cut", round))
 		cut := groupLeader(t, procs, g0)
 		other := procs[cut%3] // a node on the majority side
 		network.isolate(cut)
 		cutAt := time.Now()
 
-		// Both sides at once: the minority must refuse within the propose
-		// timeout, and the majority must elect a leader and grant.
+		// Both sides at once: the minority must refuse while it is still
+		// cut off (the cut heals only after its answer; the probe's read
+		// deadline, five propose timeouts, fails a node that never
+		// answers), and the majority must elect a leader and grant.
 		var (
 			wg                     sync.WaitGroup
 			minority, majority     codec.Response
@@ -284,9 +286,9 @@ func TestProcessesPartitions(t *testing.T) {
 				majorityIn = time.Since(cutAt)
 				break
 			}
-			if time.Since(cutAt) > proposeTimeout+maxElection+slack {
+			if time.Since(cutAt) > settle {
 				t.Fatalf("round %d: majority side (node %d) did not grant within %v of the cut: %q %v %v",
-					round, other.id, time.Since(cutAt), majority.Op, majority.Reason.String(), err)
+					round, other.id, settle, majority.Op, majority.Reason.String(), err)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -297,20 +299,17 @@ func TestProcessesPartitions(t *testing.T) {
 		if minority.Op != codec.OpError || minority.Reason != codec.Unavailable {
 			t.Fatalf("round %d: isolated node %d answered %q (reason %s), want E unavailable", round, cut, minority.Op, minority.Reason.String())
 		}
-		if minorityIn > proposeTimeout+slack {
-			t.Errorf("round %d: isolated node %d answered E unavailable after %v, propose timeout %v", round, cut, minorityIn, proposeTimeout)
-		}
 		unavailableProbes++
 
-		// Stay cut long enough for the traffic on the isolated node to
-		// meet its propose timeout too.
-		time.Sleep(time.Until(cutAt.Add(3 * time.Second)))
+		// Requests the isolated node took before the probe were proposed
+		// no later, so they too have met their propose timeout: the cut
+		// has been seen by the traffic on that node as well.
 		network.heal(cut)
 		healedAt := time.Now()
-		// The healed node must grant a free key again. A proposal attempt
-		// made before its Raft connections resume and it hears from a
-		// leader may be lost, so the bound is one propose timeout and an
-		// election (no lease: the key is free).
+		// The healed node must grant a free key again (no lease holds it).
+		// A proposal attempt made before its Raft connections resume and
+		// it hears from a leader may be lost, so it is probed until it
+		// grants.
 		recoverKey := keyInGroup(fmt.Sprintf("recover/%d", round), g0, groups)
 		var recoveredIn time.Duration
 		for {
@@ -319,9 +318,9 @@ func TestProcessesPartitions(t *testing.T) {
 				recoveredIn = time.Since(healedAt)
 				break
 			}
-			if time.Since(healedAt) > proposeTimeout+maxElection+slack {
+			if time.Since(healedAt) > settle {
 				t.Fatalf("round %d: node %d did not grant within %v of healing: %q %v %v",
-					round, cut, time.Since(healedAt), recovered.Op, recovered.Reason.String(), err)
+					round, cut, settle, recovered.Op, recovered.Reason.String(), err)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -329,7 +328,7 @@ func TestProcessesPartitions(t *testing.T) {
 			round, cut, g0+1, minorityIn.Round(time.Millisecond), other.id, majorityIn.Round(time.Millisecond),
 			cut, recoveredIn.Round(time.Millisecond))
 	}
-	time.Sleep(2 * time.Second)
+	traffic.awaitGrants(t, 40, "after the last heal")
 	traffic.finish()
 
 	total := traffic.checkHistory(t)

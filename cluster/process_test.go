@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -196,6 +197,35 @@ func startLockTraffic(procs []*proc, keys []string, workers int) *lockTraffic {
 	return lt
 }
 
+// awaitGrants waits until the traffic has recorded n more claims than
+// when it was called: the cluster is given time to serve in terms of what
+// it served, not of a clock. It fails the test if that takes a minute.
+func (lt *lockTraffic) awaitGrants(t *testing.T, n int, while string) {
+	t.Helper()
+	lt.mu.Lock()
+	want := len(lt.history) + n
+	lt.mu.Unlock()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		lt.mu.Lock()
+		got := len(lt.history)
+		lt.mu.Unlock()
+		if got >= want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: the traffic recorded %d of %d more grants in a minute (responses %v)", while, n-(want-got), n, fmtStats(lt.snapshotStats()))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (lt *lockTraffic) snapshotStats() map[byte]int {
+	lt.mu.Lock()
+	defer lt.mu.Unlock()
+	return maps.Clone(lt.stats)
+}
+
 // finish stops the workers and waits for them.
 func (lt *lockTraffic) finish() {
 	close(lt.stop)
@@ -352,14 +382,16 @@ func TestProcessesKillLeader(t *testing.T) {
 
 	traffic := startLockTraffic(procs, []string{key0, "proc/1", "proc/2", "proc/3", "proc/4", "proc/5"}, 6)
 	for round := range 3 {
-		time.Sleep(3 * time.Second)
+		traffic.awaitGrants(t, 60, fmt.Sprintf("round %d, before the kill", round))
 		l := groupLeader(t, procs, g0)
 		t.Logf("round %d: kill -9 node %d, leader of group %d", round, l, g0+1)
 		procs[l-1].kill9()
-		time.Sleep(2 * time.Second)
+		// The two left elect a leader and serve without the killed node.
+		groupLeader(t, procs, g0)
+		traffic.awaitGrants(t, 40, fmt.Sprintf("round %d, node %d down", round, l))
 		procs[l-1].start(t, bin)
 	}
-	time.Sleep(3 * time.Second)
+	traffic.awaitGrants(t, 60, "after the last restart")
 	traffic.finish()
 
 	total := traffic.checkHistory(t)

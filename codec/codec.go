@@ -5,7 +5,10 @@
 // secrets storage. Decoders are small explicit parsers over byte slices that
 // report how many bytes they consumed and never allocate; the decoded key,
 // tenant and node name alias the input buffer and are valid only as long as
-// it is. Encoders append to a caller-owned slice.
+// it is. Encoders append to a caller-owned slice. ResponseReader and
+// ClientHandshake are the one response reader and the one client side of
+// the handshake that the client and lockbench share; they work over an
+// io.Reader and io.Writer the caller owns.
 package codec
 
 import (
