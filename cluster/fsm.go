@@ -218,7 +218,7 @@ func (f *fsm) stampFresh(now time.Duration) {
 	clear(f.fresh)
 	f.fresh = f.fresh[:0]
 	if len(f.heap) > 64 && len(f.heap) > 2*len(f.state.locks) {
-		f.heap.Retain(f.valid)
+		f.heap.Retain(func(d engine.Deadline[expiry]) bool { return f.valid(d.Item) })
 	}
 }
 

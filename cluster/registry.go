@@ -74,7 +74,7 @@ func (n *Node) register(p *pending) bool {
 	// request keeps its stale first entry too, so the heap stays within
 	// twice the live requests after a pass: passes are rare.
 	if len(n.timers) > 64 && len(n.timers) > 3*len(n.reg) {
-		n.timers.Retain(func(p *pending) bool { return !p.done })
+		n.timers.Retain(func(d engine.Deadline[*pending]) bool { return !d.Item.done })
 	}
 	n.regMu.Unlock()
 	if wake {

@@ -42,17 +42,27 @@ func (h DeadlineHeap[T]) Next() (time.Duration, bool) {
 	return h[0].At, true
 }
 
-// Retain keeps only the items keep approves, in one pass.
-func (h *DeadlineHeap[T]) Retain(keep func(T) bool) {
+// Retain keeps only the deadlines keep approves, in one pass.
+func (h *DeadlineHeap[T]) Retain(keep func(Deadline[T]) bool) {
 	kept := (*h)[:0]
 	for _, d := range *h {
-		if keep(d.Item) {
+		if keep(d) {
 			kept = append(kept, d)
 		}
 	}
 	clear((*h)[len(kept):])
 	*h = kept
 	h.Init()
+}
+
+// Shrink gives back the room a burst left: a heap holding under a quarter
+// of its capacity (and more than minShrink of room) moves to a slice twice
+// its length.
+func (h *DeadlineHeap[T]) Shrink() {
+	const minShrink = 64
+	if c := cap(*h); c > minShrink && len(*h) < c/4 {
+		*h = append(make(DeadlineHeap[T], 0, 2*len(*h)), *h...)
+	}
 }
 
 // Init restores the heap order after the slice was built or edited

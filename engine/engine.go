@@ -109,7 +109,11 @@ type Waiter interface{ Resolve(owner uint64, r Result) }
 // Wait is the handle of a queued acquire, for Cancel.
 type Wait struct {
 	shard *shard
-	entry *entry // the key it waits for; nil once resolved or cancelled
+	// entry is the key w waits for while queued, and after a grant the
+	// key it was granted, for ReleaseGranted: that entry may have left
+	// the table and serve another key since, but its token then differs,
+	// tokens being unique within a shard. Nil otherwise.
+	entry *entry
 	prev  *Wait
 	next  *Wait
 
@@ -118,12 +122,18 @@ type Wait struct {
 	// the Waiter alive with it.
 	waiter Waiter
 	owner  uint64
-	quota  *TenantGates // of the acquire's tenant, nil without limits
-	// granted is the entry w was handed, for ReleaseGranted. The entry
-	// may have left the table and serve another key since; its token
-	// then differs, tokens being unique within a shard.
-	granted *entry
-	queued  Waiting
+	// What the rule core knows of the queued acquire (Waiting), kept
+	// compact: a queued waiter is the engine's largest item per request.
+	arrived, deadline time.Duration
+	leaseMs           uint32
+	ns                Namespace // for the tenant's gates
+}
+
+// queued reports whether w is still in its key's queue.
+func (w *Wait) queued() bool { return w.waiter != nil }
+
+func (w *Wait) waiting() Waiting {
+	return Waiting{Arrived: w.arrived, Deadline: w.deadline, Lease: time.Duration(w.leaseMs) * time.Millisecond}
 }
 
 // Engine is the lock table. All methods are safe for concurrent use.
@@ -365,14 +375,17 @@ func (e *Engine) acquireLocked(s *shard, h uint64, ns Namespace, quota *TenantGa
 		e.waiters.Leave()
 		return Result{Outcome: Busy}, nil
 	}
+	q := QueueEntry(now, wait, lease)
 	wt := &Wait{
-		shard:  s,
-		entry:  ent,
-		prev:   ent.tail,
-		waiter: w,
-		owner:  owner,
-		quota:  quota,
-		queued: QueueEntry(now, wait, lease),
+		shard:    s,
+		entry:    ent,
+		prev:     ent.tail,
+		waiter:   w,
+		owner:    owner,
+		arrived:  q.Arrived,
+		deadline: q.Deadline,
+		leaseMs:  uint32(lease / time.Millisecond),
+		ns:       ns,
 	}
 	if ent.tail != nil {
 		ent.tail.next = wt
@@ -381,7 +394,7 @@ func (e *Engine) acquireLocked(s *shard, h uint64, ns Namespace, quota *TenantGa
 	}
 	ent.tail = wt
 	s.waiting++
-	e.schedule(s, wt.queued.Deadline, timer{wait: wt})
+	e.schedule(s, wt.deadline, timer{wait: wt})
 	e.armLease(s, ent)
 	return Result{Outcome: Queued}, wt
 }
@@ -396,12 +409,12 @@ func (e *Engine) Cancel(w *Wait) bool {
 	s := w.shard
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if w.entry == nil {
+	if !w.queued() {
 		return false
 	}
 	e.unqueue(s, w)
 	w.waiter = nil
-	e.leaveInflight(w.quota)
+	e.leaveInflight(e.quotas.Of(w.ns))
 	return true
 }
 
@@ -426,8 +439,8 @@ func (e *Engine) ReleaseGranted(w *Wait, token uint64) Result {
 	s := w.shard
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ent := w.granted
-	if ent == nil || ent.lease.Token != token {
+	ent := w.entry
+	if w.queued() || ent == nil || ent.lease.Token != token {
 		return Result{Outcome: NotHeld}
 	}
 	return e.releaseLocked(s, e.hash(ent.ns, ent.key), ent, token, e.clock.Now())
@@ -585,12 +598,12 @@ func (e *Engine) handoff(s *shard, h uint64, ent *entry, now time.Duration) *ent
 		w := ent.head
 		e.unqueue(s, w)
 		limit := e.tokens.limit.Load()
-		r := HandOff(&ent.lease, &s.tokens, limit, w.queued, now)
+		r := HandOff(&ent.lease, &s.tokens, limit, w.waiting(), now)
 		switch r.Outcome {
 		case Granted:
 			ent.leaseArmed = false
 			e.granted(s)
-			w.granted = ent
+			w.entry = ent
 			e.resolve(w, r)
 			e.armLease(s, ent)
 			return ent
@@ -630,14 +643,14 @@ func (e *Engine) unqueue(s *shard, w *Wait) {
 	w.entry, w.prev, w.next = nil, nil, nil
 	s.waiting--
 	e.waiters.Leave()
-	w.quota.LeaveWaiter()
+	e.quotas.Of(w.ns).LeaveWaiter()
 }
 
 // resolve answers a waiter that has left its queue.
 func (e *Engine) resolve(w *Wait, r Result) {
 	w.waiter.Resolve(w.owner, r)
 	w.waiter = nil
-	e.leaveInflight(w.quota)
+	e.leaveInflight(e.quotas.Of(w.ns))
 }
 
 // leaveKey gives back the key units of a key of ns leaving the table.

@@ -14,39 +14,40 @@ const SweepInterval = 5 * time.Second
 const noDeadline = time.Duration(math.MaxInt64)
 
 // timer is an item of a shard's DeadlineHeap: the end of a waiter's wait
-// (wait set), or the end of entry's lease. It is checked when it comes due
-// and dropped if it no longer applies.
+// (wait set), or the end of the lease of entry's token, due at that end.
+// It is checked when it comes due and dropped if it no longer applies.
 type timer struct {
 	wait  *Wait
 	entry *entry
-	lease Lease
+	token uint64
 }
 
-// keep is live for compaction, which may drop a lease timer while its key
+// keepTimer is live for compaction, which may drop a lease timer while its key
 // momentarily has no waiters: such a lease is disarmed, so that the key's
 // next waiter arms it again instead of waiting past the lease's end.
-func (t timer) keep() bool {
-	if t.live() {
+func keepTimer(d Deadline[timer]) bool {
+	t := d.Item
+	if t.live(d.At) {
 		return true
 	}
-	if t.wait == nil && t.current() {
+	if t.wait == nil && t.current(d.At) {
 		t.entry.leaseArmed = false
 	}
 	return false
 }
 
-// current reports whether a lease timer is for the lease in force: the same
-// token and, since Keep moves a lease's end, the same end.
-func (t timer) current() bool {
-	return t.entry.lease == t.lease
+// current reports whether a lease timer due at is for the lease in force:
+// the same token and, since Keep moves a lease's end, the same end.
+func (t timer) current(at time.Duration) bool {
+	return t.entry.lease == Lease{Token: t.token, End: at}
 }
 
-func (t timer) live() bool {
+func (t timer) live(at time.Duration) bool {
 	if t.wait != nil {
-		return t.wait.entry != nil
+		return t.wait.queued()
 	}
 	// Without waiters the lease expires lazily instead.
-	return t.current() && t.entry.head != nil
+	return t.current(at) && t.entry.head != nil
 }
 
 // minCompact is the heap size below which stale timers are not worth
@@ -62,7 +63,7 @@ func (e *Engine) schedule(s *shard, at time.Duration, t timer) {
 	// 2*waiting (one per waiter, one per key with waiters), so past 4*waiting
 	// at least half are stale and one pass over them pays for itself.
 	if len(s.timers) >= minCompact && len(s.timers) > 4*s.waiting {
-		s.timers.Retain(timer.keep)
+		s.timers.Retain(keepTimer)
 	}
 	s.timers.Push(at, t)
 	if int64(at) < e.nextTick.Load() {
@@ -80,7 +81,7 @@ func (e *Engine) armLease(s *shard, ent *entry) {
 		return
 	}
 	ent.leaseArmed = true
-	e.schedule(s, ent.lease.End, timer{entry: ent, lease: ent.lease})
+	e.schedule(s, ent.lease.End, timer{entry: ent, token: ent.lease.Token})
 }
 
 // Tick processes everything due at Clock.Now(): lease ends of keys with
@@ -105,7 +106,7 @@ func (e *Engine) tick() time.Duration {
 		now := e.clock.Now()
 		for at, ok := s.timers.Next(); ok && at <= now; at, ok = s.timers.Next() {
 			t := s.timers.Pop().Item
-			if !t.live() {
+			if !t.live(at) {
 				continue
 			}
 			if t.wait != nil {
@@ -140,6 +141,7 @@ func (e *Engine) Sweep() {
 			return true
 		})
 		s.table.shrink()
+		s.timers.Shrink()
 		s.free = slices.Delete(s.free, 0, s.freeLow)
 		s.freeLow = len(s.free)
 		s.mu.Unlock()
@@ -187,7 +189,7 @@ func (e *Engine) Shutdown() {
 		s := &e.shards[i]
 		s.mu.Lock()
 		for _, d := range s.timers {
-			if t := d.Item; t.wait != nil && t.wait.entry != nil {
+			if t := d.Item; t.wait != nil && t.wait.queued() {
 				e.unqueue(s, t.wait)
 				e.resolve(t.wait, Result{Outcome: ShuttingDown})
 			}
