@@ -94,6 +94,12 @@ func serve(opts serveOptions, level zerolog.Level) error {
 			return fmt.Errorf("--auth-file: %w", err)
 		}
 	}
+	if opts.tlsCert != "" {
+		var err error
+		if cfg.TLS, err = server.LoadTLSConfig(opts.tlsCert, opts.tlsKey, opts.tlsClientCA); err != nil {
+			return fmt.Errorf("--tls-cert, --tls-key, --tls-client-ca: %w", err)
+		}
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -125,12 +131,14 @@ func serve(opts serveOptions, level zerolog.Level) error {
 
 // serveOptions is everything `lockd serve` reads from flags.
 type serveOptions struct {
-	server     server.Config
-	logLevel   string
-	authFile   string
-	cluster    bool
-	clusterCfg cluster.Config
-	flags      *flag.FlagSet // what they were read from, for --help
+	server   server.Config
+	logLevel string
+	authFile string
+	// The TLS port's files; all empty without --tls-listen.
+	tlsCert, tlsKey, tlsClientCA string
+	cluster                      bool
+	clusterCfg                   cluster.Config
+	flags                        *flag.FlagSet // what they were read from, for --help
 }
 
 // parseServeOptions reads flags, with LOCKD_<NAME> environment variables
@@ -148,6 +156,10 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.StringVar(&cfg.Listen, "listen", server.DefaultListen, "client protocol address")
 	fs.StringVar(&cfg.Admin, "admin", server.DefaultAdmin, "admin HTTP address (/healthz, /metrics); empty for none")
 	fs.StringVar(authFile, "auth-file", "", "file of tenant:hex-secret lines (make a secret with openssl rand -hex 32); turns authentication on")
+	fs.StringVar(&cfg.TLSListen, "tls-listen", "", "TLS client protocol address, beside --listen; needs --tls-cert and --tls-key")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate chain of the TLS port")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM private key of --tls-cert (mode 0600: refused when the group or others can read it)")
+	fs.StringVar(&o.tlsClientCA, "tls-client-ca", "", "PEM CA certificates; turns mutual TLS on: TLS clients must present a certificate they signed")
 	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow auth off on a non-loopback address")
 	fs.BoolVar(&cfg.InsecureAdmin, "insecure-admin", false, "allow --admin, which has no authentication, on a non-loopback address")
 	fs.IntVar(&cfg.AdminMaxConns, "admin-max-conns", server.DefaultAdminMaxConns, "admin connections served at once; more wait to be accepted")
@@ -180,6 +192,12 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if cfg.TLSListen == "" && (o.tlsCert != "" || o.tlsKey != "" || o.tlsClientCA != "") {
+		return o, errors.New("--tls-cert, --tls-key and --tls-client-ca need --tls-listen")
+	}
+	if cfg.TLSListen != "" && (o.tlsCert == "" || o.tlsKey == "") {
+		return o, errors.New("--tls-listen needs --tls-cert and --tls-key")
 	}
 	if !o.cluster {
 		return o, nil
