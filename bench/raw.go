@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -21,6 +22,7 @@ import (
 type rawTarget struct {
 	conns  []*rawConn
 	lease  uint16
+	tls    bool
 	owners atomic.Uint64
 	wg     sync.WaitGroup
 }
@@ -36,12 +38,12 @@ type rawConn struct {
 }
 
 func openRaw(ctx context.Context, addr string, opts TargetOptions) (*rawTarget, error) {
-	t := &rawTarget{lease: uint16(min(wholeSeconds(opts.Lease), codec.MaxLeaseSeconds))}
+	t := &rawTarget{lease: uint16(min(wholeSeconds(opts.Lease), codec.MaxLeaseSeconds)), tls: opts.TLS != nil}
 	if opts.Conns == 0 {
 		opts.Conns = defaultConns
 	}
 	for range opts.Conns {
-		nc, leftover, err := rawDial(ctx, addr, opts.Tenant, opts.Secret)
+		nc, leftover, err := rawDial(ctx, addr, opts)
 		if err != nil {
 			t.Close()
 			return nil, err
@@ -53,13 +55,17 @@ func openRaw(ctx context.Context, addr string, opts TargetOptions) (*rawTarget, 
 	return t, nil
 }
 
-// rawDial connects and runs the handshake of SPEC §7. It returns the bytes
-// read past the handshake.
-func rawDial(ctx context.Context, addr, tenant string, secret []byte) (net.Conn, []byte, error) {
+// rawDial connects, over TLS with opts.TLS, and runs the handshake of
+// SPEC §7. It returns the bytes read past the handshake.
+func rawDial(ctx context.Context, addr string, opts TargetOptions) (net.Conn, []byte, error) {
+	tenant, secret := opts.Tenant, opts.Secret
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, nil, err
+	}
+	if opts.TLS != nil {
+		nc = tls.Client(nc, opts.TLS) // the handshake runs under the greeting's deadline
 	}
 	nc.SetDeadline(time.Now().Add(answerSlack))
 	buf := make([]byte, 0, 4*codec.MaxFrame)
@@ -115,6 +121,9 @@ func readResponse(nc net.Conn, buf []byte, resp *codec.Response) ([]byte, error)
 func (t *rawTarget) Kind() string { return SchemeLockd + "-raw" }
 
 func (t *rawTarget) Transport() string {
+	if t.tls {
+		return fmt.Sprintf("%d bare-frame TLS connections", len(t.conns))
+	}
 	return fmt.Sprintf("%d bare-frame connections", len(t.conns))
 }
 
