@@ -9,6 +9,7 @@ package cluster
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -97,6 +98,10 @@ type Config struct {
 	// FixedLeaders turns leader placement off: a group's leadership then
 	// stays wherever elections put it (placement.go).
 	FixedLeaders bool
+
+	// RaftTLS, when set, runs the Raft transport over mutual TLS
+	// (LoadRaftTLS); nil is plain TCP.
+	RaftTLS *tls.Config
 
 	// FS, when set, keeps the NodeHost's files there (vfs.NewMem in tests).
 	FS     config.IFS
@@ -367,7 +372,7 @@ func Start(cfg Config) (*Node, error) {
 	nhc.Expert.LogDB.Shards = cfg.LogDBShards
 	nhc.Expert.Engine = config.GetDefaultEngineConfig()
 	nhc.Expert.Engine.ExecShards = cfg.ExecShards
-	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger}
+	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS}
 	nh, err := dragonboat.NewNodeHost(nhc)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start NodeHost: %w", err)

@@ -109,6 +109,11 @@ func serve(opts serveOptions, level zerolog.Level) error {
 		cc.MaxKeys, cc.MaxWaiters, cc.MaxInflight = cfg.Engine.MaxKeys, cfg.Engine.MaxWaiters, cfg.Engine.MaxInflight
 		cc.Logger = cfg.Logger
 		var err error
+		if opts.raftTLS[0] != "" {
+			if cc.RaftTLS, err = cluster.LoadRaftTLS(opts.raftTLS[0], opts.raftTLS[1], opts.raftTLS[2]); err != nil {
+				return fmt.Errorf("--raft-tls-cert, --raft-tls-key, --raft-tls-ca: %w", err)
+			}
+		}
 		if node, err = cluster.Start(cc); err != nil {
 			return err
 		}
@@ -136,9 +141,12 @@ type serveOptions struct {
 	authFile string
 	// The TLS port's files; all empty without --tls-listen.
 	tlsCert, tlsKey, tlsClientCA string
-	cluster                      bool
-	clusterCfg                   cluster.Config
-	flags                        *flag.FlagSet // what they were read from, for --help
+	// raftTLS is --raft-tls-cert, --raft-tls-key and --raft-tls-ca: all
+	// three or none.
+	raftTLS    [3]string
+	cluster    bool
+	clusterCfg cluster.Config
+	flags      *flag.FlagSet // what they were read from, for --help
 }
 
 // parseServeOptions reads flags, with LOCKD_<NAME> environment variables
@@ -182,6 +190,9 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.IntVar(&cc.Groups, "groups", cluster.DefaultGroups, "cluster: Raft groups, fixed at bootstrap")
 	fs.IntVar(&rttMs, "rtt-ms", int(cluster.DefaultRTT/time.Millisecond), "cluster: network round trip in ms (election timeout is 30-60 RTTs, heartbeat every 5)")
 	fs.BoolVar(&cc.FixedLeaders, "fixed-leaders", false, "cluster: never move a group's leadership to the node proposing most of its requests")
+	fs.StringVar(&o.raftTLS[0], "raft-tls-cert", "", "cluster: PEM certificate of this node for mutual TLS between nodes, naming the host of its Raft address; with --raft-tls-key and --raft-tls-ca")
+	fs.StringVar(&o.raftTLS[1], "raft-tls-key", "", "cluster: PEM private key of --raft-tls-cert (mode 0600)")
+	fs.StringVar(&o.raftTLS[2], "raft-tls-ca", "", "cluster: PEM CA certificates every node's certificate must verify against")
 	fs.DurationVar(&cc.ProposeTimeout, "propose-timeout", cluster.DefaultProposeTimeout, "cluster: answer E unavailable when a group has not committed a request in this time")
 
 	if err := envflag.Apply(fs, lookupEnv); err != nil {
@@ -199,7 +210,19 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	if cfg.TLSListen != "" && (o.tlsCert == "" || o.tlsKey == "") {
 		return o, errors.New("--tls-listen needs --tls-cert and --tls-key")
 	}
+	raftTLSFlags := 0
+	for _, f := range o.raftTLS {
+		if f != "" {
+			raftTLSFlags++
+		}
+	}
+	if raftTLSFlags != 0 && raftTLSFlags != len(o.raftTLS) {
+		return o, errors.New("--raft-tls-cert, --raft-tls-key and --raft-tls-ca go together: give all three or none")
+	}
 	if !o.cluster {
+		if raftTLSFlags != 0 {
+			return o, errors.New("--raft-tls-cert, --raft-tls-key and --raft-tls-ca need --cluster")
+		}
 		return o, nil
 	}
 	// A node's Raft state is never put in the single-mode default.
