@@ -21,9 +21,16 @@ import (
 // gnet's event loop guarantees on the client port: the frame handling is
 // the same session code on both ports.
 
-// tlsBufferedMax is the largest write buffer a TLS connection keeps
-// between writes; a larger one, grown by a burst, is dropped.
-const tlsBufferedMax = 64 << 10
+const (
+	// tlsBufferedMax is the largest write buffer a TLS connection keeps
+	// between writes; a larger one, grown by a burst, is dropped.
+	tlsBufferedMax = 64 << 10
+	// tlsFinalWriteTimeout bounds the writes after a session ended. The
+	// kernel takes a closing answer at once from a client that reads; one
+	// that does not (dropped for it, say) is not waited for, as gnet does
+	// not wait on the client port either.
+	tlsFinalWriteTimeout = 100 * time.Millisecond
+)
 
 // LoadTLSConfig builds the TLS port's configuration from PEM files: the
 // server's certificate and key (refused when the key's mode lets the group
@@ -55,7 +62,9 @@ type tlsPort struct {
 	mu     sync.Mutex
 	conns  map[*tlsConn]struct{}
 	closed bool
-	// wg counts the accept loop and every connection's two goroutines.
+	done   chan struct{} // closed by close
+	// wg counts the accept loop, the stalled-write scan and every
+	// connection's two goroutines.
 	wg sync.WaitGroup
 }
 
@@ -64,13 +73,46 @@ func startTLSPort(s *Server) (*tlsPort, error) {
 	if err != nil {
 		return nil, fmt.Errorf("server: TLS listen on %s: %w", s.cfg.TLSListen, err)
 	}
-	p := &tlsPort{srv: s, ln: tls.NewListener(ln, s.cfg.TLS), conns: make(map[*tlsConn]struct{})}
-	p.wg.Add(1)
+	p := &tlsPort{srv: s, ln: tls.NewListener(ln, s.cfg.TLS), conns: make(map[*tlsConn]struct{}), done: make(chan struct{})}
+	p.wg.Add(2)
 	go func() {
 		defer p.wg.Done()
 		p.accept()
 	}()
+	go func() {
+		defer p.wg.Done()
+		p.scanWrites()
+	}()
 	return p, nil
+}
+
+// scanWrites drops, every progressScanInterval, the connections whose
+// write has made no progress for ProgressTimeout: the client takes no
+// bytes, and its blocked writer would otherwise stall the session's
+// wakes, the progress clock's among them, for good.
+func (p *tlsPort) scanWrites() {
+	s := p.srv
+	tick := time.NewTicker(progressScanInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-p.done:
+			return
+		case <-tick.C:
+		}
+		now := int64(s.clock.Now())
+		p.mu.Lock()
+		for tc := range p.conns {
+			if tc.writing.Load() && now-tc.writeStartedAt.Load() >= int64(ProgressTimeout) && !tc.stallDropped {
+				tc.stallDropped = true
+				s.metrics.slowDropped.Add(1)
+				s.log.Warn().Str("remote", tc.conn.RemoteAddr().String()).Msg("dropping a TLS client that takes no bytes of its responses")
+				// Unblocks the write; the reader then ends the session.
+				tc.closeNow()
+			}
+		}
+		p.mu.Unlock()
+	}
 }
 
 func (p *tlsPort) addr() string { return p.ln.Addr().String() }
@@ -126,8 +168,9 @@ func (p *tlsPort) accept() {
 func (p *tlsPort) close() {
 	p.mu.Lock()
 	p.closed = true
+	close(p.done)
 	for tc := range p.conns {
-		tc.conn.Close()
+		tc.closeNow()
 	}
 	p.mu.Unlock()
 	p.ln.Close()
@@ -165,6 +208,11 @@ type tlsConn struct {
 	unsent atomic.Int64
 	woken  atomic.Bool
 	signal chan struct{} // wakes the writer
+	// writing is set while the writer is inside a Write that began at
+	// writeStartedAt (on the server's clock), for scanWrites.
+	writing        atomic.Bool
+	writeStartedAt atomic.Int64
+	stallDropped   bool // under port.mu
 }
 
 func (tc *tlsConn) write(b []byte) {
@@ -183,6 +231,12 @@ func (tc *tlsConn) wake() {
 }
 
 func (tc *tlsConn) remoteAddr() net.Addr { return tc.conn.RemoteAddr() }
+
+// closeNow closes the connection without the TLS close_notify alert,
+// whose write crypto/tls would wait up to 5 s for on a client that does
+// not read. The client's next read ends at a record boundary, which
+// crypto/tls reports as io.EOF.
+func (tc *tlsConn) closeNow() { tc.conn.NetConn().Close() }
 
 func (tc *tlsConn) notify() {
 	select {
@@ -285,18 +339,24 @@ func (tc *tlsConn) end(peerEnded bool) {
 	tc.outMu.Lock()
 	tc.finishing = true
 	tc.outMu.Unlock()
+	// Bounds the write in progress, if any, and the last one.
+	_ = tc.conn.SetWriteDeadline(time.Now().Add(tlsFinalWriteTimeout))
 	tc.notify()
 }
 
 // writeLoop sends what the session wrote and runs process when the
-// session was woken. A client that takes no bytes for ProgressTimeout is
-// dropped: a blocked write would otherwise stall the wakes of its
-// session, the progress clock's among them.
+// session was woken.
 func (tc *tlsConn) writeLoop() {
 	defer tc.port.wg.Done()
 	defer tc.port.forget(tc)
-	defer tc.conn.Close()
 	failed := false
+	defer func() {
+		if failed {
+			tc.closeNow()
+		} else {
+			tc.conn.Close() // with a close_notify alert
+		}
+	}()
 	for range tc.signal {
 		if tc.woken.Swap(false) {
 			tc.loop.Lock()
@@ -310,11 +370,14 @@ func (tc *tlsConn) writeLoop() {
 		tc.outbound = tc.spare[:0]
 		tc.outMu.Unlock()
 		if len(out) > 0 && !failed {
-			_ = tc.conn.SetWriteDeadline(time.Now().Add(ProgressTimeout))
-			if _, err := tc.conn.Write(out); err != nil {
+			tc.writeStartedAt.Store(int64(tc.srv.clock.Now()))
+			tc.writing.Store(true)
+			_, err := tc.conn.Write(out)
+			tc.writing.Store(false)
+			if err != nil {
 				// The reader's next Read fails and ends the session.
 				failed = true
-				tc.conn.Close()
+				tc.closeNow()
 			}
 		}
 		tc.unsent.Add(-int64(len(out)))

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -220,10 +221,73 @@ func TestTLSPortDropsClientsThatDoNotRead(t *testing.T) {
 			break
 		}
 	}
-	waitFor(t, func() bool { return s.metrics.slowDropped.Load() == 1 && s.conns.Load() == 0 })
+	// The connection closes: its last write does not wait for a client
+	// that does not read.
+	waitFor(t, func() bool { return s.metrics.slowDropped.Load() == 1 && s.conns.Load() == 0 && s.tlsConnCount() == 0 })
 	plain := dial(t, s)
 	plain.acquire(2, 30, 0, "k")
 	plain.expect(codec.OpTimeout, 2)
+}
+
+// A TLS client that takes no bytes for the progress timeout is dropped
+// even below MaxOutbound: its writer is stuck, and with it the session's
+// wakes. A client that reads is left alone.
+func TestTLSPortDropsClientsWhoseWritesStall(t *testing.T) {
+	ca := testcerts.NewCA(t, "lockd test CA")
+	s := startTLSServer(t, ca, false, func(cfg *Config) { cfg.MaxOutbound = 256 << 20 })
+	healthy := dialTLS(t, s, ca)
+	d := &net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) {
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 64<<10)
+		})
+		return errors.Join(err, serr)
+	}}
+	nc, err := tls.DialWithDialer(d, "tcp", s.TLSAddr(), &tls.Config{RootCAs: ca.Pool()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	stuck := newTestConn(t, nc)
+	stuck.greeting = stuck.recv()
+	stuck.mustAcquire(1, "k")
+	var chunk []byte
+	for i := range 1000 {
+		chunk = codec.AppendPing(chunk, uint64(10+i))
+	}
+	// Pings, unread, until the server holds more answers than the
+	// kernel's buffers can: its writer is then blocked.
+	for s.tlsUnsent() < 4<<20 {
+		_ = nc.SetWriteDeadline(time.Now().Add(ioTimeout))
+		if _, err := nc.Write(chunk); err != nil {
+			t.Fatalf("write: %v (server holds %d unsent bytes)", err, s.tlsUnsent())
+		}
+	}
+	s.clock.Advance(ProgressTimeout - time.Millisecond)
+	healthy.expectOpen()
+	s.clock.Advance(time.Millisecond)
+	waitFor(t, func() bool { return s.metrics.slowDropped.Load() == 1 && s.conns.Load() == 1 && s.tlsConnCount() == 1 })
+	healthy.expectOpen()
+	healthy.acquire(2, 30, 0, "k")
+	healthy.expect(codec.OpTimeout, 2) // the dropped client's lock stays held
+}
+
+// tlsConnCount is how many TLS connections are open.
+func (s *testServer) tlsConnCount() int {
+	s.tlsPort.mu.Lock()
+	defer s.tlsPort.mu.Unlock()
+	return len(s.tlsPort.conns)
+}
+
+// tlsUnsent is the most answer bytes one TLS connection holds unsent.
+func (s *testServer) tlsUnsent() int {
+	s.tlsPort.mu.Lock()
+	defer s.tlsPort.mu.Unlock()
+	most := 0
+	for tc := range s.tlsPort.conns {
+		most = max(most, tc.outboundBuffered())
+	}
+	return most
 }
 
 // On Close, a waiter queued over TLS is answered shutting_down and the
