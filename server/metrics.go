@@ -77,21 +77,22 @@ func resultOf(respOp byte) resultKind {
 // metrics are the server's counters. They are plain atomics: a scrape
 // reads each without stopping the loops.
 type metrics struct {
-	requests      [opCount]atomic.Uint64
-	results       [opCount][resultCount]atomic.Uint64
-	errors        [codec.ShuttingDown + 1]atomic.Uint64
-	writes        atomic.Uint64
-	connsAccepted atomic.Uint64
-	connsRejected atomic.Uint64
+	requests         [opCount]atomic.Uint64
+	results          [opCount][resultCount]atomic.Uint64
+	errors           [codec.ShuttingDown + 1]atomic.Uint64
+	writes           atomic.Uint64
+	connsAccepted    atomic.Uint64
+	connsRejected    atomic.Uint64
+	slowDropped      atomic.Uint64
+	progressTimeouts atomic.Uint64
+	authFailures     atomic.Uint64
+	connInflightBusy atomic.Uint64
+	orphansReleased  atomic.Uint64
+	orphansDropped   atomic.Uint64
+
 	// tlsHandshakeFailures counts TLS port connections whose handshake
 	// failed: no TLS, a certificate refused, or the progress timeout.
 	tlsHandshakeFailures atomic.Uint64
-	slowDropped          atomic.Uint64
-	progressTimeouts     atomic.Uint64
-	authFailures         atomic.Uint64
-	connInflightBusy     atomic.Uint64
-	orphansReleased      atomic.Uint64
-	orphansDropped       atomic.Uint64
 }
 
 func (m *metrics) countRequest(op opKind) { m.requests[op].Add(1) }
