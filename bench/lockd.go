@@ -25,6 +25,7 @@ func openLockd(ctx context.Context, addr string, opts TargetOptions) (*lockdTarg
 		MaxInFlight: max(opts.MaxInFlight, 1024),
 		Tenant:      opts.Tenant,
 		Secret:      opts.Secret,
+		TLS:         opts.TLS,
 	})
 	if err != nil {
 		return nil, err
@@ -32,6 +33,9 @@ func openLockd(ctx context.Context, addr string, opts TargetOptions) (*lockdTarg
 	transport := "official client, its default Sessions"
 	if opts.Conns > 0 {
 		transport = fmt.Sprintf("official client, Sessions %d", opts.Conns)
+	}
+	if opts.TLS != nil {
+		transport += ", TLS"
 	}
 	return &lockdTarget{c: c, lease: opts.Lease, transport: transport}, nil
 }

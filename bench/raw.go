@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -20,6 +21,7 @@ import (
 type rawTarget struct {
 	conns  []*rawConn
 	lease  uint16
+	tls    bool
 	owners atomic.Uint64
 	wg     sync.WaitGroup
 }
@@ -39,12 +41,12 @@ type rawConn struct {
 }
 
 func openRaw(ctx context.Context, addr string, opts TargetOptions) (*rawTarget, error) {
-	t := &rawTarget{lease: uint16(min(wholeSeconds(opts.Lease), codec.MaxLeaseSeconds))}
+	t := &rawTarget{lease: uint16(min(wholeSeconds(opts.Lease), codec.MaxLeaseSeconds)), tls: opts.TLS != nil}
 	if opts.Conns == 0 {
 		opts.Conns = defaultConns
 	}
 	for range opts.Conns {
-		nc, rr, err := rawDial(ctx, addr, opts.Tenant, opts.Secret)
+		nc, rr, err := rawDial(ctx, addr, opts)
 		if err != nil {
 			t.Close()
 			return nil, err
@@ -56,13 +58,18 @@ func openRaw(ctx context.Context, addr string, opts TargetOptions) (*rawTarget, 
 	return t, nil
 }
 
-// rawDial connects and runs the handshake of SPEC §7. The reader it
-// returns may already hold answers past the handshake.
-func rawDial(ctx context.Context, addr, tenant string, secret []byte) (net.Conn, *codec.ResponseReader, error) {
+// rawDial connects, over TLS with opts.TLS, and runs the handshake of
+// SPEC §7. The reader it returns may already hold answers past the
+// handshake.
+func rawDial(ctx context.Context, addr string, opts TargetOptions) (net.Conn, *codec.ResponseReader, error) {
+	tenant, secret := opts.Tenant, opts.Secret
 	var d net.Dialer
 	nc, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, nil, err
+	}
+	if opts.TLS != nil {
+		nc = tls.Client(nc, opts.TLS) // the handshake runs under the greeting's deadline
 	}
 	nc.SetDeadline(time.Now().Add(answerSlack))
 	rr := codec.NewResponseReader(nc, rawReadBufferSize)
@@ -80,6 +87,9 @@ func rawDial(ctx context.Context, addr, tenant string, secret []byte) (net.Conn,
 func (t *rawTarget) Kind() string { return SchemeLockd + "-raw" }
 
 func (t *rawTarget) Transport() string {
+	if t.tls {
+		return fmt.Sprintf("%d bare-frame TLS connections", len(t.conns))
+	}
 	return fmt.Sprintf("%d bare-frame connections", len(t.conns))
 }
 

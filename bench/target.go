@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"strings"
@@ -65,6 +66,9 @@ type TargetOptions struct {
 	// Tenant and Secret authenticate to lockd when its auth is on.
 	Tenant string
 	Secret []byte
+	// TLS, when set, connects the official client to lockd over TLS
+	// (client.Config.TLS).
+	TLS *tls.Config
 	// RedisRetry is the mean pause between the SET NX attempts of a Redis
 	// caller that waits for a held lock.
 	RedisRetry time.Duration
@@ -124,6 +128,15 @@ func Open(ctx context.Context, spec TargetSpec, opts TargetOptions) (Target, err
 		return openGoRedis(ctx, spec.Addr, opts)
 	case SchemeEtcd:
 		return openEtcd(ctx, spec.Addr, opts)
+	}
+	if opts.TLS != nil && opts.TLS.ServerName == "" {
+		// What the client does for each address, for the bare frames too.
+		host, _, err := net.SplitHostPort(spec.Addr)
+		if err != nil {
+			return nil, err
+		}
+		opts.TLS = opts.TLS.Clone()
+		opts.TLS.ServerName = host
 	}
 	if opts.Raw {
 		return openRaw(ctx, spec.Addr, opts)

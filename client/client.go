@@ -53,6 +53,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
@@ -122,6 +123,11 @@ type Config struct {
 	CompensationQueue int
 	// Dialer opens connections; default a net.Dialer.
 	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
+	// TLS, when set, runs every session over TLS with this configuration
+	// (the server's TLS port, lockd serve --tls-listen), the handshake
+	// within DialTimeout. An empty ServerName is taken from each address's
+	// host. LoadTLSConfig builds one from PEM files.
+	TLS *tls.Config
 }
 
 func (cfg Config) normalize() (Config, error) {
@@ -246,7 +252,7 @@ type Stats struct {
 // addresses in turn, each address bounded by DialTimeout) and returns
 // when at least one is ready; the others keep redialling in the
 // background. It fails if no address can
-// be reached, or on any authentication failure: a server that cannot prove
+// be reached, or on any authentication or TLS failure: a server that cannot prove
 // the secret is not to be used through another session either.
 func Dial(ctx context.Context, cfg Config) (*Client, error) {
 	return dial(ctx, cfg, systemClock{})
@@ -315,9 +321,11 @@ func dial(ctx context.Context, cfg Config, clk clock) (*Client, error) {
 	return c, nil
 }
 
+// firstAuthError finds a refused identity, the server's or this client's,
+// which no other session would fare better with.
 func firstAuthError(errs []error) error {
 	for _, err := range errs {
-		if errors.Is(err, ErrAuth) {
+		if errors.Is(err, ErrAuth) || errors.Is(err, ErrTLS) {
 			return err
 		}
 	}

@@ -92,6 +92,12 @@ var (
 	// on whether authentication is on. No session, nothing held.
 	ErrAuth = errors.New("lockd client: authentication failed")
 
+	// ErrTLS: the TLS handshake failed — the server's certificate did not
+	// verify against Config.TLS, the server refused this client's
+	// certificate (or its absence), or the other end does not speak TLS.
+	// No session, nothing held.
+	ErrTLS = errors.New("lockd client: TLS handshake failed")
+
 	// ErrProtocol: the server broke the protocol (an answer for an unknown
 	// owner, a malformed frame, a refusal a valid request never earns).
 	// The session that saw it is closed. Returned for a request the server

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -553,6 +554,9 @@ func (c *Client) connect(ctx context.Context, addr string, capacity int, pool *w
 	if deadline, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(deadline)
 	}
+	if c.cfg.TLS != nil {
+		conn = tls.Client(conn, tlsConfigFor(c.cfg.TLS, addr))
+	}
 	// A cancelled Dial or Close must not wait for a silent server.
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	rr, err := c.handshake(conn, addr)
@@ -572,12 +576,27 @@ func (c *Client) connect(ctx context.Context, addr string, capacity int, pool *w
 // handshake runs SPEC §7 and returns the reader, which may already hold
 // bytes past the handshake's last frame.
 func (c *Client) handshake(conn net.Conn, addr string) (*codec.ResponseReader, error) {
+	if tc, ok := conn.(*tls.Conn); ok {
+		if err := tc.Handshake(); err != nil {
+			var netErr net.Error
+			if errors.As(err, &netErr) && netErr.Timeout() {
+				// A slow or silent server, not a refusal.
+				return nil, fmt.Errorf("TLS handshake with %s: %w", addr, err)
+			}
+			return nil, fmt.Errorf("%w with %s: %w", ErrTLS, addr, err)
+		}
+	}
 	rr := codec.NewResponseReader(conn, readBufferSize)
 	err := codec.ClientHandshake(conn, rr, codec.Credentials{Tenant: c.cfg.Tenant, Secret: c.cfg.Secret})
 	var refusal codec.Reason
 	switch {
 	case err == nil:
 		return rr, nil
+	case tlsAlert(err):
+		// In TLS 1.3 a server refuses the client's certificate after the
+		// client's side of the handshake has finished: the alert comes
+		// with the greeting's read.
+		return nil, fmt.Errorf("%w: %s refused this client: %w", ErrTLS, addr, err)
 	case errors.Is(err, codec.ErrHandshakeRefused) && errors.As(err, &refusal):
 		return nil, fmt.Errorf("handshake with %s: %w", addr, reasonError(refusal))
 	case errors.Is(err, codec.ErrHandshakeAuth):
@@ -586,4 +605,25 @@ func (c *Client) handshake(conn net.Conn, addr string) (*codec.ResponseReader, e
 		return nil, fmt.Errorf("%w: handshake with %s: %w", ErrProtocol, addr, err)
 	}
 	return nil, fmt.Errorf("handshake with %s: %w", addr, err)
+}
+
+// tlsConfigFor is cfg naming the server to verify after addr's host
+// unless cfg names one itself.
+func tlsConfigFor(cfg *tls.Config, addr string) *tls.Config {
+	if cfg.ServerName != "" {
+		return cfg
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return cfg
+	}
+	named := cfg.Clone()
+	named.ServerName = host
+	return named
+}
+
+// tlsAlert reports whether err is a TLS alert the other end sent.
+func tlsAlert(err error) bool {
+	var opErr *net.OpError
+	return errors.As(err, &opErr) && opErr.Op == "remote error"
 }

@@ -4,6 +4,7 @@ package cluster
 // the peer list format of the --peers flag.
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"sort"
@@ -87,6 +88,10 @@ type Config struct {
 	// FixedLeaders turns leader placement off: a group's leadership then
 	// stays wherever elections put it (placement.go).
 	FixedLeaders bool
+
+	// RaftTLS, when set, runs the Raft transport over mutual TLS
+	// (LoadRaftTLS); nil is plain TCP.
+	RaftTLS *tls.Config
 
 	// FS, when set, keeps the NodeHost's files there (vfs.NewMem in tests).
 	FS     config.IFS

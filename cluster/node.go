@@ -170,7 +170,7 @@ func Start(cfg Config) (*Node, error) {
 	nhc.Expert.LogDB.Shards = cfg.LogDBShards
 	nhc.Expert.Engine = config.GetDefaultEngineConfig()
 	nhc.Expert.Engine.ExecShards = cfg.ExecShards
-	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger}
+	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS}
 	nh, err := dragonboat.NewNodeHost(nhc)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start NodeHost: %w", err)

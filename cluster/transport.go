@@ -3,8 +3,10 @@ package cluster
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"io"
 	"net"
@@ -63,11 +65,16 @@ var (
 	castagnoliCRC = crc32.MakeTable(crc32.Castagnoli)
 )
 
-// raftTransportFactory plugs the transport into a NodeHost.
-type raftTransportFactory struct{ log zerolog.Logger }
+// raftTransportFactory plugs the transport into a NodeHost. With tls
+// (LoadRaftTLS) every connection is mutual TLS: a peer whose certificate
+// the CA did not sign is refused at the handshake, before a frame.
+type raftTransportFactory struct {
+	log zerolog.Logger
+	tls *tls.Config
+}
 
 func (f raftTransportFactory) Create(nhc config.NodeHostConfig, mh raftio.MessageHandler, ch raftio.ChunkHandler) raftio.ITransport {
-	return &raftTransport{addr: nhc.GetListenAddress(), log: f.log, onMessages: mh, onChunk: ch,
+	return &raftTransport{addr: nhc.GetListenAddress(), log: f.log, tls: f.tls, onMessages: mh, onChunk: ch,
 		conns: make(map[net.Conn]struct{}), done: make(chan struct{})}
 }
 
@@ -80,6 +87,7 @@ func (raftTransportFactory) Validate(addr string) bool {
 type raftTransport struct {
 	addr       string
 	log        zerolog.Logger
+	tls        *tls.Config // nil: plain TCP
 	onMessages raftio.MessageHandler
 	onChunk    raftio.ChunkHandler
 
@@ -91,12 +99,20 @@ type raftTransport struct {
 	wg     sync.WaitGroup
 }
 
-func (t *raftTransport) Name() string { return "lockd-raft-tcp" }
+func (t *raftTransport) Name() string {
+	if t.tls != nil {
+		return "lockd-raft-tls"
+	}
+	return "lockd-raft-tcp"
+}
 
 func (t *raftTransport) Start() error {
 	ln, err := net.Listen("tcp", t.addr)
 	if err != nil {
 		return err
+	}
+	if t.tls != nil {
+		ln = tls.NewListener(ln, t.tls)
 	}
 	t.ln = ln
 	t.wg.Add(1)
@@ -150,6 +166,9 @@ func (t *raftTransport) accept() {
 // serve hands every frame a peer sends to dragonboat, until the peer
 // closes, sends something else than a frame, or a snapshot is refused.
 func (t *raftTransport) serve(conn net.Conn) {
+	if tc, ok := conn.(*tls.Conn); ok && !t.handshake(tc) {
+		return
+	}
 	r := bufio.NewReaderSize(conn, 64<<10)
 	var payload []byte
 	for {
@@ -175,6 +194,18 @@ func (t *raftTransport) serve(conn net.Conn) {
 			payload = nil // do not pin a snapshot chunk's buffer
 		}
 	}
+}
+
+// handshake runs an accepted connection's TLS handshake within
+// raftDialTimeout and logs a peer it refused.
+func (t *raftTransport) handshake(tc *tls.Conn) bool {
+	_ = tc.SetDeadline(time.Now().Add(raftDialTimeout))
+	if err := tc.Handshake(); err != nil {
+		t.log.Warn().Err(err).Str("remote", tc.RemoteAddr().String()).
+			Msg("raft transport: TLS handshake refused; a peer needs a certificate signed by --raft-tls-ca")
+		return false
+	}
+	return tc.SetDeadline(time.Time{}) == nil
 }
 
 // readFrame reads one frame into buf (grown as needed).
@@ -224,7 +255,34 @@ func (t *raftTransport) dial(ctx context.Context, target string) (*frameConn, er
 	if err != nil {
 		return nil, err
 	}
+	if t.tls != nil {
+		if conn, err = t.dialTLS(ctx, conn, target); err != nil {
+			return nil, err
+		}
+	}
 	return &frameConn{conn: conn}, nil
+}
+
+// dialTLS runs the client side of the handshake within raftDialTimeout:
+// the peer's certificate must carry target's host and verify against the
+// CA.
+func (t *raftTransport) dialTLS(ctx context.Context, conn net.Conn, target string) (net.Conn, error) {
+	host, _, err := net.SplitHostPort(target)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	cfg := t.tls.Clone()
+	cfg.ServerName = host
+	tc := tls.Client(conn, cfg)
+	ctx, cancel := context.WithTimeout(ctx, raftDialTimeout)
+	defer cancel()
+	if err := tc.HandshakeContext(ctx); err != nil {
+		conn.Close()
+		t.log.Warn().Err(err).Str("target", target).Msg("raft transport: TLS handshake with a peer failed")
+		return nil, fmt.Errorf("raft transport: TLS with %s: %w", target, err)
+	}
+	return tc, nil
 }
 
 func (t *raftTransport) GetConnection(ctx context.Context, target string) (raftio.IConnection, error) {

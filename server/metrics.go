@@ -87,6 +87,10 @@ type metrics struct {
 	progressTimeouts atomic.Uint64
 	authFailures     atomic.Uint64
 	connInflightBusy atomic.Uint64
+
+	// tlsHandshakeFailures counts TLS port connections whose handshake
+	// failed: no TLS, a certificate refused, or the progress timeout.
+	tlsHandshakeFailures atomic.Uint64
 }
 
 func (m *metrics) countRequest(op opKind) { m.requests[op].Add(1) }
@@ -191,6 +195,7 @@ func (s *Server) writePrometheus(w io.Writer) {
 	counter("lockd_response_writes_total", "Write calls carrying responses (at most 64 responses each).", m.writes.Load())
 	counter("lockd_connections_accepted_total", "Client connections accepted.", m.connsAccepted.Load())
 	counter("lockd_connections_rejected_total", "Connections closed at once because --max-conns was reached.", m.connsRejected.Load())
+	counter("lockd_tls_handshake_failures_total", "TLS port connections closed because the TLS handshake failed or took longer than 5 s (a client without TLS, a client certificate refused).", m.tlsHandshakeFailures.Load())
 	counter("lockd_slow_clients_dropped_total", "Connections dropped for not reading their responses.", m.slowDropped.Load())
 	counter("lockd_progress_timeouts_total", "Connections closed for a frame stalled past 5 s.", m.progressTimeouts.Load())
 	counter("lockd_auth_failures_total", "Failed handshakes.", m.authFailures.Load())

@@ -1,6 +1,8 @@
 // Package server glues the gnet reactor to the lock engine: it owns
 // sockets, the handshake, per-connection framing state, response batching,
-// connection limits, graceful shutdown and the admin HTTP endpoint, and in
+// connection limits, graceful shutdown and the admin HTTP endpoint, a TLS
+// client port beside the gnet one (crypto/tls connections served by
+// goroutines of their own, through the same session code), and in
 // single mode it opens the data dir whose token mark the engine reserves
 // through (engine/tokenfile). It decodes and encodes frames only through
 // codec and decides nothing about locks itself: every lock rule lives in
@@ -10,6 +12,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -69,6 +72,14 @@ const (
 // DefaultListen with auth off.
 type Config struct {
 	Listen string
+	// TLSListen is the address of the TLS client port, served beside
+	// Listen with the same backend, limits and auth; empty for none. It
+	// needs TLS.
+	TLSListen string
+	// TLS configures the TLS port: its certificate and, for mutual TLS,
+	// ClientCAs with ClientAuth tls.RequireAndVerifyClientCert
+	// (LoadTLSConfig builds it from files).
+	TLS *tls.Config
 	// Admin is the admin HTTP address; empty means no admin endpoint.
 	Admin string
 	// InsecureAdmin allows Admin on a non-loopback address: the admin
@@ -159,6 +170,7 @@ type Server struct {
 	addr         string
 	metrics      metrics
 	admin        *adminServer
+	tlsPort      *tlsPort // nil without Config.TLSListen
 
 	draining atomic.Bool
 	conns    atomic.Int64
@@ -194,6 +206,9 @@ func Start(cfg Config) (*Server, error) {
 	cfg.applyDefaults()
 	if err := checkExposure(cfg); err != nil {
 		return nil, err
+	}
+	if (cfg.TLSListen == "") != (cfg.TLS == nil) {
+		return nil, errors.New("server: a TLS port needs both an address (--tls-listen) and a certificate (--tls-cert, --tls-key)")
 	}
 	s := &Server{
 		cfg:     cfg,
@@ -246,6 +261,14 @@ func Start(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("server: listen on %s: %w", cfg.Listen, s.reactorErr)
 	}
 	go s.watchReactor()
+	if cfg.TLSListen != "" {
+		p, err := startTLSPort(s)
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+		s.tlsPort = p
+	}
 	if cfg.Admin != "" {
 		admin, err := startAdmin(s)
 		if err != nil {
@@ -267,8 +290,8 @@ func Start(cfg Config) (*Server, error) {
 	event.Uint64("nofile_limit", d.limit).Uint64("nofile_before", d.before).Int("fds_open", d.open).
 		Int("admin_max_conns", d.admin).Int("fd_headroom", d.headroom).Int("max_conns", d.configured).
 		Int("conn_cap", d.cap).Msg("connection cap: the descriptor limit less the descriptors open, the admin connections and the headroom, at most --max-conns")
-	s.log.Info().Str("listen", s.addr).Str("admin", s.AdminAddr()).Bool("auth", cfg.Auth != nil).
-		Int("loops", cfg.Loops).Msg("lockd serving")
+	s.log.Info().Str("listen", s.addr).Str("tls_listen", s.TLSAddr()).Bool("mtls", cfg.TLS != nil && cfg.TLS.ClientAuth == tls.RequireAndVerifyClientCert).
+		Str("admin", s.AdminAddr()).Bool("auth", cfg.Auth != nil).Int("loops", cfg.Loops).Msg("lockd serving")
 	return s, nil
 }
 
@@ -337,15 +360,19 @@ func (m *loggedMark) Reserve(mark uint64) error {
 }
 
 // checkExposure refuses auth off on an address other machines can reach,
-// and the admin endpoint, which has no authentication, on one.
+// the TLS port's included, and the admin endpoint, which has no
+// authentication, on one.
 func checkExposure(cfg Config) error {
-	if cfg.Auth == nil && !cfg.InsecureNoAuth {
-		loopback, err := isLoopback(cfg.Listen)
+	for _, listen := range []string{cfg.Listen, cfg.TLSListen} {
+		if listen == "" || cfg.Auth != nil || cfg.InsecureNoAuth {
+			continue
+		}
+		loopback, err := isLoopback(listen)
 		if err != nil {
-			return fmt.Errorf("server: listen address %q: %w", cfg.Listen, err)
+			return fmt.Errorf("server: listen address %q: %w", listen, err)
 		}
 		if !loopback {
-			return fmt.Errorf("server: refusing to listen on non-loopback %q with auth off: give --auth-file, or --insecure-no-auth to accept the risk", cfg.Listen)
+			return fmt.Errorf("server: refusing to listen on non-loopback %q with auth off: give --auth-file, or --insecure-no-auth to accept the risk", listen)
 		}
 	}
 	if cfg.Admin != "" && !cfg.InsecureAdmin {
@@ -378,6 +405,14 @@ func isLoopback(addr string) (bool, error) {
 // Listen asked for port 0).
 func (s *Server) Addr() string { return s.addr }
 
+// TLSAddr is the TLS port's address, or "" when there is none.
+func (s *Server) TLSAddr() string {
+	if s.tlsPort == nil {
+		return ""
+	}
+	return s.tlsPort.addr()
+}
+
 // AdminAddr is the admin HTTP address, or "" when there is none.
 func (s *Server) AdminAddr() string {
 	if s.admin == nil {
@@ -408,6 +443,9 @@ func (s *Server) Close() error {
 		<-graceEnds
 		if s.admin != nil {
 			s.admin.close()
+		}
+		if s.tlsPort != nil {
+			s.tlsPort.close()
 		}
 		if s.reactorFailed() {
 			err = errReactorStopped
@@ -512,7 +550,7 @@ func (s *Server) wakeOverdue() {
 	defer s.stalledMu.Unlock()
 	for ss := range s.stalled {
 		if now-ss.frameStartedAt.Load() >= int64(ProgressTimeout) {
-			_ = ss.gc.Wake(nil)
+			ss.tr.wake()
 		}
 	}
 }
@@ -570,7 +608,7 @@ func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 		s.metrics.connsRejected.Add(1)
 		return nil, gnet.Close
 	}
-	ss, greeting, err := newSession(s, c)
+	ss, greeting, err := newSession(s, gnetTransport{c}, s.batchFor(c.EventLoop()))
 	if err != nil {
 		s.conns.Add(-1)
 		s.log.Error().Err(err).Msg("cannot start a session")
@@ -592,8 +630,32 @@ func (h *handler) OnClose(c gnet.Conn, err error) gnet.Action {
 }
 
 func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
-	return c.Context().(*session).onTraffic()
+	ss := c.Context().(*session)
+	buf, _ := c.Peek(-1)
+	consumed, closing := ss.process(buf)
+	if ss.gone {
+		// A write failed and gnet closed the connection under us.
+		return gnet.None
+	}
+	if consumed > 0 { // gnet's Discard(0) would discard everything
+		_, _ = c.Discard(consumed)
+	}
+	if closing {
+		return gnet.Close
+	}
+	return gnet.None
 }
+
+// gnetTransport is a session's connection on the client port.
+type gnetTransport struct{ c gnet.Conn }
+
+func (t gnetTransport) write(b []byte) { _, _ = t.c.Write(b) }
+
+func (t gnetTransport) outboundBuffered() int { return t.c.OutboundBuffered() }
+
+func (t gnetTransport) wake() { _ = t.c.Wake(nil) }
+
+func (t gnetTransport) remoteAddr() net.Addr { return t.c.RemoteAddr() }
 
 func (h *handler) OnTick() (time.Duration, gnet.Action) {
 	h.srv.wakeOverdue()

@@ -4,25 +4,42 @@ import (
 	"crypto/rand"
 	"fmt"
 	"math"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/lockd/lockd/codec"
 	"github.com/lockd/lockd/engine"
-	"github.com/panjf2000/gnet/v2"
 )
 
 // defaultTenant is the namespace of a connection that never sends HELLO
 // while auth is off.
 const defaultTenant = "default"
 
+// transport is what a session needs of its connection: a gnet connection
+// on the client port, a crypto/tls one on the TLS port. Its methods are
+// called from the connection's loop, except wake, which any goroutine may
+// call.
+type transport interface {
+	// write queues b for the client; b is only borrowed during the call.
+	write(b []byte)
+	// outboundBuffered is how many written bytes the client has not yet
+	// taken.
+	outboundBuffered() int
+	// wake makes the connection's loop run process again, with no new
+	// bytes, soon: a callback resolved a request or a frame is overdue.
+	wake()
+	remoteAddr() net.Addr
+}
+
 // session is the state of one client connection. Fields above mu are
-// touched only by the connection's event loop; fields below it are shared
-// with engine callbacks (grants, wait expiry) that run on other goroutines.
+// touched only by the connection's loop (a gnet event loop, or the TLS
+// port's per-connection lock); fields below it are shared with engine
+// callbacks (grants, wait expiry) that run on other goroutines.
 type session struct {
 	srv *Server
-	gc  gnet.Conn
+	tr  transport
 
 	serverNonce  [codec.NonceLen]byte
 	welcomed     bool // a HELLO was accepted
@@ -30,11 +47,11 @@ type session struct {
 	ns           engine.Namespace
 	tenant       string
 	req          codec.Request
-	batch        *batch // shared with the loop's other sessions
+	batch        *batch // on the client port, shared with the loop's other sessions
 	partialFrame bool
 	watched      bool // in the server's progress scan
 	// writing is set around a write: a failed write makes gnet close the
-	// connection, and so run close, from inside Write.
+	// connection, and so run close, from inside write.
 	writing bool
 	// gone is set by close: the connection is closed (its fd may already
 	// serve another client), so nothing more may be written or done for it.
@@ -81,12 +98,14 @@ type pendingAcquire struct {
 	async opKind
 }
 
-func newSession(s *Server, c gnet.Conn) (*session, []byte, error) {
+// newSession starts the session of a connection whose responses are
+// collected in b; it returns the greeting to send first.
+func newSession(s *Server, tr transport, b *batch) (*session, []byte, error) {
 	ss := &session{
 		srv:     s,
-		gc:      c,
+		tr:      tr,
 		pending: make(map[uint64]pendingAcquire),
-		batch:   s.batchFor(c.EventLoop()),
+		batch:   b,
 	}
 	if _, err := rand.Read(ss.serverNonce[:]); err != nil {
 		return nil, nil, fmt.Errorf("server nonce: %w", err)
@@ -106,40 +125,34 @@ func newSession(s *Server, c gnet.Conn) (*session, []byte, error) {
 	return ss, codec.AppendGreeting(nil, flags, ss.serverNonce, s.cfg.NodeName), nil
 }
 
-// onTraffic decodes every complete frame the connection holds, answers
-// them in batches of ResponseBatch per write, then writes what engine
-// callbacks left in the outbox. It also runs, with no new bytes, when a
-// callback or the progress scan wakes the connection.
-func (ss *session) onTraffic() gnet.Action {
-	buf, _ := ss.gc.Peek(-1)
-	consumed, closing := ss.handleFrames(buf)
+// process is one pass of the connection's loop over the bytes it holds:
+// it decodes every complete frame at the start of buf, answers them in
+// batches of ResponseBatch per write, then writes what engine callbacks
+// left in the outbox. A wake runs it with no new bytes. It returns how
+// many bytes of buf it consumed and whether the connection must close.
+func (ss *session) process(buf []byte) (consumed int, closing bool) {
+	consumed, closing = ss.handleFrames(buf)
 	if ss.gone {
 		// A write failed and gnet closed the connection under us.
-		return gnet.None
+		return consumed, true
 	}
-	if consumed > 0 { // gnet's Discard(0) would discard everything
-		_, _ = ss.gc.Discard(consumed)
+	if consumed > 0 {
 		ss.srv.backend.Flush()
 	}
-
 	if !closing {
 		closing = ss.checkProgress(consumed > 0, consumed < len(buf))
 	}
-
 	closing = ss.deliverResolutions(closing)
 	ss.flush()
-	if ss.gone {
-		return gnet.None
+	if ss.gone || closing {
+		return consumed, true
 	}
-	if closing {
-		return gnet.Close
-	}
-	if ss.gc.OutboundBuffered() > ss.srv.cfg.MaxOutbound {
+	if ss.tr.outboundBuffered() > ss.srv.cfg.MaxOutbound {
 		ss.srv.metrics.slowDropped.Add(1)
-		ss.srv.log.Warn().Str("remote", ss.gc.RemoteAddr().String()).Msg("dropping a client that does not read its responses")
-		return gnet.Close
+		ss.srv.log.Warn().Str("remote", ss.tr.remoteAddr().String()).Msg("dropping a client that does not read its responses")
+		return consumed, true
 	}
-	return gnet.None
+	return consumed, false
 }
 
 // checkProgress runs the progress clock (SPEC §2): it starts when a frame
@@ -397,7 +410,7 @@ func (ss *session) Resolve(owner uint64, r engine.Result) {
 	}
 	ss.mu.Unlock()
 	if wake {
-		_ = ss.gc.Wake(nil)
+		ss.tr.wake()
 	}
 }
 
@@ -482,6 +495,7 @@ func (ss *session) appendError(owner uint64, reason codec.Reason) {
 // batch collects responses for one write. An event loop serves one
 // connection at a time and every pass ends with a flush, so one batch per
 // loop serves all its connections: an idle connection costs no buffer.
+// A TLS connection has its own loop, so its own batch.
 type batch struct {
 	buf    []byte
 	frames int
@@ -492,7 +506,7 @@ type batch struct {
 func (ss *session) flush() {
 	if len(ss.batch.buf) > 0 && !ss.gone {
 		ss.writing = true
-		_, _ = ss.gc.Write(ss.batch.buf)
+		ss.tr.write(ss.batch.buf)
 		ss.writing = false
 		ss.srv.metrics.writes.Add(1)
 	}

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/bench"
+	"github.com/lockd/lockd/cmd/internal/tlsflags"
 	"github.com/lockd/lockd/internal/privatefile"
 )
 
@@ -99,6 +100,7 @@ type options struct {
 	progress   time.Duration
 	check      bool
 	secretFile string
+	tls        tlsflags.Flags
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -121,6 +123,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.BoolVar(&o.target.Raw, "raw", false, "drive lockd with bare protocol frames instead of the official client")
 	fs.StringVar(&o.target.Tenant, "tenant", "", "lockd tenant, with --secret-file when the server requires auth")
 	fs.StringVar(&o.secretFile, "secret-file", "", "file holding the tenant's secret in hex")
+	o.tls.Register(fs)
 	fs.DurationVar(&o.target.RedisRetry, "redis-retry", time.Millisecond, "mean pause between a waiting Redis caller's SET NX attempts")
 	fs.IntVar(&o.admission.Limit, "admission-limit", bench.DefaultAdmissionLimit, "the server's in-flight limit (lockd --max-inflight) for the admission workload")
 	fs.DurationVar(&o.admission.Wait, "admission-wait", bench.DefaultAdmissionWait, "wait of the admission pressure acquires (whole seconds)")
@@ -166,6 +169,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		if _, err := bench.ParseTarget(t); err != nil {
 			return nil, usageError{err}
 		}
+	}
+	if o.target.TLS, err = o.tls.Config(); err != nil {
+		return nil, err
 	}
 	if o.secretFile != "" {
 		data, err := privatefile.ReadFile(o.secretFile)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/lockd/lockd/client"
 	"github.com/lockd/lockd/cmd/internal/envflag"
+	"github.com/lockd/lockd/cmd/internal/tlsflags"
 	"github.com/lockd/lockd/cmd/internal/version"
 	"github.com/lockd/lockd/codec"
 	"github.com/lockd/lockd/internal/privatefile"
@@ -60,7 +61,8 @@ Exit status:
 Every flag can also be set with LOCKD_<NAME> (--secret-file as
 LOCKD_SECRET_FILE); a flag on the command line wins. The tenant's secret,
 in hex as in lockd's auth file (make one with openssl rand -hex 32), is
-read from --secret-file, or else from LOCKD_SECRET.
+read from --secret-file, or else from LOCKD_SECRET. Any --tls flag
+connects over TLS, to lockd's --tls-listen port.
 `
 
 const (
@@ -156,7 +158,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 
 // printHelp is lockctl --help: the usage, then every flag, once.
 func printHelp(w io.Writer) {
-	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant and --secret-file; --grace and --keepalive are exec's):\n", usage)
+	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant, --secret-file and the --tls ones; --grace and --keepalive are exec's):\n", usage)
 	envflag.PrintFlags(w, newFlagSet("exec", &options{}))
 }
 
@@ -169,6 +171,7 @@ type options struct {
 	budget      time.Duration
 	grace       time.Duration
 	keepalive   bool
+	tls         tlsflags.Flags
 }
 
 // newFlagSet defines the flags of command over o.
@@ -179,6 +182,7 @@ func newFlagSet(command string, o *options) *flag.FlagSet {
 	fs.Var(&o.addrs, "addr", "server address `HOST:PORT`; repeat or separate with commas for several")
 	fs.StringVar(&o.tenant, "tenant", "", "tenant `name`; required with a secret")
 	fs.StringVar(&o.secretFile, "secret-file", "", "`file` holding the tenant's secret in hex")
+	o.tls.Register(fs)
 	if command != "release" {
 		fs.DurationVar(&o.lease, "lease", client.DefaultLease, "lease, rounded up to seconds, 1s..1h")
 		fs.DurationVar(&o.wait, "wait", 0, "how long to wait for the lock, 0s..255s; 0 tries once")
@@ -300,11 +304,17 @@ func (o *options) dial(ctx context.Context) (*client.Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	tlsCfg, err := o.tls.Config()
+	if err != nil {
+		return nil, err
+	}
 	// One call per process: no spare wait session is worth connecting ahead.
-	c, err := client.Dial(ctx, client.Config{Addrs: o.addrs.addrs, Tenant: o.tenant, Secret: secret, Sessions: 1, WaitSpares: -1})
+	c, err := client.Dial(ctx, client.Config{Addrs: o.addrs.addrs, Tenant: o.tenant, Secret: secret, Sessions: 1, WaitSpares: -1, TLS: tlsCfg})
 	switch {
 	case err == nil:
 		return c, nil
+	case errors.Is(err, client.ErrTLS):
+		return nil, fmt.Errorf("TLS with %s failed; check --tls-ca, --tls-cert, --tls-key and --tls-server-name: %w", o.addrs.String(), err)
 	case errors.Is(err, client.ErrAuth) && len(secret) == 0:
 		return nil, fmt.Errorf("%s requires authentication: give --tenant and the tenant's secret in --secret-file or LOCKD_SECRET", o.addrs.String())
 	case errors.Is(err, client.ErrAuth):

@@ -89,6 +89,8 @@ func TestUsageErrorsExitTwoAndNameTheFlag(t *testing.T) {
 		{[]string{"serve", "now"}, "unexpected arguments"},
 		{[]string{"serve", "--log-level", "loud"}, "--log-level"},
 		{[]string{"serve", "--cluster", "--node-id", "1"}, "--peers"},
+		{[]string{"serve", "--tls-listen", "127.0.0.1:0", "--tls-cert", "c.pem"}, "--tls-listen needs --tls-cert and --tls-key"},
+		{[]string{"serve", "--tls-client-ca", "ca.pem"}, "need --tls-listen"},
 	} {
 		code, _, errs := lockd(tc.args...)
 		if code != exitUsage || !strings.Contains(errs, tc.says) {

@@ -32,3 +32,24 @@ func TestClusterFlags(t *testing.T) {
 		t.Fatalf("cluster flags from the environment: %+v %v", o, err)
 	}
 }
+
+func TestRaftTLSFlags(t *testing.T) {
+	none := func(string) (string, bool) { return "", false }
+	cluster := []string{"--cluster", "--node-id", "1", "--peers", "1=127.0.0.1:7451,2=127.0.0.1:7452,3=127.0.0.1:7453", "--data-dir", "d"}
+	o, err := parseServeOptions(append(cluster, "--raft-tls-cert", "n.crt", "--raft-tls-key", "n.key", "--raft-tls-ca", "ca.crt"), none)
+	if err != nil || o.raftTLS != [3]string{"n.crt", "n.key", "ca.crt"} {
+		t.Fatalf("raft TLS flags: %v %v", o.raftTLS, err)
+	}
+	for _, args := range [][]string{
+		append(cluster, "--raft-tls-cert", "n.crt", "--raft-tls-key", "n.key"),
+		append(cluster, "--raft-tls-ca", "ca.crt"),
+	} {
+		if _, err := parseServeOptions(args, none); err == nil || !strings.Contains(err.Error(), "all three or none") {
+			t.Errorf("%q: %v", args, err)
+		}
+	}
+	if _, err := parseServeOptions([]string{"--raft-tls-cert", "n.crt", "--raft-tls-key", "n.key", "--raft-tls-ca", "ca.crt"}, none); err == nil ||
+		!strings.Contains(err.Error(), "--cluster") {
+		t.Errorf("raft TLS in single mode: %v", err)
+	}
+}

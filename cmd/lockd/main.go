@@ -96,6 +96,12 @@ func serve(opts serveOptions, level zerolog.Level) error {
 		cfg.Auth = auth.Secrets
 		cfg.Engine.TenantLimits = auth.TenantLimits(cfg.Engine.MaxKeys, cfg.Engine.MaxWaiters, cfg.Engine.MaxInflight)
 	}
+	if opts.tlsCert != "" {
+		var err error
+		if cfg.TLS, err = server.LoadTLSConfig(opts.tlsCert, opts.tlsKey, opts.tlsClientCA); err != nil {
+			return fmt.Errorf("--tls-cert, --tls-key, --tls-client-ca: %w", err)
+		}
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -106,6 +112,11 @@ func serve(opts serveOptions, level zerolog.Level) error {
 		cc.TenantLimits = cfg.Engine.TenantLimits
 		cc.Logger = cfg.Logger
 		var err error
+		if opts.raftTLS[0] != "" {
+			if cc.RaftTLS, err = cluster.LoadRaftTLS(opts.raftTLS[0], opts.raftTLS[1], opts.raftTLS[2]); err != nil {
+				return fmt.Errorf("--raft-tls-cert, --raft-tls-key, --raft-tls-ca: %w", err)
+			}
+		}
 		if node, err = cluster.Start(cc); err != nil {
 			return err
 		}
@@ -128,9 +139,14 @@ func serve(opts serveOptions, level zerolog.Level) error {
 
 // serveOptions is everything `lockd serve` reads from flags.
 type serveOptions struct {
-	server     server.Config
-	logLevel   string
-	authFile   string
+	server   server.Config
+	logLevel string
+	authFile string
+	// The TLS port's files; all empty without --tls-listen.
+	tlsCert, tlsKey, tlsClientCA string
+	// raftTLS is --raft-tls-cert, --raft-tls-key and --raft-tls-ca: all
+	// three or none.
+	raftTLS    [3]string
 	cluster    bool
 	clusterCfg cluster.Config
 	flags      *flag.FlagSet // what they were read from, for --help
@@ -151,6 +167,10 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.StringVar(&cfg.Listen, "listen", server.DefaultListen, "client protocol address")
 	fs.StringVar(&cfg.Admin, "admin", server.DefaultAdmin, "admin HTTP address (/healthz, /metrics); empty for none")
 	fs.StringVar(authFile, "auth-file", "", "file of tenant:hex-secret lines, each optionally with the tenant's keys=N waiters=N inflight=N (make a secret with openssl rand -hex 32); turns authentication on, and with two or more tenants, per-tenant quotas")
+	fs.StringVar(&cfg.TLSListen, "tls-listen", "", "TLS client protocol address, beside --listen; needs --tls-cert and --tls-key")
+	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate chain of the TLS port")
+	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM private key of --tls-cert (mode 0600: refused when the group or others can read it)")
+	fs.StringVar(&o.tlsClientCA, "tls-client-ca", "", "PEM CA certificates; turns mutual TLS on: TLS clients must present a certificate they signed")
 	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow auth off on a non-loopback address")
 	fs.BoolVar(&cfg.InsecureAdmin, "insecure-admin", false, "allow --admin, which has no authentication, on a non-loopback address")
 	fs.IntVar(&cfg.AdminMaxConns, "admin-max-conns", server.DefaultAdminMaxConns, "admin connections served at once; more wait to be accepted")
@@ -173,6 +193,9 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.IntVar(&cc.Groups, "groups", cluster.DefaultGroups, "cluster: Raft groups, fixed at bootstrap")
 	fs.IntVar(&rttMs, "rtt-ms", int(cluster.DefaultRTT/time.Millisecond), "cluster: network round trip in ms (election timeout is 30-60 RTTs, heartbeat every 5)")
 	fs.BoolVar(&cc.FixedLeaders, "fixed-leaders", false, "cluster: never move a group's leadership to the node proposing most of its requests")
+	fs.StringVar(&o.raftTLS[0], "raft-tls-cert", "", "cluster: PEM certificate of this node for mutual TLS between nodes, naming the host of its Raft address; with --raft-tls-key and --raft-tls-ca")
+	fs.StringVar(&o.raftTLS[1], "raft-tls-key", "", "cluster: PEM private key of --raft-tls-cert (mode 0600)")
+	fs.StringVar(&o.raftTLS[2], "raft-tls-ca", "", "cluster: PEM CA certificates every node's certificate must verify against")
 	fs.DurationVar(&cc.ProposeTimeout, "propose-timeout", cluster.DefaultProposeTimeout, "cluster: answer E unavailable when a group has not committed a request in this time")
 
 	if err := envflag.Apply(fs, lookupEnv); err != nil {
@@ -184,7 +207,25 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
+	if cfg.TLSListen == "" && (o.tlsCert != "" || o.tlsKey != "" || o.tlsClientCA != "") {
+		return o, errors.New("--tls-cert, --tls-key and --tls-client-ca need --tls-listen")
+	}
+	if cfg.TLSListen != "" && (o.tlsCert == "" || o.tlsKey == "") {
+		return o, errors.New("--tls-listen needs --tls-cert and --tls-key")
+	}
+	raftTLSFlags := 0
+	for _, f := range o.raftTLS {
+		if f != "" {
+			raftTLSFlags++
+		}
+	}
+	if raftTLSFlags != 0 && raftTLSFlags != len(o.raftTLS) {
+		return o, errors.New("--raft-tls-cert, --raft-tls-key and --raft-tls-ca go together: give all three or none")
+	}
 	if !o.cluster {
+		if raftTLSFlags != 0 {
+			return o, errors.New("--raft-tls-cert, --raft-tls-key and --raft-tls-ca need --cluster")
+		}
 		return o, nil
 	}
 	// A node's Raft state is never put in the single-mode default.

@@ -1,0 +1,232 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lni/dragonboat/v4/config"
+	pb "github.com/lni/dragonboat/v4/raftpb"
+	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/internal/testcerts"
+	"github.com/rs/zerolog"
+)
+
+// raftTLSFor writes a node certificate for 127.0.0.1 signed by ca and
+// loads it as LoadRaftTLS does from the flags.
+func raftTLSFor(t *testing.T, ca *testcerts.CA, name string) *tls.Config {
+	t.Helper()
+	f := ca.WriteFiles(t, t.TempDir(), name, "127.0.0.1")
+	cfg, err := LoadRaftTLS(f.Cert, f.Key, f.CA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// logWatch is a log destination that closes seen once a line contains
+// want.
+type logWatch struct {
+	want []byte
+	seen chan struct{}
+	once sync.Once
+}
+
+func watchLog(want string) *logWatch {
+	return &logWatch{want: []byte(want), seen: make(chan struct{})}
+}
+
+func (w *logWatch) Write(p []byte) (int, error) {
+	if bytes.Contains(p, w.want) {
+		w.once.Do(func() { close(w.seen) })
+	}
+	return len(p), nil
+}
+
+func (w *logWatch) wait(t *testing.T, what string) {
+	t.Helper()
+	select {
+	case <-w.seen:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("no log line says %s (%q) in 20 s", what, w.want)
+	}
+}
+
+const refusedLog = "raft transport: TLS handshake refused"
+
+func startTLSTransport(t *testing.T, tlsCfg *tls.Config, log io.Writer) (*raftTransport, chan pb.MessageBatch) {
+	t.Helper()
+	batches := make(chan pb.MessageBatch, 16)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePorts(t, 1)[0]))
+	tr := raftTransportFactory{log: zerolog.New(log), tls: tlsCfg}.Create(config.NodeHostConfig{RaftAddress: addr},
+		func(mb pb.MessageBatch) { batches <- mb },
+		func(pb.Chunk) bool { return true }).(*raftTransport)
+	if err := tr.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	return tr, batches
+}
+
+// With raft TLS, nodes of one CA exchange frames; a node of another CA,
+// and a peer without TLS, are refused at the handshake and deliver
+// nothing.
+func TestRaftTransportMutualTLS(t *testing.T) {
+	ca, other := testcerts.NewCA(t, "lockd raft CA"), testcerts.NewCA(t, "another CA")
+	watch := watchLog(refusedLog)
+	server, batches := startTLSTransport(t, raftTLSFor(t, ca, "server"), watch)
+	client, _ := startTLSTransport(t, raftTLSFor(t, ca, "client"), io.Discard)
+	conn, err := client.GetConnection(context.Background(), server.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	want := pb.MessageBatch{DeploymentId: deploymentID, SourceAddress: client.addr, BinVer: 7,
+		Requests: []pb.Message{{Type: pb.Heartbeat, To: 2, From: 1, ShardID: 5, Term: 3}}}
+	if err := conn.SendMessageBatch(want); err != nil {
+		t.Fatal(err)
+	}
+	if got := receive(t, batches); got.SourceAddress != want.SourceAddress || len(got.Requests) != 1 {
+		t.Fatalf("got %+v", got)
+	}
+
+	intruder, _ := startTLSTransport(t, raftTLSFor(t, other, "intruder"), io.Discard)
+	if c, err := intruder.GetConnection(context.Background(), server.addr); err == nil {
+		c.Close()
+		t.Fatal("a node of another CA connected")
+	}
+	watch.wait(t, "the other CA's node was refused")
+
+	// A peer without TLS: its frame is not a handshake, so the server
+	// closes the connection without delivering it.
+	plain, err := net.Dial("tcp", server.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	fc := &frameConn{conn: plain}
+	if err := fc.SendMessageBatch(want); err != nil {
+		t.Fatal(err)
+	}
+	_ = plain.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.Copy(io.Discard, plain); err != nil {
+		t.Fatalf("a peer without TLS: %v, want the connection closed", err)
+	}
+	select {
+	case mb := <-batches:
+		t.Fatalf("a frame without TLS was delivered: %+v", mb)
+	default:
+	}
+}
+
+// A 3-node cluster with raft TLS elects every group's leader and serves
+// locks across nodes.
+func TestRaftTLSClusterElectsAndServes(t *testing.T) {
+	ca := testcerts.NewCA(t, "lockd raft CA")
+	tc := newTestCluster(t, 3, func(cfg *Config) {
+		cfg.RaftTLS = raftTLSFor(t, ca, fmt.Sprintf("node%d", cfg.NodeID))
+	})
+	rec := newRecorder()
+	r := acquire(t, tc.node(1), rec, 1, "tls/k", 30*time.Second, 0)
+	if r.Outcome != engine.Granted {
+		t.Fatalf("acquire: %+v", r)
+	}
+	if got := release(t, tc.node(3), rec, 2, "tls/k", r.Token); got.Outcome != engine.Released {
+		t.Fatalf("release on another node: %+v", got)
+	}
+	// The Raft port speaks TLS, with a certificate the CA signed.
+	conn, err := tls.Dial("tcp", tc.cfgs[1].Peers[2], &tls.Config{RootCAs: ca.Pool(), Certificates: []tls.Certificate{ca.Issue(t, "probe")}})
+	if err != nil {
+		t.Fatalf("TLS to node 2's Raft port: %v", err)
+	}
+	conn.Close()
+}
+
+// A node whose certificate another CA signed cannot join: the two nodes
+// of the right CA refuse its connections (and it theirs), elect leaders
+// between themselves and serve.
+func TestRaftTLSRefusesANodeOfAnotherCA(t *testing.T) {
+	ca, other := testcerts.NewCA(t, "lockd raft CA"), testcerts.NewCA(t, "another CA")
+	ports := freePorts(t, 3)
+	peers := make(map[uint64]string)
+	for i, p := range ports {
+		peers[uint64(i+1)] = fmt.Sprintf("127.0.0.1:%d", p)
+	}
+	watches := []*logWatch{watchLog(refusedLog), watchLog(refusedLog)}
+	refused := make(chan struct{})
+	go func() {
+		select {
+		case <-watches[0].seen:
+		case <-watches[1].seen:
+		}
+		close(refused)
+	}()
+	nodes := make([]*Node, 3)
+	t.Cleanup(func() {
+		for _, n := range nodes {
+			if n != nil {
+				n.Close()
+			}
+		}
+	})
+	for i := range 3 {
+		cfg := Config{NodeID: uint64(i + 1), Peers: peers, DataDir: t.TempDir(), Groups: 2,
+			RTT: 10 * time.Millisecond, ElectionRTT: 20, ProposeTimeout: 3 * time.Second}
+		if i < 2 {
+			cfg.RaftTLS = raftTLSFor(t, ca, fmt.Sprintf("node%d", i+1))
+			cfg.Logger = zerolog.New(watches[i])
+		} else {
+			cfg.RaftTLS = raftTLSFor(t, other, "intruder")
+			cfg.Logger = zerolog.New(io.Discard)
+		}
+		n, err := Start(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes[i] = n
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, n := range nodes[:2] {
+		if err := n.WaitReady(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-refused:
+	case <-time.After(20 * time.Second):
+		t.Fatal("neither node of the CA logged a refused handshake in 20 s")
+	}
+	rec := newRecorder()
+	if r := acquire(t, nodes[0], rec, 1, "tls/k", 30*time.Second, 0); r.Outcome != engine.Granted {
+		t.Fatalf("acquire on the two nodes of the CA: %+v", r)
+	}
+	for i := range nodes[0].groups {
+		if leader := nodes[0].Leader(i); leader == 3 {
+			t.Fatalf("group %d: the node of another CA leads", i)
+		}
+	}
+}
+
+// LoadRaftTLS refuses a key others can read, as every key file.
+func TestLoadRaftTLSRefusesReadableKey(t *testing.T) {
+	ca := testcerts.NewCA(t, "lockd raft CA")
+	f := ca.WriteFiles(t, t.TempDir(), "node1", "127.0.0.1")
+	if err := os.Chmod(f.Key, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadRaftTLS(f.Cert, f.Key, f.CA); err == nil || !bytes.Contains([]byte(err.Error()), []byte("chmod 600")) {
+		t.Fatalf("a key others can read: %v", err)
+	}
+	if _, err := LoadRaftTLS(f.Cert, f.Cert, f.Key); err == nil {
+		t.Fatal("a certificate as the key was accepted")
+	}
+}
