@@ -88,6 +88,8 @@ type metrics struct {
 	authFailures     atomic.Uint64
 	connInflightBusy atomic.Uint64
 
+	memoryReturns atomic.Uint64
+
 	// tlsHandshakeFailures counts TLS port connections whose handshake
 	// failed: no TLS, a certificate refused, or the progress timeout.
 	tlsHandshakeFailures atomic.Uint64
@@ -200,6 +202,7 @@ func (s *Server) writePrometheus(w io.Writer) {
 	counter("lockd_progress_timeouts_total", "Connections closed for a frame stalled past 5 s.", m.progressTimeouts.Load())
 	counter("lockd_auth_failures_total", "Failed handshakes.", m.authFailures.Load())
 	counter("lockd_conn_inflight_busy_total", "B answers caused by --max-conn-inflight.", m.connInflightBusy.Load())
+	counter("lockd_memory_returns_total", "Times the memory a flood left was returned to the OS.", m.memoryReturns.Load())
 	counter("lockd_orphan_grants_released_total", "Grants to closed connections released by the backend.", st.AbandonedReleased)
 	counter("lockd_orphan_grants_dropped_total", "Grants to closed connections left to lease expiry (release queue full).", st.AbandonedDropped)
 	if x, ok := s.backend.(interface{ WritePrometheus(io.Writer) }); ok {

@@ -196,7 +196,10 @@ type Server struct {
 	reactorErr  error
 	// stopping is set when Close stops the reactor; a reactor that ends
 	// without it failed, and failed is closed.
-	stopping  atomic.Bool
+	stopping atomic.Bool
+	// itemsPeak is the most items (heldItems) seen since memory was last
+	// returned to the OS.
+	itemsPeak atomic.Int64
 	failed    chan struct{}
 	closeOnce sync.Once
 }
@@ -234,8 +237,9 @@ func Start(cfg Config) (*Server, error) {
 	h := &handler{srv: s, booted: booted}
 	driverCtx, stop := context.WithCancel(context.Background())
 	s.stopDriver = stop
-	s.done.Add(1)
+	s.done.Add(2)
 	go func() { defer s.done.Done(); s.backend.Run(driverCtx) }()
+	go func() { defer s.done.Done(); s.returnMemory(driverCtx) }()
 
 	go func() {
 		defer close(s.reactorDone)

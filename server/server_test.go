@@ -357,7 +357,7 @@ func TestWaiterDroppedWithItsConnection(t *testing.T) {
 
 // waitFor polls a condition that another goroutine makes true; it is not
 // a timing assertion, only a bounded wait for an asynchronous close.
-func waitFor(t *testing.T, cond func() bool) {
+func waitFor(t testing.TB, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(ioTimeout)
 	for !cond() {

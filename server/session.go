@@ -66,7 +66,7 @@ type session struct {
 	// pending holds the owners of acquires in flight on this connection:
 	// reserved before the engine sees them, so a grant racing the return
 	// of Acquire still finds its entry.
-	pending     map[uint64]pendingAcquire
+	pending     pendingTable
 	outbox      []resolution
 	closeOnWake bool
 	closed      bool
@@ -83,19 +83,49 @@ type resolution struct {
 // abandonIfGranted hands an undeliverable grant back to the backend, which
 // releases it; other answers need nothing.
 func (r resolution) abandonIfGranted(s *Server) {
-	if r.result.Outcome == engine.Granted && r.async == opUnknown {
-		s.backend.Abandon(r.wait, r.result.Token)
+	if r.result.Outcome == engine.Granted && r.async() == opUnknown {
+		s.backend.Abandon(r.wait(), r.result.Token)
 	}
 }
 
-type pendingAcquire struct {
-	// wait is the queued acquire's handle, to cancel it or to abandon its
-	// grant; no key is kept per waiter.
-	wait engine.Handle
-	// async is opRelease or opKeep for an asynchronous RELEASE or KEEP
-	// (cluster mode) awaiting its answer: it is in flight for dup_owner,
-	// and answered as that op. opUnknown for an acquire.
-	async opKind
+// pendingAcquire is what a connection keeps of a request in flight, in
+// one interface value so that a queued waiter costs 16 bytes and no key:
+// the queued acquire's handle (to cancel it or to abandon its grant),
+// reservedAcquire until the backend has answered, or for an asynchronous
+// RELEASE or KEEP (cluster mode) the asyncOp it is to be answered as —
+// in flight for dup_owner all the same.
+type pendingAcquire struct{ h engine.Handle }
+
+// asyncOp marks an asynchronous RELEASE or KEEP in a pendingAcquire; a
+// one-byte value in an interface allocates nothing.
+type asyncOp opKind
+
+// reservedAcquire is an acquire the backend has not answered yet.
+var reservedAcquire = pendingAcquire{h: asyncOp(opUnknown)}
+
+// queuedAcquire is an acquire the backend queued, with its handle.
+func queuedAcquire(h engine.Handle) pendingAcquire {
+	if h == nil {
+		return reservedAcquire
+	}
+	return pendingAcquire{h: h}
+}
+
+// async is the op an asynchronous request is answered as, opUnknown for
+// an acquire.
+func (p pendingAcquire) async() opKind {
+	if op, ok := p.h.(asyncOp); ok {
+		return opKind(op)
+	}
+	return opUnknown
+}
+
+// wait is a queued acquire's handle, nil for anything else.
+func (p pendingAcquire) wait() engine.Handle {
+	if _, ok := p.h.(asyncOp); ok {
+		return nil
+	}
+	return p.h
 }
 
 // newSession starts the session of a connection whose responses are
@@ -104,7 +134,7 @@ func newSession(s *Server, tr transport, b *batch) (*session, []byte, error) {
 	ss := &session{
 		srv:     s,
 		tr:      tr,
-		pending: make(map[uint64]pendingAcquire),
+		pending: newPendingTable(),
 		batch:   b,
 	}
 	if _, err := rand.Read(ss.serverNonce[:]); err != nil {
@@ -262,7 +292,7 @@ func (ss *session) handleFrame(req *codec.Request, fieldErr error) bool {
 
 func (ss *session) ownerInFlight(owner uint64) bool {
 	ss.mu.Lock()
-	_, dup := ss.pending[owner]
+	_, dup := ss.pending.get(owner)
 	ss.mu.Unlock()
 	return dup
 }
@@ -319,13 +349,13 @@ func secretOrDecoy(secret []byte, known bool) []byte {
 // whether the answer closes the connection (the server is draining).
 func (ss *session) acquire(req *codec.Request) bool {
 	ss.mu.Lock()
-	if len(ss.pending) >= ss.srv.cfg.MaxConnInflight {
+	if ss.pending.len() >= ss.srv.cfg.MaxConnInflight {
 		ss.mu.Unlock()
 		ss.srv.metrics.connInflightBusy.Add(1)
 		ss.appendOwnerOnly(opAcquire, codec.OpBusy, req.Owner)
 		return false
 	}
-	ss.pending[req.Owner] = pendingAcquire{}
+	ss.pending.put(req.Owner, reservedAcquire)
 	ss.mu.Unlock()
 
 	lease := time.Duration(req.LeaseSeconds) * time.Second
@@ -333,17 +363,17 @@ func (ss *session) acquire(req *codec.Request) bool {
 	r, w := ss.srv.backend.Acquire(ss.ns, req.Key, req.Owner, lease, wait, ss)
 
 	ss.mu.Lock()
-	switch _, stillQueued := ss.pending[req.Owner]; {
+	switch _, stillQueued := ss.pending.get(req.Owner); {
 	case r.Outcome != engine.Queued:
-		delete(ss.pending, req.Owner)
+		ss.pending.remove(req.Owner)
 	case stillQueued:
-		ss.pending[req.Owner] = pendingAcquire{wait: w}
+		ss.pending.put(req.Owner, queuedAcquire(w))
 	default:
 		// Resolved before Acquire returned: give its answer the handle
 		// an abandoned grant needs if the connection closes first.
 		for i := range ss.outbox {
 			if ss.outbox[i].owner == req.Owner {
-				ss.outbox[i].wait = w
+				ss.outbox[i].pendingAcquire = queuedAcquire(w)
 			}
 		}
 	}
@@ -374,7 +404,7 @@ func (ss *session) keepAsync(req *codec.Request, lease time.Duration) {
 
 func (ss *session) reserveAsync(owner uint64, op opKind) {
 	ss.mu.Lock()
-	ss.pending[owner] = pendingAcquire{async: op}
+	ss.pending.put(owner, pendingAcquire{h: asyncOp(op)})
 	ss.mu.Unlock()
 }
 
@@ -384,7 +414,7 @@ func (ss *session) answerAsync(op opKind, owner uint64, r engine.Result) {
 		return
 	}
 	ss.mu.Lock()
-	delete(ss.pending, owner)
+	ss.pending.remove(owner)
 	ss.mu.Unlock()
 	ss.appendResult(op, owner, r)
 }
@@ -394,8 +424,7 @@ func (ss *session) answerAsync(op opKind, owner uint64, r engine.Result) {
 // wakes the connection's loop.
 func (ss *session) Resolve(owner uint64, r engine.Result) {
 	ss.mu.Lock()
-	p := ss.pending[owner]
-	delete(ss.pending, owner)
+	p, _ := ss.pending.remove(owner)
 	res := resolution{owner: owner, result: r, pendingAcquire: p}
 	if ss.closed {
 		ss.mu.Unlock()
@@ -430,8 +459,8 @@ func (ss *session) deliverResolutions(closing bool) bool {
 			continue
 		}
 		op := opAcquire
-		if r.async != opUnknown {
-			op = r.async
+		if async := r.async(); async != opUnknown {
+			op = async
 		}
 		ss.appendResult(op, r.owner, r.result)
 		if ss.batch.frames >= ResponseBatch {
@@ -460,12 +489,12 @@ func (ss *session) close(peerEnded bool) {
 		r.abandonIfGranted(ss.srv)
 	}
 	ss.outbox = nil
-	waits := make([]engine.Handle, 0, len(ss.pending))
-	for _, p := range ss.pending {
-		if p.wait != nil {
-			waits = append(waits, p.wait)
+	waits := make([]engine.Handle, 0, ss.pending.len())
+	ss.pending.each(func(_ uint64, p pendingAcquire) {
+		if w := p.wait(); w != nil {
+			waits = append(waits, w)
 		}
-	}
+	})
 	if ss.closeOnWake {
 		ss.srv.pendingCloses.Add(-1)
 	}
