@@ -85,3 +85,28 @@ func TestForwardedRequestFollowsTheNewLeader(t *testing.T) {
 		t.Fatal("the dead node still leads the group")
 	}
 }
+
+// A batch sent with less time left than dragonboat's smallest timeout
+// (one tick) is still proposed and applied, not refused with a warning.
+func TestNearDeadlineBatchIsProposed(t *testing.T) {
+	tc := newTestCluster(t, 1, nil)
+	rec := newRecorder()
+	const key = "near-deadline"
+	n := tc.node(1)
+	r := acquire(t, n, rec, 1, key, time.Minute, 0)
+	if r.Outcome != engine.Granted {
+		t.Fatal(r)
+	}
+	g := n.groups[n.GroupOf("default", []byte(key))]
+	b := appendRelease(make([]byte, headerLen), n.cfg.NodeID, 0, r.Token, "default", []byte(key))
+	putHeader(b, time.Now().UnixNano(), 1)
+	failed := n.ClusterStats().ProposeFailures
+	g.slots <- struct{}{} // the slot the watcher gives back
+	if !g.send(n.ctx, b, time.Now().Add(time.Millisecond)) {
+		t.Fatalf("a batch 1 ms from its deadline was not proposed (%d failures before, %d after)", failed, n.ClusterStats().ProposeFailures)
+	}
+	waitUntil(t, 10*time.Second, "the release to apply", func() bool { return n.Token("default", []byte(key)) == 0 })
+	if got := n.ClusterStats().ProposeFailures; got != failed {
+		t.Fatalf("propose failures went from %d to %d", failed, got)
+	}
+}

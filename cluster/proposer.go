@@ -152,7 +152,12 @@ func (g *group) send(ctx context.Context, b []byte, deadline time.Time) bool {
 			return false
 		}
 		leaderChanged := *g.newLeader.Load()
-		rs, err := n.nh.Propose(n.nh.GetNoOPSession(g.shardID), b, min(left, n.attemptTimeout))
+		// dragonboat refuses a timeout under one tick (one RTT): a batch
+		// close to its deadline still gets a whole attempt. Its requests
+		// are answered by their own deadlines all the same, and what
+		// applies later is handled as any late outcome.
+		attempt := max(min(left, n.attemptTimeout), 2*n.cfg.RTT)
+		rs, err := n.nh.Propose(n.nh.GetNoOPSession(g.shardID), b, attempt)
 		if err == nil {
 			n.stats.proposals.Add(1)
 			n.stats.commands.Add(uint64(binaryCount(b)))
