@@ -26,6 +26,11 @@ import (
 //	cmdLeaseEnd: token u64 | renewals u32 (proposed by the leader when the lease fell due)
 //	cmdExpire:   token u64 (the lease end of builds before KEEP; still applied
 //	             from their logs, as renewals 0)
+//	cmdForget:   node u64 | keep_first u64 | keep_last u64 (tenant and key empty):
+//	             drop node's queued waiters except those whose request id
+//	             (without its top bit) is within [keep_first, keep_last] —
+//	             proposed by a restarted node for the runs before it, and
+//	             by a group leader for a node it has not heard from
 //
 // A lease end names the renewal it ends, so that the end of a lease that a
 // KEEP has since renewed frees nothing: a KEEP and the expire of the lease
@@ -45,6 +50,7 @@ const (
 	cmdKeep     = 'K'
 	cmdLeaseEnd = 'L'
 	cmdExpire   = 'E'
+	cmdForget   = 'F'
 )
 
 var errBadBatch = errors.New("cluster: malformed proposal")
@@ -57,8 +63,10 @@ type command struct {
 	lease    uint16
 	wait     int64
 	keyLimit uint32
-	tenant   []byte
-	key      []byte
+	// keepFirst and keepLast are cmdForget's range of ids to keep.
+	keepFirst, keepLast uint64
+	tenant              []byte
+	key                 []byte
 }
 
 func appendText(dst []byte, tenant string, key []byte) []byte {
@@ -94,6 +102,14 @@ func appendKeep(dst []byte, node, id, token uint64, renewals uint32, lease uint1
 	dst = binary.BigEndian.AppendUint32(dst, renewals)
 	dst = binary.BigEndian.AppendUint16(dst, lease)
 	return appendText(dst, tenant, key)
+}
+
+func appendForget(dst []byte, node, keepFirst, keepLast uint64) []byte {
+	dst = append(dst, cmdForget)
+	dst = binary.BigEndian.AppendUint64(dst, node)
+	dst = binary.BigEndian.AppendUint64(dst, keepFirst)
+	dst = binary.BigEndian.AppendUint64(dst, keepLast)
+	return appendText(dst, "", nil)
 }
 
 func appendLeaseEnd(dst []byte, token uint64, renewals uint32, tenant string, key []byte) []byte {
@@ -136,6 +152,8 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 		need = 8 + 4
 	case cmdExpire:
 		need = 8
+	case cmdForget:
+		need = 8 + 8 + 8
 	default:
 		return nil, errBadBatch
 	}
@@ -165,6 +183,10 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 	case cmdExpire:
 		c.token = binary.BigEndian.Uint64(b)
 		c.renewals = 0
+	case cmdForget:
+		c.node = binary.BigEndian.Uint64(b)
+		c.keepFirst = binary.BigEndian.Uint64(b[8:])
+		c.keepLast = binary.BigEndian.Uint64(b[16:])
 	}
 	b = b[need:]
 	var ok bool

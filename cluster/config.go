@@ -89,6 +89,12 @@ type Config struct {
 	// stays wherever elections put it (placement.go).
 	FixedLeaders bool
 
+	// ForgetAfter is how long a group leader waits, hearing nothing from a
+	// peer, before it drops that peer's queued waiters (cmdForget), so
+	// that a freed lock goes to a live waiter; default two election
+	// timeouts.
+	ForgetAfter time.Duration
+
 	// RaftTLS, when set, runs the Raft transport over mutual TLS
 	// (LoadRaftTLS); nil is plain TCP.
 	RaftTLS *tls.Config
@@ -107,6 +113,9 @@ func (c *Config) applyDefaults() error {
 	}
 	if c.ElectionRTT == 0 {
 		c.ElectionRTT = DefaultElectionRTT
+	}
+	if c.ForgetAfter <= 0 {
+		c.ForgetAfter = 2 * time.Duration(c.ElectionRTT) * c.RTT
 	}
 	if c.HeartbeatRTT == 0 {
 		c.HeartbeatRTT = DefaultHeartbeatRTT

@@ -59,6 +59,14 @@ func (n *Node) expiryLoop(ctx context.Context) {
 				n.moveLeader(g, moveTo)
 			}
 			g.recheckOrphans(now, f)
+			if leader {
+				g.forgetSilentPeers(now)
+			}
+			if !g.pastRunsForgotten.Load() && now-g.forgetSentAt > n.cfg.ProposeTimeout {
+				g.forgetSentAt = now
+				g.forgetPastRuns()
+				g.propose()
+			}
 			if len(due) == 0 {
 				continue
 			}
@@ -86,4 +94,40 @@ func (n *Node) moveLeader(g *group, to uint64) {
 	}
 	n.stats.leaderTransfers.Add(1)
 	n.log.Info().Uint64("group", g.shardID).Uint64("to", to).Msg("moving group leader toward its load")
+}
+
+// forgetSilentPeers is run by g's leader: a peer it has heard nothing from
+// for ForgetAfter is taken for dead, and its queued waiters are dropped
+// from the group (cmdForget), once until it is heard from again. A peer
+// that was only slow loses its waits, answered E unavailable, never a
+// lock: the drop only decides who is next in a queue.
+func (g *group) forgetSilentPeers(now time.Duration) {
+	n := g.n
+	for peer, heard := range n.heard {
+		silent := now-time.Duration(heard.Load()) > n.cfg.ForgetAfter
+		switch {
+		case !silent:
+			delete(g.forgotten, peer)
+		case !g.forgotten[peer]:
+			g.forgotten[peer] = true
+			n.log.Info().Uint64("group", g.shardID).Uint64("peer", peer).Msg("dropping the queued waiters of a silent node")
+			g.mu.Lock()
+			g.buf = appendForget(g.buf, peer, 1, 0)
+			g.count++
+			g.mu.Unlock()
+			g.propose()
+		}
+	}
+}
+
+// forgetPastRuns queues the forget of the waiters of this node's earlier
+// runs: they wait for nobody. A run's ids start at a random base and stay
+// within runIDSpan of it, so the range names this run's ids alone (runs
+// overlap with a chance of about runIDSpan in 2^63).
+func (g *group) forgetPastRuns() {
+	g.mu.Lock()
+	g.buf = appendForget(g.buf, g.n.cfg.NodeID, g.n.idFirst, g.n.idFirst+runIDSpan)
+	g.count++
+	g.mu.Unlock()
+	g.dirty.Store(true)
 }

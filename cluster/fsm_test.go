@@ -74,6 +74,11 @@ func randomBatches(seed uint64, n int) [][]byte {
 			case 3:
 				b = appendKeep(b, uint64(1+rng.IntN(3)), rng.Uint64(), uint64(rng.IntN(int(tok)+2)), uint32(rng.IntN(3)), uint16(1+rng.IntN(30)), "t", key)
 			case 4:
+				if rng.IntN(20) == 0 { // a node's waiters dropped, some ids kept
+					first := rng.Uint64() >> 1
+					b = appendForget(b, uint64(1+rng.IntN(3)), first, first+rng.Uint64()>>1)
+					break
+				}
 				b = appendLeaseEnd(b, uint64(rng.IntN(int(tok)+2)), uint32(rng.IntN(3)), "t", key)
 			default:
 				b = appendOldExpire(b, uint64(rng.IntN(int(tok)+2)), "t", key)

@@ -58,6 +58,9 @@ type Node struct {
 
 	tenants engine.Tenants // commands carry names: Namespaces are local to a process
 
+	// heard is when (node clock) a Raft message last came from each peer.
+	heard map[uint64]*atomic.Int64
+
 	shutting atomic.Bool
 	stats    nodeStats
 	// attemptTimeout bounds one Raft proposal attempt: about two election
@@ -150,6 +153,12 @@ func Start(cfg Config) (*Node, error) {
 		waiters:        engine.NewAdmissionGate(cfg.MaxWaiters),
 		quotas:         engine.NewTenantQuotas(cfg.TenantLimits),
 	}
+	n.heard = make(map[uint64]*atomic.Int64, len(cfg.Peers))
+	for id := range cfg.Peers {
+		if id != cfg.NodeID {
+			n.heard[id] = new(atomic.Int64) // heard of at start: the clock's 0
+		}
+	}
 	var seed [8]byte
 	if _, err := rand.Read(seed[:]); err != nil {
 		return nil, err
@@ -170,7 +179,7 @@ func Start(cfg Config) (*Node, error) {
 	nhc.Expert.LogDB.Shards = cfg.LogDBShards
 	nhc.Expert.Engine = config.GetDefaultEngineConfig()
 	nhc.Expert.Engine.ExecShards = cfg.ExecShards
-	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS}
+	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS, heard: n.heardFrom}
 	nh, err := dragonboat.NewNodeHost(nhc)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start NodeHost: %w", err)
@@ -185,6 +194,8 @@ func Start(cfg Config) (*Node, error) {
 		g := &group{n: n, idx: i, shardID: shardID(cfg.Groups, i), maxKeys: perGroup,
 			kick: make(chan struct{}, 1), slots: make(chan struct{}, proposalsInFlight), freed: make(chan struct{}, 1)}
 		g.buf = make([]byte, headerLen, 4096)
+		g.forgotten = make(map[uint64]bool)
+		g.forgetPastRuns() // the first command this run proposes
 		g.newLeader.Store(new(make(chan struct{})))
 		n.groups = append(n.groups, g)
 		rc := config.Config{
@@ -223,6 +234,9 @@ func Start(cfg Config) (*Node, error) {
 	n.wg.Add(2)
 	go func() { defer n.wg.Done(); n.expiryLoop(n.ctx) }()
 	go func() { defer n.wg.Done(); n.timerLoop(n.ctx) }()
+	for _, g := range n.groups {
+		g.propose()
+	}
 	n.log.Info().Uint64("node", cfg.NodeID).Str("raft", cfg.RaftAddr).Int("groups", cfg.Groups).
 		Str("data_dir", cfg.DataDir).Msg("cluster node started")
 	return n, nil
@@ -294,6 +308,16 @@ func (n *Node) Token(tenant string, key []byte) uint64 {
 func (n *Node) clock() time.Duration { return time.Since(n.start) }
 
 func (n *Node) nextID() uint64 { return n.idBase.Add(1) | 1<<63 }
+
+// runIDSpan bounds the request ids one run of a node issues.
+const runIDSpan = 1 << 40
+
+// heardFrom records a Raft message from replica (the transport's hook).
+func (n *Node) heardFrom(replica uint64) {
+	if at := n.heard[replica]; at != nil {
+		at.Store(int64(n.clock()))
+	}
+}
 
 // ownRun reports whether id was issued by this run of the node: a grant to
 // an id of a previous run may have been delivered, so it must not be

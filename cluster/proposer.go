@@ -39,9 +39,16 @@ type group struct {
 	slots chan struct{}
 	freed chan struct{}
 
-	wasLeader  bool            // expiry driver only
-	leaderSeen uint64          // expiry driver only
-	placement  leaderPlacement // expiry driver only
+	wasLeader bool            // expiry driver only
+	forgotten map[uint64]bool // expiry driver only: peers whose waiters this leader dropped
+	// pastRunsForgotten is set once this run's forget of its earlier
+	// runs' waiters has applied; until then the expiry driver proposes it
+	// again every propose timeout (a proposal can be given up while the
+	// restarted node catches up).
+	pastRunsForgotten atomic.Bool
+	forgetSentAt      time.Duration   // expiry driver only
+	leaderSeen        uint64          // expiry driver only
+	placement         leaderPlacement // expiry driver only
 	// newLeader is closed, and replaced, when the group's leader changes:
 	// proposals in flight then go out again at once (see watch).
 	newLeader atomic.Pointer[chan struct{}]

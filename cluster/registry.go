@@ -188,6 +188,10 @@ func (g *group) deliver(a answer) {
 		}
 	case answerStaleKeep:
 		g.staleKeep(a)
+	case answerForgotten:
+		if a.node == g.n.cfg.NodeID && a.id == g.n.idFirst {
+			g.pastRunsForgotten.Store(true)
+		}
 	case answerRestored:
 		if a.r.Outcome == engine.Granted {
 			g.restoredGrant(a.id, a.r.Token)

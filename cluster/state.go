@@ -79,6 +79,7 @@ const (
 	answerHandOff                         // a queued waiter was granted (or passed) when the lock freed
 	answerStaleKeep                       // a KEEP named an older renewal; its request may need it again
 	answerRestored                        // a grant or queue entry of this node's, found in a snapshot
+	answerForgotten                       // a forget applied: node, and id its keep_first
 )
 
 // answer is one outcome of applying commands, for the node that owns id.
@@ -143,6 +144,8 @@ func (s *replicated) apply(c *command, out *applied) {
 				out.answer(answerDirect, k, c.node, c.id, engine.Result{Outcome: engine.Renewed, Token: l.Token})
 			}
 		}
+	case cmdForget:
+		s.forget(c.node, c.keepFirst, c.keepLast, out)
 	case cmdLeaseEnd, cmdExpire:
 		// The leader's timer saw the lease fall due; whether it has is the
 		// replicated clock's to say, so a renewed lease or a later token
@@ -241,6 +244,27 @@ func (s *replicated) free(k string, l *lockState, out *applied) *lockState {
 		delete(s.tenantKeys, tenant)
 	}
 	return nil
+}
+
+// forget drops node's queued waiters whose request id is outside [keepFirst,
+// keepLast], answering them Unavailable (a definitive non-acquisition: no
+// grant can reach them any more). A lock that frees afterwards goes to a
+// waiter of a live node instead of to one nobody can receive.
+func (s *replicated) forget(node, keepFirst, keepLast uint64, out *applied) {
+	out.answers = append(out.answers, answer{kind: answerForgotten, node: node, id: keepFirst})
+	for k, l := range s.locks {
+		kept := l.queue[:0]
+		for _, w := range l.queue {
+			if id := w.id &^ (1 << 63); w.node != node || id >= keepFirst && id <= keepLast {
+				kept = append(kept, w)
+				continue
+			}
+			s.queued--
+			out.answer(answerDirect, k, w.node, w.id, engine.Result{Outcome: engine.Unavailable})
+		}
+		clear(l.queue[len(kept):])
+		l.queue = kept
+	}
 }
 
 // prune drops waiters whose wait has ended (their node answered T already).

@@ -71,10 +71,22 @@ var (
 type raftTransportFactory struct {
 	log zerolog.Logger
 	tls *tls.Config
+	// heard, when set, is told of every peer a message batch came from
+	// (the node's liveness record).
+	heard func(replica uint64)
 }
 
 func (f raftTransportFactory) Create(nhc config.NodeHostConfig, mh raftio.MessageHandler, ch raftio.ChunkHandler) raftio.ITransport {
-	return &raftTransport{addr: nhc.GetListenAddress(), log: f.log, tls: f.tls, onMessages: mh, onChunk: ch,
+	onMessages := mh
+	if f.heard != nil {
+		onMessages = func(mb pb.MessageBatch) {
+			for i := range mb.Requests {
+				f.heard(mb.Requests[i].From)
+			}
+			mh(mb)
+		}
+	}
+	return &raftTransport{addr: nhc.GetListenAddress(), log: f.log, tls: f.tls, onMessages: onMessages, onChunk: ch,
 		conns: make(map[net.Conn]struct{}), done: make(chan struct{})}
 }
 
