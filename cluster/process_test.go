@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -381,10 +382,12 @@ func TestProcessesKillLeader(t *testing.T) {
 	groupLeader(t, procs, g0)
 
 	traffic := startLockTraffic(procs, []string{key0, "proc/1", "proc/2", "proc/3", "proc/4", "proc/5"}, 6)
+	var kills []time.Time
 	for round := range 3 {
 		traffic.awaitGrants(t, 60, fmt.Sprintf("round %d, before the kill", round))
 		l := groupLeader(t, procs, g0)
 		t.Logf("round %d: kill -9 node %d, leader of group %d", round, l, g0+1)
+		kills = append(kills, time.Now())
 		procs[l-1].kill9()
 		// The two left elect a leader and serve without the killed node.
 		groupLeader(t, procs, g0)
@@ -399,6 +402,31 @@ func TestProcessesKillLeader(t *testing.T) {
 	if total < 50 {
 		t.Fatalf("only %d grants in the whole run", total)
 	}
+	t.Logf("kill -9 of the leader: %s was unavailable for %s", key0, traffic.unavailability(key0, kills))
+}
+
+// unavailability is how long key went without a grant after each fault
+// instant — from the fault to the next grant's answer — and their p50 and
+// max, for the log.
+func (lt *lockTraffic) unavailability(key string, faults []time.Time) string {
+	var gaps []time.Duration
+	for _, at := range faults {
+		next := time.Time{}
+		for _, iv := range lt.history {
+			if iv.key == key && iv.start.After(at) && (next.IsZero() || iv.start.Before(next)) {
+				next = iv.start
+			}
+		}
+		if !next.IsZero() {
+			gaps = append(gaps, next.Sub(at).Round(time.Millisecond))
+		}
+	}
+	if len(gaps) == 0 {
+		return "never granted again"
+	}
+	sorted := slices.Clone(gaps)
+	slices.Sort(sorted)
+	return fmt.Sprintf("%v (p50 %v, max %v)", gaps, sorted[len(sorted)/2], sorted[len(sorted)-1])
 }
 
 func fmtStats(m map[byte]int) string {
