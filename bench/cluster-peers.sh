@@ -120,6 +120,24 @@ etcd_group=$(
 	echo "${etcd_pids[*]}"
 )
 targets="lockd://127.0.0.1:${lockd_client[0]},etcd://127.0.0.1:${etcd_client[0]}"
+# cpu_ticks sums the user and system CPU ticks of the given pids.
+cpu_ticks() {
+	local t=0 p f
+	for p in "$@"; do
+		read -r -a f <"/proc/$p/stat"
+		t=$((t + f[13] + f[14]))
+	done
+	echo "$t"
+}
+idle_window=5
+lockd_idle0=$(cpu_ticks "${lockd_pids[@]}")
+etcd_idle0=$(cpu_ticks "${etcd_pids[@]}")
+sleep "$idle_window"
+lockd_idle1=$(cpu_ticks "${lockd_pids[@]}")
+etcd_idle1=$(cpu_ticks "${etcd_pids[@]}")
+awk -v l=$((lockd_idle1 - lockd_idle0)) -v e=$((etcd_idle1 - etcd_idle0)) -v hz="$(getconf CLK_TCK)" -v w="$idle_window" \
+	'BEGIN { printf "== idle CPU of each 3-node cluster over %d s, before any load: lockd %.3f cores, etcd %.3f cores\n", w, l / hz / w, e / hz / w }' |
+	tee "$OUT/idle.txt"
 echo "== warm-up (not reported)"
 "$BIN/lockbench" --target "$targets" --workload uncontended --callers 64 --conns "$CONNS" --duration 6s --progress 0 >/dev/null
 echo "== lockd group leaders seen by node 1: $(curl -fs "http://127.0.0.1:${lockd_admin[0]}/metrics" | sed -n 's/^lockd_cluster_group_leader{group="\([0-9]*\)"} \([0-9]*\)$/\1:\2/p' | tr '\n' ' ')"
