@@ -138,7 +138,11 @@ func TestRuleScenarios(t *testing.T) {
 }
 
 // Random histories of acquires, releases, keeps and time on one key get
-// the same answers from the engine and from the cluster's state machine.
+// the same answers from the engine and from the cluster's state machine,
+// and those answers keep the model check's client-side promises
+// (holders): no two clients hold the key at once by their own validity,
+// tokens strictly increase, and a holder within its validity is never
+// refused its release or renewal.
 // One key, because the rules are per key and because on several keys two
 // leases that end at the same instant are taken in an order neither mode
 // promises, which numbers the tokens they hand off differently.
@@ -166,6 +170,8 @@ func TestRulesAgreeWithTheEngine(t *testing.T) {
 			}
 			exercised := map[engine.Outcome]int{}
 			owner := uint64(0)
+			view := newHolders()
+			leaseOf := map[uint64]time.Duration{} // owner -> lease of its acquire
 			for step := range 5000 {
 				// Every call at its own instant, so that no two deadlines
 				// tie and the order things fall due in is the same for both.
@@ -187,17 +193,31 @@ func TestRulesAgreeWithTheEngine(t *testing.T) {
 					}
 					what = fmt.Sprintf("acquire %s/%s %d lease=%v wait=%v", tenant, key, owner, lease, wait)
 					a, b = single.Acquire(tenant, key, owner, lease, wait), group.Acquire(tenant, key, owner, lease, wait)
+					leaseOf[owner] = lease
 					if a.Outcome == engine.Granted {
 						grants = append(grants, holding{tenant, key, a.Token})
+						if err := view.granted(a.Token, group.now, lease); err != nil {
+							t.Fatalf("step %d: %s: %v", step, what, err)
+						}
 					}
 				case 3, 4:
 					tenant, key, token := pick()
 					what = fmt.Sprintf("release %s/%s token=%d", tenant, key, token)
 					a, b = single.Release(tenant, key, token), group.Release(tenant, key, token)
+					if tenant == "t1" && key == "k" {
+						if err := view.released(token, group.now, a.Outcome); err != nil {
+							t.Fatalf("step %d: %s: %v", step, what, err)
+						}
+					}
 				case 5, 6:
 					tenant, key, token := pick()
 					what = fmt.Sprintf("keep %s/%s token=%d lease=%v", tenant, key, token, lease)
 					a, b = single.Keep(tenant, key, token, lease), group.Keep(tenant, key, token, lease)
+					if tenant == "t1" && key == "k" {
+						if err := view.kept(token, group.now, lease, a.Outcome); err != nil {
+							t.Fatalf("step %d: %s: %v", step, what, err)
+						}
+					}
 				default:
 					d := time.Duration(rng.IntN(1500)) * time.Millisecond
 					what = fmt.Sprintf("advance %v; tick", d)
@@ -218,6 +238,9 @@ func TestRulesAgreeWithTheEngine(t *testing.T) {
 					exercised[r.Result.Outcome]++
 					if r.Result.Outcome == engine.Granted {
 						grants = append(grants, holding{"t1", "k", r.Result.Token})
+						if err := view.granted(r.Result.Token, group.now, leaseOf[r.Owner]); err != nil {
+							t.Fatalf("step %d: %s: owner %d: %v", step, what, r.Owner, err)
+						}
 					}
 				}
 			}
@@ -233,4 +256,58 @@ func TestRulesAgreeWithTheEngine(t *testing.T) {
 func sorted(rs []rulestest.Resolution) []rulestest.Resolution {
 	slices.SortFunc(rs, func(a, b rulestest.Resolution) int { return cmp.Compare(a.Owner, b.Owner) })
 	return rs
+}
+
+// holders is what the clients of one key believe: each grant is theirs
+// from its answer until the answer's instant + lease (or a renewal's),
+// unless released first.
+type holders struct {
+	validUntil map[uint64]time.Duration // token -> end of its holder's validity
+	last       uint64                   // the last token granted
+}
+
+func newHolders() *holders { return &holders{validUntil: map[uint64]time.Duration{}} }
+
+func (h *holders) granted(token uint64, now, lease time.Duration) error {
+	if token <= h.last {
+		return fmt.Errorf("token %d granted after token %d", token, h.last)
+	}
+	for other, until := range h.validUntil {
+		if now < until {
+			return fmt.Errorf("token %d granted while the holder of token %d believes it holds the key until %v (now %v)", token, other, until, now)
+		}
+	}
+	h.last = token
+	h.validUntil[token] = now + lease
+	return nil
+}
+
+func (h *holders) valid(token uint64, now time.Duration) bool {
+	until, ok := h.validUntil[token]
+	return ok && now < until
+}
+
+func (h *holders) released(token uint64, now time.Duration, got engine.Outcome) error {
+	valid := h.valid(token, now)
+	switch {
+	case valid && got != engine.Released:
+		return fmt.Errorf("the holder of token %d, valid until %v, was refused its release at %v: %v", token, h.validUntil[token], now, got)
+	case !valid && got == engine.Released:
+		return fmt.Errorf("release of token %d accepted at %v outside its holder's validity", token, now)
+	}
+	delete(h.validUntil, token)
+	return nil
+}
+
+func (h *holders) kept(token uint64, now, lease time.Duration, got engine.Outcome) error {
+	valid := h.valid(token, now)
+	switch {
+	case valid && got != engine.Renewed:
+		return fmt.Errorf("the holder of token %d, valid until %v, was refused its renewal at %v: %v", token, h.validUntil[token], now, got)
+	case !valid && got == engine.Renewed:
+		return fmt.Errorf("keep of token %d accepted at %v outside its holder's validity", token, now)
+	case valid:
+		h.validUntil[token] = now + lease
+	}
+	return nil
 }
