@@ -89,6 +89,11 @@ type Config struct {
 	// stays wherever elections put it (placement.go).
 	FixedLeaders bool
 
+	// AttemptTimeout bounds one Raft proposal attempt, so that a proposal
+	// lost with a dead leader is sent again to the next one; default two
+	// election timeouts, at least 100 ms.
+	AttemptTimeout time.Duration
+
 	// ForgetAfter is how long a group leader waits, hearing nothing from a
 	// peer, before it drops that peer's queued waiters (cmdForget), so
 	// that a freed lock goes to a live waiter; default two election
@@ -113,6 +118,9 @@ func (c *Config) applyDefaults() error {
 	}
 	if c.ElectionRTT == 0 {
 		c.ElectionRTT = DefaultElectionRTT
+	}
+	if c.AttemptTimeout <= 0 {
+		c.AttemptTimeout = max(100*time.Millisecond, 2*time.Duration(c.ElectionRTT)*c.RTT)
 	}
 	if c.ForgetAfter <= 0 {
 		c.ForgetAfter = 2 * time.Duration(c.ElectionRTT) * c.RTT

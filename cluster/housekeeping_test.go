@@ -69,14 +69,14 @@ func TestForwardedRequestFollowsTheNewLeader(t *testing.T) {
 	tc := newTestCluster(t, 3, func(c *Config) {
 		c.ProposeTimeout = 30 * time.Second
 		c.FixedLeaders = true
+		c.AttemptTimeout = time.Hour // only a leader change can send it again
 	})
 	rec := newRecorder()
 	const key = "forwarded"
 	leader := tc.leaderOf(key)
 	via := 1 + leader%3
 	n := tc.node(via)
-	n.attemptTimeout = time.Hour // only a leader change can send it again
-	tc.stop(leader)              // the follower learns of it only at its election timeout
+	tc.stop(leader) // the follower learns of it only at its election timeout
 	startAcquire(t, n, rec, 1, key, 30*time.Second, 0)
 	if r := rec.wait(t, 1, 15*time.Second); r.Outcome != engine.Granted {
 		t.Fatalf("acquire forwarded to a dead leader: %+v", r)

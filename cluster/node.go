@@ -63,10 +63,6 @@ type Node struct {
 
 	shutting atomic.Bool
 	stats    nodeStats
-	// attemptTimeout bounds one Raft proposal attempt: about two election
-	// timeouts, so a proposal lost with a dead leader is sent again to
-	// the next one.
-	attemptTimeout time.Duration
 
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -143,15 +139,14 @@ func Start(cfg Config) (*Node, error) {
 	}
 	setupLogging(cfg.Logger)
 	n := &Node{
-		cfg:            cfg,
-		attemptTimeout: max(100*time.Millisecond, 2*time.Duration(cfg.ElectionRTT)*cfg.RTT),
-		log:            cfg.Logger,
-		start:          time.Now(),
-		reg:            make(map[uint64]*pending),
-		wakeReg:        make(chan struct{}, 1),
-		inflight:       engine.NewAdmissionGate(cfg.MaxInflight),
-		waiters:        engine.NewAdmissionGate(cfg.MaxWaiters),
-		quotas:         engine.NewTenantQuotas(cfg.TenantLimits),
+		cfg:      cfg,
+		log:      cfg.Logger,
+		start:    time.Now(),
+		reg:      make(map[uint64]*pending),
+		wakeReg:  make(chan struct{}, 1),
+		inflight: engine.NewAdmissionGate(cfg.MaxInflight),
+		waiters:  engine.NewAdmissionGate(cfg.MaxWaiters),
+		quotas:   engine.NewTenantQuotas(cfg.TenantLimits),
 	}
 	n.heard = make(map[uint64]*atomic.Int64, len(cfg.Peers))
 	for id := range cfg.Peers {

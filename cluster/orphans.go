@@ -46,7 +46,7 @@ func (g *group) releaseOrphans() {
 	g.n.stats.orphanReleases.Add(uint64(len(kept)))
 	// A batch may wait up to a propose timeout for a free slot, then be
 	// proposed for another one.
-	checkAt := g.n.clock() + 2*g.n.cfg.ProposeTimeout + g.n.attemptTimeout
+	checkAt := g.n.clock() + 2*g.n.cfg.ProposeTimeout + g.n.cfg.AttemptTimeout
 	g.mu.Lock()
 	for _, o := range kept {
 		tenant, key := splitLockKey(o.key)

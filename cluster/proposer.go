@@ -163,7 +163,7 @@ func (g *group) send(ctx context.Context, b []byte, deadline time.Time) bool {
 		// close to its deadline still gets a whole attempt. Its requests
 		// are answered by their own deadlines all the same, and what
 		// applies later is handled as any late outcome.
-		attempt := max(min(left, n.attemptTimeout), 2*n.cfg.RTT)
+		attempt := max(min(left, n.cfg.AttemptTimeout), 2*n.cfg.RTT)
 		rs, err := n.nh.Propose(n.nh.GetNoOPSession(g.shardID), b, attempt)
 		if err == nil {
 			n.stats.proposals.Add(1)
