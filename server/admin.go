@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/net/netutil"
 )
 
@@ -34,6 +35,11 @@ func startAdmin(s *Server) (*adminServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("server: admin listen on %s: %w", s.cfg.Admin, err)
 	}
+	reg, err := newRegistry(s)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
 	limited := netutil.LimitListener(ln, s.cfg.AdminMaxConns)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -47,10 +53,7 @@ func startAdmin(s *Server) (*adminServer, error) {
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-		s.writePrometheus(w)
-	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
 	a := &adminServer{
 		addr: ln.Addr().String(),
 		http: &http.Server{
