@@ -20,7 +20,8 @@ const (
 	adminWriteTimeout      = 10 * time.Second
 )
 
-// adminServer serves /healthz and /metrics over HTTP.
+// adminServer serves /healthz, /metrics and the lock inspection
+// (inspect.go) over HTTP.
 type adminServer struct {
 	addr string
 	http *http.Server
@@ -57,7 +58,7 @@ func startAdmin(s *Server) (*adminServer, error) {
 	a := &adminServer{
 		addr: ln.Addr().String(),
 		http: &http.Server{
-			Handler:           mux,
+			Handler:           s.withLocks(mux),
 			ReadHeaderTimeout: adminReadHeaderTimeout,
 			WriteTimeout:      adminWriteTimeout,
 			IdleTimeout:       s.cfg.AdminIdleTimeout,
