@@ -149,7 +149,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.SetOutput(io.Discard) // errors are returned, help is printed by run
 	o.flags = fs
 	fs.StringVar(&cfg.Listen, "listen", server.DefaultListen, "client protocol address")
-	fs.StringVar(&cfg.Admin, "admin", server.DefaultAdmin, "admin HTTP address (/healthz, /metrics); empty for none")
+	fs.StringVar(&cfg.Admin, "admin", server.DefaultAdmin, "admin HTTP address (/healthz, /metrics, /v1/locks/); empty for none")
 	fs.StringVar(authFile, "auth-file", "", "file of tenant:hex-secret lines, each optionally with the tenant's keys=N waiters=N inflight=N (make a secret with openssl rand -hex 32); turns authentication on, and with two or more tenants, per-tenant quotas")
 	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow auth off on a non-loopback address")
 	fs.BoolVar(&cfg.InsecureAdmin, "insecure-admin", false, "allow --admin, which has no authentication, on a non-loopback address")
