@@ -172,3 +172,14 @@ func TestInspectionRefusesBadInput(t *testing.T) {
 		t.Errorf("/healthz: %d %q", code, body)
 	}
 }
+
+// A backend that cannot show its locks answers 501 with a JSON error.
+func TestInspectionNeedsAnInspectingBackend(t *testing.T) {
+	s := startServer(t, func(cfg *Config) { cfg.Admin = "127.0.0.1:0"; cfg.Backend = new(grantingBackend) })
+	for _, path := range []string{"default/k", "default"} {
+		code, msg := getJSON(t, "GET", "http://"+s.AdminAddr()+"/v1/locks/"+path, nil)
+		if code != http.StatusNotImplemented || !strings.Contains(msg, "cannot show its locks") {
+			t.Errorf("%s: %d %q, want 501", path, code, msg)
+		}
+	}
+}
