@@ -38,11 +38,11 @@ func isInspection(command string) bool { return command == "status" || command =
 
 // defineInspectionFlags defines the flags of status and list over o.
 func defineInspectionFlags(fs *flag.FlagSet, command string, o *options) {
-	fs.StringVar(&o.admin, "admin", defaultAdmin, "lockd's admin `HOST:PORT` (its --admin)")
+	fs.StringVar(&o.admin, "admin", defaultAdmin, "`HOST:PORT` of lockd's admin endpoint (lockd --admin)")
 	fs.StringVar(&o.tenant, "tenant", "", "tenant `name` whose locks to show; empty means \"default\", the tenant of clients that send no HELLO")
 	fs.BoolVar(&o.asJSON, "json", false, "print the server's JSON answer as it came")
 	if command == "list" {
-		fs.IntVar(&o.limit, "limit", defaultListLimit, "list at most this many keys, 1..1000")
+		fs.IntVar(&o.limit, "limit", defaultListLimit, "list at most `n` keys, 1..1000")
 	}
 }
 
