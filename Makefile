@@ -53,7 +53,7 @@ dist:
 
 # Packages with zero-allocation checks: the race detector allocates on its
 # own, so those checks (files tagged !race) run in a race-free pass first.
-ALLOC_CHECKED := ./engine ./client
+ALLOC_CHECKED := ./engine ./client ./cluster
 
 test:
 	$(GO) vet ./...

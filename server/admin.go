@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
 	"golang.org/x/net/netutil"
 )
 
@@ -54,7 +55,9 @@ func startAdmin(s *Server) (*adminServer, error) {
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}))
+	// A family that fails to gather is logged and left out; the rest is
+	// still served.
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: metricsLogger{s.log}, ErrorHandling: promhttp.ContinueOnError}))
 	a := &adminServer{
 		addr: ln.Addr().String(),
 		http: &http.Server{
@@ -78,3 +81,8 @@ func (a *adminServer) close() {
 	_ = a.http.Shutdown(ctx)
 	<-a.done
 }
+
+// metricsLogger is promhttp's error log on the server's logger.
+type metricsLogger struct{ l zerolog.Logger }
+
+func (m metricsLogger) Println(v ...any) { m.l.Warn().Msg(fmt.Sprint(v...)) }
