@@ -1,5 +1,6 @@
 // Command lockctl takes, releases and holds lockd locks from the shell,
-// like flock(1), `etcdctl lock` or `consul lock`.
+// like flock(1), `etcdctl lock` or `consul lock`, and shows them (status,
+// list) from lockd's admin endpoint.
 package main
 
 import (
