@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/engine"
+	"github.com/valyala/bytebufferpool"
 )
 
 // Answered requests do not pile up in the node's timer heap until their
@@ -102,7 +103,7 @@ func TestNearDeadlineBatchIsProposed(t *testing.T) {
 	putHeader(b, time.Now().UnixNano(), 1)
 	failed := n.ClusterStats().ProposeFailures
 	g.slots <- struct{}{} // the slot the watcher gives back
-	if !g.send(n.ctx, b, time.Now().Add(time.Millisecond)) {
+	if !g.send(n.ctx, &bytebufferpool.ByteBuffer{B: b}, time.Now().Add(time.Millisecond)) {
 		t.Fatalf("a batch 1 ms from its deadline was not proposed (%d failures before, %d after)", failed, n.ClusterStats().ProposeFailures)
 	}
 	waitUntil(t, 10*time.Second, "the release to apply", func() bool { return n.Token("default", []byte(key)) == 0 })

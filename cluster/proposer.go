@@ -12,7 +12,16 @@ import (
 	"time"
 
 	"github.com/lni/dragonboat/v4"
+	"github.com/valyala/bytebufferpool"
 )
+
+// proposalBuffers recycles proposals' bytes. A proposal's buffer is in use
+// until its slot is freed, since watch and send propose the same bytes
+// again after a drop, a timeout or a leader change (dragonboat copies a
+// command into its entry, so nothing of it outlives the slot); the pool
+// also drops buffers far above the usual batch, so one burst does not
+// pin its memory.
+var proposalBuffers bytebufferpool.Pool
 
 // group is this node's side of one Raft group.
 type group struct {
@@ -60,15 +69,6 @@ func (g *group) pending() uint32 {
 	return g.count
 }
 
-// freeSlot gives back a proposal slot and tells the proposer.
-func (g *group) freeSlot() {
-	<-g.slots
-	select {
-	case g.freed <- struct{}{}:
-	default:
-	}
-}
-
 // propose wakes the group's proposer.
 func (g *group) propose() {
 	select {
@@ -77,19 +77,32 @@ func (g *group) propose() {
 	}
 }
 
-// take swaps out the commands gathered so far as one stamped proposal.
-func (g *group) take() []byte {
+// take swaps out the commands gathered so far as one stamped proposal,
+// in a buffer from proposalBuffers; the next batch gathers in the storage
+// of a recycled one.
+func (g *group) take() *bytebufferpool.ByteBuffer {
 	g.dirty.Store(false)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.count == 0 {
 		return nil
 	}
-	b := g.buf
-	putHeader(b, time.Now().UnixNano(), g.count)
-	g.buf = make([]byte, headerLen, max(4096, min(len(b), 1<<20)))
+	putHeader(g.buf, time.Now().UnixNano(), g.count)
+	b := proposalBuffers.Get()
+	b.B, g.buf = g.buf, append(b.B[:0], make([]byte, headerLen)...)
 	g.count = 0
 	return b
+}
+
+// done ends proposal b: its buffer goes back to the pool, and its slot
+// too, which the proposer is told of.
+func (g *group) done(b *bytebufferpool.ByteBuffer) {
+	proposalBuffers.Put(b)
+	<-g.slots
+	select {
+	case g.freed <- struct{}{}:
+	default:
+	}
 }
 
 // proposeLoop turns whatever accumulated since the last proposal into the
@@ -131,7 +144,7 @@ func (g *group) proposeLoop(ctx context.Context) {
 				break
 			}
 			if !g.send(ctx, b, time.Now().Add(n.cfg.ProposeTimeout)) {
-				g.freeSlot()
+				g.done(b)
 			}
 		}
 	}
@@ -149,8 +162,8 @@ func (g *group) proposeLoop(ctx context.Context) {
 // requests were answered E unavailable.
 //
 // It reports whether a watcher took over b (and the group's slot, which
-// it frees when b's fate is known).
-func (g *group) send(ctx context.Context, b []byte, deadline time.Time) bool {
+// it frees with b when b's fate is known).
+func (g *group) send(ctx context.Context, b *bytebufferpool.ByteBuffer, deadline time.Time) bool {
 	n := g.n
 	for {
 		left := time.Until(deadline)
@@ -164,10 +177,10 @@ func (g *group) send(ctx context.Context, b []byte, deadline time.Time) bool {
 		// are answered by their own deadlines all the same, and what
 		// applies later is handled as any late outcome.
 		attempt := max(min(left, n.cfg.AttemptTimeout), 2*n.cfg.RTT)
-		rs, err := n.nh.Propose(n.nh.GetNoOPSession(g.shardID), b, attempt)
+		rs, err := n.nh.Propose(n.nh.GetNoOPSession(g.shardID), b.B, attempt)
 		if err == nil {
 			n.stats.proposals.Add(1)
-			n.stats.commands.Add(uint64(binaryCount(b)))
+			n.stats.commands.Add(uint64(binaryCount(b.B)))
 			// Added from a goroutine the node's WaitGroup already counts
 			// (the proposer or a watcher), so Close cannot miss it.
 			n.wg.Add(1)
@@ -195,7 +208,7 @@ func binaryCount(b []byte) uint32 { return binary.BigEndian.Uint32(b[9:]) }
 // leader handing over drops it, without telling the follower, which
 // would otherwise learn only at the attempt timeout (two election
 // timeouts). Sending a proposal twice is safe (see send).
-func (g *group) watch(ctx context.Context, rs *dragonboat.RequestState, leaderChanged <-chan struct{}, b []byte, deadline time.Time) {
+func (g *group) watch(ctx context.Context, rs *dragonboat.RequestState, leaderChanged <-chan struct{}, b *bytebufferpool.ByteBuffer, deadline time.Time) {
 	var r dragonboat.RequestResult
 	select {
 	case r = <-rs.ResultC():
@@ -205,10 +218,10 @@ func (g *group) watch(ctx context.Context, rs *dragonboat.RequestState, leaderCh
 		if g.send(ctx, b, deadline) {
 			return // the new watcher owns the slot
 		}
-		g.freeSlot()
+		g.done(b)
 		return
 	case <-ctx.Done():
-		g.freeSlot()
+		g.done(b)
 		return
 	}
 	rs.Release()
@@ -222,5 +235,5 @@ func (g *group) watch(ctx context.Context, rs *dragonboat.RequestState, leaderCh
 			return // the new watcher owns the slot
 		}
 	}
-	g.freeSlot()
+	g.done(b)
 }

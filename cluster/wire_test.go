@@ -71,12 +71,13 @@ func (w *wire) read(within time.Duration) (codec.Response, error) {
 	}
 }
 
-// clusterServers runs a lockd server over each node of tc.
+// clusterServers runs a lockd server, with its admin endpoint, over each
+// node of tc.
 func clusterServers(t *testing.T, tc *testCluster) []*server.Server {
 	t.Helper()
 	var srvs []*server.Server
 	for _, n := range tc.nodes {
-		s, err := server.Start(server.Config{Listen: "127.0.0.1:0", Backend: n, Logger: testLogger(), NodeName: fmt.Sprintf("node-%d", n.ID())})
+		s, err := server.Start(server.Config{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", Backend: n, Logger: testLogger(), NodeName: fmt.Sprintf("node-%d", n.ID())})
 		if err != nil {
 			t.Fatal(err)
 		}

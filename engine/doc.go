@@ -28,5 +28,6 @@
 // it and wakes the next reservation half a block early (Run records it in the
 // background, so no grant waits for a disk), and an engine started on the
 // same mark begins above every token issued before. The engine never sees the
-// file behind a HighWaterMark.
+// file behind a HighWaterMark. Inspect and List (inspect.go) show locks to
+// operators read-only, holding one shard's lock at a time.
 package engine

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
 	"golang.org/x/net/netutil"
 )
 
@@ -19,7 +21,8 @@ const (
 	adminWriteTimeout      = 10 * time.Second
 )
 
-// adminServer serves /healthz and /metrics over HTTP.
+// adminServer serves /healthz, /metrics and the lock inspection
+// (inspect.go) over HTTP.
 type adminServer struct {
 	addr string
 	http *http.Server
@@ -34,6 +37,11 @@ func startAdmin(s *Server) (*adminServer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("server: admin listen on %s: %w", s.cfg.Admin, err)
 	}
+	reg, err := newRegistry(s)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
 	limited := netutil.LimitListener(ln, s.cfg.AdminMaxConns)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -47,14 +55,13 @@ func startAdmin(s *Server) (*adminServer, error) {
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-		s.writePrometheus(w)
-	})
+	// A family that fails to gather is logged and left out; the rest is
+	// still served.
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: metricsLogger{s.log}, ErrorHandling: promhttp.ContinueOnError}))
 	a := &adminServer{
 		addr: ln.Addr().String(),
 		http: &http.Server{
-			Handler:           mux,
+			Handler:           s.withLocks(mux),
 			ReadHeaderTimeout: adminReadHeaderTimeout,
 			WriteTimeout:      adminWriteTimeout,
 			IdleTimeout:       s.cfg.AdminIdleTimeout,
@@ -74,3 +81,8 @@ func (a *adminServer) close() {
 	_ = a.http.Shutdown(ctx)
 	<-a.done
 }
+
+// metricsLogger is promhttp's error log on the server's logger.
+type metricsLogger struct{ l zerolog.Logger }
+
+func (m metricsLogger) Println(v ...any) { m.l.Warn().Msg(fmt.Sprint(v...)) }

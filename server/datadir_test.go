@@ -15,22 +15,6 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// metricValue is the value of an unlabelled series in a /metrics body.
-func metricValue(t *testing.T, body, name string) uint64 {
-	t.Helper()
-	for line := range strings.Lines(body) {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			var n uint64
-			if _, err := fmt.Sscan(v, &n); err != nil {
-				t.Fatalf("%s: %v", strings.TrimSpace(line), err)
-			}
-			return n
-		}
-	}
-	t.Fatalf("/metrics has no %s:\n%s", name, body)
-	return 0
-}
-
 // A restarted single-mode server hands out only tokens above every token
 // of the process before it, held locks included, and /metrics shows the
 // mark that makes it so.

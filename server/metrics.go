@@ -2,8 +2,11 @@ package server
 
 import (
 	"fmt"
-	"io"
+	"math"
 	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/lockd/lockd/codec"
 	"github.com/lockd/lockd/engine"
@@ -136,108 +139,177 @@ func (m *metrics) encodeResult(dst []byte, op opKind, owner uint64, r engine.Res
 	return codec.AppendOwnerOnly(dst, respOp, owner)
 }
 
-// writePrometheus writes the metrics in the Prometheus text format.
-func (s *Server) writePrometheus(w io.Writer) {
-	m := &s.metrics
-	st := s.backend.Stats()
-	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
+// newRegistry gathers /metrics: the server's own families, the
+// backend's when it has some (cluster mode's lockd_cluster_*), and the
+// standard go_* and process_* ones.
+func newRegistry(s *Server) (*prometheus.Registry, error) {
+	reg := prometheus.NewRegistry()
+	cs := []prometheus.Collector{
+		serverCollector{s},
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	}
+	if c, ok := s.backend.(prometheus.Collector); ok {
+		cs = append(cs, c)
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("server: metrics: %w", err)
+		}
+	}
+	return reg, nil
+}
 
-	p("# HELP lockd_requests_total Frames received, by op.\n# TYPE lockd_requests_total counter\n")
-	for op := range opCount {
-		p("lockd_requests_total{op=%q} %d\n", opNames[op], m.requests[op].Load())
-	}
-	p("# HELP lockd_responses_total Responses sent, by request op and result.\n# TYPE lockd_responses_total counter\n")
-	for op := range opCount {
-		for r := range resultCount {
-			if v := m.results[op][r].Load(); v > 0 {
-				p("lockd_responses_total{op=%q,result=%q} %d\n", opNames[op], resultNames[r], v)
-			}
-		}
-	}
-	p("# HELP lockd_errors_total E responses, by reason.\n# TYPE lockd_errors_total counter\n")
-	for reason := codec.BadRequest; reason <= codec.ShuttingDown; reason++ {
-		p("lockd_errors_total{reason=%q} %d\n", reason.String(), m.errors[reason].Load())
-	}
-	p("# HELP lockd_gate_open Admission gate state (1 open, 0 closed).\n# TYPE lockd_gate_open gauge\n")
-	p("# HELP lockd_gate_refused_total B answers caused by each admission gate.\n# TYPE lockd_gate_refused_total counter\n")
-	p("# HELP lockd_gate_count Current count held against each gate's limit.\n# TYPE lockd_gate_count gauge\n")
-	p("# HELP lockd_gate_limit Hard limit of each gate.\n# TYPE lockd_gate_limit gauge\n")
-	for _, g := range []struct {
-		name string
-		st   engine.GateStats
-	}{{"keys", st.KeysGate}, {"waiters", st.WaitersGate}, {"inflight", st.InflightGate}} {
-		open := 0
-		if g.st.Open {
-			open = 1
-		}
-		p("lockd_gate_open{gate=%q} %d\n", g.name, open)
-		p("lockd_gate_refused_total{gate=%q} %d\n", g.name, g.st.Refused)
-		p("lockd_gate_count{gate=%q} %d\n", g.name, g.st.Count)
-		p("lockd_gate_limit{gate=%q} %d\n", g.name, g.st.Limit)
-	}
-	writeTenantGates(p, st.Tenants)
-	gauge := func(name, help string, v any) {
-		p("# HELP %s %s\n# TYPE %s gauge\n%s %v\n", name, help, name, name, v)
-	}
-	counter := func(name, help string, v uint64) {
-		p("# HELP %s %s\n# TYPE %s counter\n%s %d\n", name, help, name, name, v)
-	}
-	gauge("lockd_keys", "Live keys (held or with waiters).", st.Keys)
-	gauge("lockd_held_locks", "Keys currently held.", st.HeldLocks)
-	gauge("lockd_waiters", "Queued waiters.", st.Waiters)
-	gauge("lockd_inflight_acquires", "Acquires being processed or queued.", st.Inflight)
-	gauge("lockd_connections", "Open client connections.", s.conns.Load())
-	gauge("lockd_token_counter", "Highest fencing token issued (before any grant, one below the first token); a replacement process without this data dir must start above it with --first-token.", st.LastToken)
-	if st.TokenMark != 0 {
-		gauge("lockd_token_mark", "Token high-water mark recorded in the data dir: every token issued is below it, and a restart starts at it.", st.TokenMark)
-		counter("lockd_token_reserve_busy_total", "Acquires answered B because the tokens reserved on disk had run out.", st.TokensUnreserved)
-		counter("lockd_token_reserve_failures_total", "Token marks the data dir could not record.", st.TokenReserveFailures)
-	}
-	counter("lockd_tokens_issued_total", "Fencing tokens issued (grants).", st.TokensIssued)
-	counter("lockd_response_writes_total", "Write calls carrying responses (at most 64 responses each).", m.writes.Load())
-	counter("lockd_connections_accepted_total", "Client connections accepted.", m.connsAccepted.Load())
-	counter("lockd_connections_rejected_total", "Connections closed at once because --max-conns was reached.", m.connsRejected.Load())
-	counter("lockd_tls_handshake_failures_total", "TLS port connections closed because the TLS handshake failed or took longer than 5 s (a client without TLS, a client certificate refused).", m.tlsHandshakeFailures.Load())
-	counter("lockd_slow_clients_dropped_total", "Connections dropped for not reading their responses.", m.slowDropped.Load())
-	counter("lockd_progress_timeouts_total", "Connections closed for a frame stalled past 5 s.", m.progressTimeouts.Load())
-	counter("lockd_auth_failures_total", "Failed handshakes.", m.authFailures.Load())
-	counter("lockd_conn_inflight_busy_total", "B answers caused by --max-conn-inflight.", m.connInflightBusy.Load())
-	counter("lockd_memory_returns_total", "Times the memory a flood left was returned to the OS.", m.memoryReturns.Load())
-	counter("lockd_orphan_grants_released_total", "Grants to closed connections released by the backend.", st.AbandonedReleased)
-	counter("lockd_orphan_grants_dropped_total", "Grants to closed connections left to lease expiry (release queue full).", st.AbandonedDropped)
-	if x, ok := s.backend.(interface{ WritePrometheus(io.Writer) }); ok {
-		x.WritePrometheus(w) // cluster mode's own series
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help, labels, nil)
+}
+
+var (
+	requestsDesc  = desc("lockd_requests_total", "Frames received, by op.", "op")
+	responsesDesc = desc("lockd_responses_total", "Responses sent, by request op and result.", "op", "result")
+	errorsDesc    = desc("lockd_errors_total", "E responses, by reason.", "reason")
+
+	gateOpenDesc    = desc("lockd_gate_open", "Admission gate state (1 open, 0 closed).", "gate")
+	gateRefusedDesc = desc("lockd_gate_refused_total", "B answers caused by each admission gate.", "gate")
+	gateCountDesc   = desc("lockd_gate_count", "Current count held against each gate's limit.", "gate")
+	gateLimitDesc   = desc("lockd_gate_limit", "Hard limit of each gate.", "gate")
+
+	tenantGateOpenDesc    = desc("lockd_tenant_gate_open", "A tenant's own admission gate state (1 open, 0 closed).", "tenant", "gate")
+	tenantGateRefusedDesc = desc("lockd_tenant_gate_refused_total", "B answers caused by a tenant's own gate.", "tenant", "gate")
+	tenantGateCountDesc   = desc("lockd_tenant_gate_count", "Current count held against a tenant's own limit.", "tenant", "gate")
+	tenantGateLimitDesc   = desc("lockd_tenant_gate_limit", "A tenant's own limit (0: the global gate alone).", "tenant", "gate")
+
+	keysDesc       = desc("lockd_keys", "Live keys (held or with waiters).")
+	heldLocksDesc  = desc("lockd_held_locks", "Keys currently held.")
+	waitersDesc    = desc("lockd_waiters", "Queued waiters.")
+	inflightDesc   = desc("lockd_inflight_acquires", "Acquires being processed or queued.")
+	connsDesc      = desc("lockd_connections", "Open client connections.")
+	tokenCountDesc = desc("lockd_token_counter", "Highest fencing token issued (before any grant, one below the first token); a replacement process without this data dir must start above it with --first-token. Above 2^53 the value is rounded up, never down.")
+	tokenMarkDesc  = desc("lockd_token_mark", "Token high-water mark recorded in the data dir: every token issued is below it, and a restart starts at it.")
+
+	tokenReserveBusyDesc     = desc("lockd_token_reserve_busy_total", "Acquires answered B because the tokens reserved on disk had run out.")
+	tokenReserveFailuresDesc = desc("lockd_token_reserve_failures_total", "Token marks the data dir could not record.")
+	tokensIssuedDesc         = desc("lockd_tokens_issued_total", "Fencing tokens issued (grants).")
+	writesDesc               = desc("lockd_response_writes_total", "Write calls carrying responses (at most 64 responses each).")
+	connsAcceptedDesc        = desc("lockd_connections_accepted_total", "Client connections accepted.")
+	connsRejectedDesc        = desc("lockd_connections_rejected_total", "Connections closed at once because --max-conns was reached.")
+	slowDroppedDesc          = desc("lockd_slow_clients_dropped_total", "Connections dropped for not reading their responses.")
+	progressTimeoutsDesc     = desc("lockd_progress_timeouts_total", "Connections closed for a frame stalled past 5 s.")
+	authFailuresDesc         = desc("lockd_auth_failures_total", "Failed handshakes.")
+	connInflightBusyDesc     = desc("lockd_conn_inflight_busy_total", "B answers caused by --max-conn-inflight.")
+	tlsHandshakeFailuresDesc = desc("lockd_tls_handshake_failures_total", "TLS port connections closed because the TLS handshake failed or took longer than 5 s (a client without TLS, a client certificate refused).")
+	memoryReturnsDesc        = desc("lockd_memory_returns_total", "Times the memory a flood left was returned to the OS.")
+	orphansReleasedDesc      = desc("lockd_orphan_grants_released_total", "Grants to closed connections released by the backend.")
+	orphansDroppedDesc       = desc("lockd_orphan_grants_dropped_total", "Grants to closed connections left to lease expiry (release queue full).")
+)
+
+// serverCollector reads the server's atomics and the backend's Stats when
+// /metrics is scraped, so that counting on the request path stays an
+// atomic add.
+type serverCollector struct{ s *Server }
+
+func (serverCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{
+		requestsDesc, responsesDesc, errorsDesc,
+		gateOpenDesc, gateRefusedDesc, gateCountDesc, gateLimitDesc,
+		tenantGateOpenDesc, tenantGateRefusedDesc, tenantGateCountDesc, tenantGateLimitDesc,
+		keysDesc, heldLocksDesc, waitersDesc, inflightDesc, connsDesc, tokenCountDesc, tokenMarkDesc,
+		tokenReserveBusyDesc, tokenReserveFailuresDesc, tokensIssuedDesc, writesDesc,
+		connsAcceptedDesc, connsRejectedDesc, slowDroppedDesc, progressTimeoutsDesc,
+		authFailuresDesc, connInflightBusyDesc, tlsHandshakeFailuresDesc, memoryReturnsDesc,
+		orphansReleasedDesc, orphansDroppedDesc,
+	} {
+		ch <- d
 	}
 }
 
-// writeTenantGates writes the gates of the tenants with limits, one
-// family at a time; the tenants are those of the auth file, a bounded set.
-func writeTenantGates(p func(format string, a ...any), tenants []engine.TenantStats) {
-	if len(tenants) == 0 {
-		return
+func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
+	m := &c.s.metrics
+	st := c.s.backend.Stats()
+	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
-	for _, family := range []struct {
-		name, help, kind string
-		value            func(engine.GateStats) any
-	}{
-		{"lockd_tenant_gate_open", "A tenant's own admission gate state (1 open, 0 closed).", "gauge", func(g engine.GateStats) any {
-			if g.Open {
-				return 1
-			}
-			return 0
-		}},
-		{"lockd_tenant_gate_refused_total", "B answers caused by a tenant's own gate.", "counter", func(g engine.GateStats) any { return g.Refused }},
-		{"lockd_tenant_gate_count", "Current count held against a tenant's own limit.", "gauge", func(g engine.GateStats) any { return g.Count }},
-		{"lockd_tenant_gate_limit", "A tenant's own limit (0: the global gate alone).", "gauge", func(g engine.GateStats) any { return g.Limit }},
-	} {
-		p("# HELP %s %s\n# TYPE %s %s\n", family.name, family.help, family.name, family.kind)
-		for _, ts := range tenants {
-			for _, g := range []struct {
-				name string
-				st   engine.GateStats
-			}{{"keys", ts.KeysGate}, {"waiters", ts.WaitersGate}, {"inflight", ts.InflightGate}} {
-				p("%s{tenant=%q,gate=%q} %v\n", family.name, ts.Tenant, g.name, family.value(g.st))
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+
+	for op := range opCount {
+		counter(requestsDesc, m.requests[op].Load(), opNames[op])
+	}
+	for op := range opCount {
+		for r := range resultCount {
+			if v := m.results[op][r].Load(); v > 0 {
+				counter(responsesDesc, v, opNames[op], resultNames[r])
 			}
 		}
 	}
+	for reason := codec.BadRequest; reason <= codec.ShuttingDown; reason++ {
+		counter(errorsDesc, m.errors[reason].Load(), reason.String())
+	}
+	for _, g := range gatesOf(st.KeysGate, st.WaitersGate, st.InflightGate) {
+		gauge(gateOpenDesc, openValue(g.st), g.name)
+		counter(gateRefusedDesc, g.st.Refused, g.name)
+		gauge(gateCountDesc, float64(g.st.Count), g.name)
+		gauge(gateLimitDesc, float64(g.st.Limit), g.name)
+	}
+	// The tenants are those of the auth file, a bounded set.
+	for _, ts := range st.Tenants {
+		for _, g := range gatesOf(ts.KeysGate, ts.WaitersGate, ts.InflightGate) {
+			gauge(tenantGateOpenDesc, openValue(g.st), ts.Tenant, g.name)
+			counter(tenantGateRefusedDesc, g.st.Refused, ts.Tenant, g.name)
+			gauge(tenantGateCountDesc, float64(g.st.Count), ts.Tenant, g.name)
+			gauge(tenantGateLimitDesc, float64(g.st.Limit), ts.Tenant, g.name)
+		}
+	}
+	gauge(keysDesc, float64(st.Keys))
+	gauge(heldLocksDesc, float64(st.HeldLocks))
+	gauge(waitersDesc, float64(st.Waiters))
+	gauge(inflightDesc, float64(st.Inflight))
+	gauge(connsDesc, float64(c.s.conns.Load()))
+	gauge(tokenCountDesc, roundedUp(st.LastToken))
+	if st.TokenMark != 0 {
+		gauge(tokenMarkDesc, roundedUp(st.TokenMark))
+		counter(tokenReserveBusyDesc, st.TokensUnreserved)
+		counter(tokenReserveFailuresDesc, st.TokenReserveFailures)
+	}
+	counter(tokensIssuedDesc, st.TokensIssued)
+	counter(writesDesc, m.writes.Load())
+	counter(connsAcceptedDesc, m.connsAccepted.Load())
+	counter(connsRejectedDesc, m.connsRejected.Load())
+	counter(slowDroppedDesc, m.slowDropped.Load())
+	counter(progressTimeoutsDesc, m.progressTimeouts.Load())
+	counter(authFailuresDesc, m.authFailures.Load())
+	counter(connInflightBusyDesc, m.connInflightBusy.Load())
+	counter(tlsHandshakeFailuresDesc, m.tlsHandshakeFailures.Load())
+	counter(memoryReturnsDesc, m.memoryReturns.Load())
+	counter(orphansReleasedDesc, st.AbandonedReleased)
+	counter(orphansDroppedDesc, st.AbandonedDropped)
+}
+
+type namedGate struct {
+	name string
+	st   engine.GateStats
+}
+
+func gatesOf(keys, waiters, inflight engine.GateStats) [3]namedGate {
+	return [3]namedGate{{"keys", keys}, {"waiters", waiters}, {"inflight", inflight}}
+}
+
+func openValue(g engine.GateStats) float64 {
+	if g.Open {
+		return 1
+	}
+	return 0
+}
+
+// roundedUp is v as a float64 that is not below it. A sample is a
+// float64, exact only up to 2^53; a token read from /metrics must never
+// read below one issued, or a process started above it could issue that
+// token again.
+func roundedUp(v uint64) float64 {
+	f := float64(v)
+	if f < math.MaxUint64 && uint64(f) < v { // float64(MaxUint64) is 2^64, above every v
+		f = math.Nextafter(f, math.Inf(1))
+	}
+	return f
 }

@@ -42,26 +42,31 @@ func TestTenantQuotaIsolatesTenants(t *testing.T) {
 	noisy.acquire(21, 30, 5, "n0")
 	noisy.expectOpen()
 
-	_, metrics := scrape(t, "http://"+s.AdminAddr()+"/metrics")
-	for _, want := range []string{
-		`lockd_tenant_gate_open{tenant="noisy",gate="keys"} 0`,
-		`lockd_tenant_gate_refused_total{tenant="noisy",gate="keys"} 1`,
-		`lockd_tenant_gate_count{tenant="noisy",gate="keys"} 9`,
-		`lockd_tenant_gate_limit{tenant="noisy",gate="keys"} 10`,
-		`lockd_tenant_gate_limit{tenant="quiet",gate="keys"} 500`,
-		`lockd_tenant_gate_count{tenant="quiet",gate="keys"} 50`,
-		`lockd_tenant_gate_open{tenant="quiet",gate="keys"} 1`,
-		`lockd_gate_open{gate="keys"} 1`,
+	_, body := scrape(t, "http://"+s.AdminAddr()+"/metrics")
+	metrics := parseMetrics(t, body)
+	for _, want := range []struct {
+		name   string
+		labels []string
+		value  float64
+	}{
+		{"lockd_tenant_gate_open", []string{"tenant", "noisy", "gate", "keys"}, 0},
+		{"lockd_tenant_gate_refused_total", []string{"tenant", "noisy", "gate", "keys"}, 1},
+		{"lockd_tenant_gate_count", []string{"tenant", "noisy", "gate", "keys"}, 9},
+		{"lockd_tenant_gate_limit", []string{"tenant", "noisy", "gate", "keys"}, 10},
+		{"lockd_tenant_gate_limit", []string{"tenant", "quiet", "gate", "keys"}, 500},
+		{"lockd_tenant_gate_count", []string{"tenant", "quiet", "gate", "keys"}, 50},
+		{"lockd_tenant_gate_open", []string{"tenant", "quiet", "gate", "keys"}, 1},
+		{"lockd_gate_open", []string{"gate", "keys"}, 1},
 	} {
-		if !strings.Contains(metrics, want) {
-			t.Errorf("/metrics lacks %q", want)
+		if got, ok := sampleValue(metrics, want.name, want.labels...); !ok || got != want.value {
+			t.Errorf("%s%v = %v (present %v), want %v", want.name, want.labels, got, ok, want.value)
 		}
 	}
-	if strings.Count(metrics, "# TYPE lockd_tenant_gate_open ") != 1 {
+	if strings.Count(body, "# TYPE lockd_tenant_gate_open ") != 1 {
 		t.Error("the tenant gate family is not written once")
 	}
 	if t.Failed() {
-		t.Log(metrics)
+		t.Log(body)
 	}
 	s.advance(5 * time.Second)
 	noisy.expect(codec.OpTimeout, 21)

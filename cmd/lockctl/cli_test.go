@@ -50,7 +50,7 @@ func checkFlagHelp(t *testing.T, what, help string, flags []*flag.Flag) {
 }
 
 func TestHelpShowsEveryFlagAndExitsZero(t *testing.T) {
-	every := flagsOf("exec")
+	every := append(flagsOf("exec"), flagsOf("list")...)
 	for _, args := range [][]string{{"--help"}, {"-h"}, {"help"}} {
 		code, out, errs := ctl{}.run(args...)
 		if code != exitOK || errs != "" || !strings.Contains(out, "Exit status:") {

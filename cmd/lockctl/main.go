@@ -1,5 +1,6 @@
 // Command lockctl takes, releases and holds lockd locks from the shell,
-// like flock(1), `etcdctl lock` or `consul lock`.
+// like flock(1), `etcdctl lock` or `consul lock`, and shows them (status,
+// list) from lockd's admin endpoint.
 package main
 
 import (
@@ -30,7 +31,14 @@ const usage = `usage:
   lockctl acquire [flags] KEY             take KEY and print its fencing token
   lockctl release [flags] KEY TOKEN       release the grant TOKEN of KEY
   lockctl exec [flags] KEY -- CMD [ARG…]  run CMD while holding KEY
+  lockctl status [flags] KEY              show KEY: held, token, lease left, waiters
+  lockctl list [flags] [PREFIX]           the held or waited-for keys, sorted
   lockctl --version
+
+status and list ask lockd's admin endpoint (--admin), which needs no
+secret; --tenant names the tenant whose locks to show. In cluster mode the
+node asked answers from its replica of the keys' groups and says so in
+the NODE column.
 
 exec runs CMD in its own process group with the fencing token in
 LOCKD_TOKEN and the key in LOCKD_KEY, and relays SIGINT, SIGTERM, SIGHUP
@@ -101,8 +109,11 @@ type proc struct {
 }
 
 // commandArgs is how many arguments each command takes after its flags,
-// at least.
-var commandArgs = map[string]int{"acquire": 1, "release": 2, "exec": 2}
+// at least; optionalArgs how many more it may take.
+var (
+	commandArgs  = map[string]int{"acquire": 1, "release": 2, "exec": 2, "status": 1, "list": 0}
+	optionalArgs = map[string]int{"list": 1}
+)
 
 func run(ctx context.Context, args []string, lookupEnv func(string) (string, bool), p proc) int {
 	if len(args) == 0 {
@@ -132,8 +143,8 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	if err == nil && len(rest) < minArgs {
 		err = fmt.Errorf("%s needs %d arguments", command, minArgs)
 	}
-	if err == nil && command != "exec" && len(rest) > minArgs {
-		err = fmt.Errorf("unexpected arguments: %q", rest[minArgs:])
+	if maxArgs := minArgs + optionalArgs[command]; err == nil && command != "exec" && len(rest) > maxArgs {
+		err = fmt.Errorf("unexpected arguments: %q", rest[maxArgs:])
 	}
 	if err != nil {
 		fmt.Fprintf(p.err, "lockctl %s: %v\nRun 'lockctl %s --help' for the flags.\n", command, err, command)
@@ -144,6 +155,14 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		return runAcquire(ctx, o, rest[0], p)
 	case "release":
 		return runRelease(ctx, o, rest[0], rest[1], p)
+	case "status":
+		return runStatus(ctx, o, rest[0], p)
+	case "list":
+		prefix := ""
+		if len(rest) == 1 {
+			prefix = rest[0]
+		}
+		return runList(ctx, o, prefix, p)
 	}
 	argv := rest[1:]
 	if argv[0] == "--" {
@@ -158,8 +177,16 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 
 // printHelp is lockctl --help: the usage, then every flag, once.
 func printHelp(w io.Writer) {
-	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant, --secret-file and the --tls ones; --grace and --keepalive are exec's):\n", usage)
-	envflag.PrintFlags(w, newFlagSet("exec", &options{}))
+	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant, --secret-file and the --tls ones; --grace and --keepalive are exec's; status and list take only --admin, --tenant and --json, and list --limit):\n", usage)
+	exec := newFlagSet("exec", &options{})
+	envflag.PrintFlags(w, exec)
+	inspection := flag.NewFlagSet("inspection", flag.ContinueOnError)
+	newFlagSet("list", &options{}).VisitAll(func(f *flag.Flag) {
+		if exec.Lookup(f.Name) == nil {
+			inspection.Var(f.Value, f.Name, f.Usage)
+		}
+	})
+	envflag.PrintFlags(w, inspection)
 }
 
 type options struct {
@@ -172,6 +199,10 @@ type options struct {
 	grace       time.Duration
 	keepalive   bool
 	tls         tlsflags.Flags
+	// status and list:
+	admin  string
+	asJSON bool
+	limit  int
 }
 
 // newFlagSet defines the flags of command over o.
@@ -179,6 +210,10 @@ func newFlagSet(command string, o *options) *flag.FlagSet {
 	o.addrs = addrList{addrs: []string{"127.0.0.1:7420"}, replace: true}
 	fs := flag.NewFlagSet("lockctl "+command, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are returned, help is printed by run
+	if isInspection(command) {
+		defineInspectionFlags(fs, command, o)
+		return fs
+	}
 	fs.Var(&o.addrs, "addr", "server address `HOST:PORT`; repeat or separate with commas for several")
 	fs.StringVar(&o.tenant, "tenant", "", "tenant `name`; required with a secret")
 	fs.StringVar(&o.secretFile, "secret-file", "", "`file` holding the tenant's secret in hex")
@@ -218,11 +253,14 @@ func parseFlags(command string, args []string, lookupEnv func(string) (string, b
 // check refuses, before anything is sent, the flag values the client or
 // the server would refuse, naming the flag.
 func (o *options) check(command string) error {
-	if len(o.addrs.addrs) == 0 {
-		return errors.New("--addr: no address")
-	}
 	if o.tenant != "" && !codec.ValidTenant([]byte(o.tenant)) {
 		return fmt.Errorf("--tenant %q: want 1..32 bytes of [A-Za-z0-9._-]", o.tenant)
+	}
+	if isInspection(command) {
+		return o.checkInspection(command)
+	}
+	if len(o.addrs.addrs) == 0 {
+		return errors.New("--addr: no address")
 	}
 	if o.tenant == "" && (o.secretFile != "" || o.envSecret != "") {
 		return errors.New("a secret (--secret-file or LOCKD_SECRET) needs --tenant (LOCKD_TENANT)")

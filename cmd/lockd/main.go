@@ -165,7 +165,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.SetOutput(io.Discard) // errors are returned, help is printed by run
 	o.flags = fs
 	fs.StringVar(&cfg.Listen, "listen", server.DefaultListen, "client protocol address")
-	fs.StringVar(&cfg.Admin, "admin", server.DefaultAdmin, "admin HTTP address (/healthz, /metrics); empty for none")
+	fs.StringVar(&cfg.Admin, "admin", server.DefaultAdmin, "admin HTTP address (/healthz, /metrics, /v1/locks/); empty for none")
 	fs.StringVar(authFile, "auth-file", "", "file of tenant:hex-secret lines, each optionally with the tenant's keys=N waiters=N inflight=N (make a secret with openssl rand -hex 32); turns authentication on, and with two or more tenants, per-tenant quotas")
 	fs.StringVar(&cfg.TLSListen, "tls-listen", "", "TLS client protocol address, beside --listen; needs --tls-cert and --tls-key")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate chain of the TLS port")

@@ -1,0 +1,69 @@
+package cluster
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/lockd/lockd/codec"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// TestClusterMetrics: a cluster node's /metrics is the server's families
+// with the node's own, each family once, parsed as Prometheus does: the
+// node's id, its view of every group's leader, its Raft counters, and the
+// standard go_* ones.
+func TestClusterMetrics(t *testing.T) {
+	tc := newTestCluster(t, 3, nil)
+	srvs := clusterServers(t, tc)
+	w := mustWire(t, srvs[0].Addr())
+	if err := w.send(codec.AppendAcquire(nil, 1, 30, 0, "metrics-key")); err != nil {
+		t.Fatal(err)
+	}
+	expectResp(t, w, codec.OpAcquired, 1)
+
+	resp, err := http.Get("http://" + srvs[0].AdminAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatalf("/metrics does not parse: %v\n%s", err, body)
+	}
+	for name := range families {
+		if n := strings.Count(string(body), "# TYPE "+name+" "); n != 1 {
+			t.Errorf("%d TYPE lines for %s", n, name)
+		}
+	}
+	if id := families["lockd_cluster_node_id"]; id == nil || id.GetMetric()[0].GetGauge().GetValue() != 1 {
+		t.Errorf("lockd_cluster_node_id: %v", id)
+	}
+	leaders := families["lockd_cluster_group_leader"]
+	if leaders == nil || len(leaders.GetMetric()) != tc.cfgs[0].Groups {
+		t.Errorf("lockd_cluster_group_leader: %v, want one series per group (%d)", leaders, tc.cfgs[0].Groups)
+	}
+	for _, m := range leaders.GetMetric() {
+		if v := m.GetGauge().GetValue(); v < 1 || v > 3 {
+			t.Errorf("group %s: leader %v, want a node id of a ready cluster", m.GetLabel()[0].GetValue(), v)
+		}
+	}
+	if p := families["lockd_cluster_proposals_total"]; p == nil || p.GetMetric()[0].GetCounter().GetValue() < 1 {
+		t.Errorf("lockd_cluster_proposals_total: %v, want the acquire's proposal", p)
+	}
+	for _, name := range []string{"lockd_keys", "lockd_tokens_issued_total", "lockd_cluster_leader_transfers_total", "go_goroutines"} {
+		if families[name] == nil {
+			t.Errorf("/metrics has no %s", name)
+		}
+	}
+	if t.Failed() {
+		t.Logf("%s", body)
+	}
+}

@@ -1,0 +1,135 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/lockd/lockd/codec"
+	"github.com/lockd/lockd/engine"
+)
+
+// Lock inspection over the admin endpoint, read-only:
+//
+//	GET /v1/locks/{tenant}/{key}               one key
+//	GET /v1/locks/{tenant}?prefix=P&limit=N    the held or waited-for keys starting with P, sorted
+//
+// The key is the rest of the path after the tenant, percent-decoded, so
+// it may contain '/'. The paths are matched before the mux, which would
+// redirect a path holding "//", "." or ".." (all valid in a key) to its
+// cleaned form.
+const locksPath = "/v1/locks/"
+
+// Limits of a list request.
+const (
+	DefaultListLimit = 100
+	MaxListLimit     = 1000
+)
+
+// LockStatus is the JSON answer for one key.
+type LockStatus struct {
+	Tenant           string `json:"tenant"`
+	Key              string `json:"key"`
+	Held             bool   `json:"held"`
+	Token            uint64 `json:"token"`              // 0 unless held
+	LeaseRemainingMs int64  `json:"lease_remaining_ms"` // 0 unless held
+	Waiters          int    `json:"waiters"`
+	// Node is the name (--node-name) of the server that answered: in
+	// cluster mode, from its replica of the group's state.
+	Node string `json:"node"`
+}
+
+// withLocks serves the lock inspection paths and hands every other
+// request to next.
+func (s *Server) withLocks(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rest, ok := strings.CutPrefix(r.URL.EscapedPath(), locksPath)
+		if !ok {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			writeJSONError(w, http.StatusMethodNotAllowed, "lock inspection is read-only: use GET")
+			return
+		}
+		inspector, ok := s.backend.(engine.Inspector)
+		if !ok {
+			writeJSONError(w, http.StatusNotImplemented, "this backend cannot show its locks")
+			return
+		}
+		tenantPart, keyPart, single := strings.Cut(rest, "/")
+		tenant, err := url.PathUnescape(tenantPart)
+		if err != nil || !codec.ValidTenant([]byte(tenant)) {
+			writeJSONError(w, http.StatusBadRequest, fmt.Sprintf("tenant %q: want 1..%d bytes of [A-Za-z0-9._-]", tenantPart, codec.MaxTenantLen))
+			return
+		}
+		if single {
+			key, err := url.PathUnescape(keyPart)
+			if err != nil || !codec.ValidKey([]byte(key)) {
+				writeJSONError(w, http.StatusBadRequest, fmt.Sprintf("key %q: want 1..%d bytes of UTF-8 without spaces", keyPart, codec.MaxKeyLen))
+				return
+			}
+			writeJSON(w, s.lockStatus(tenant, inspector.InspectLock(tenant, []byte(key))))
+			return
+		}
+		prefix, limit, err := listParams(r.URL.Query())
+		if err != nil {
+			writeJSONError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		infos := inspector.ListLocks(tenant, []byte(prefix), limit)
+		out := make([]LockStatus, 0, len(infos))
+		for _, info := range infos {
+			out = append(out, s.lockStatus(tenant, info))
+		}
+		writeJSON(w, out)
+	})
+}
+
+// listParams reads prefix (default empty: every key) and limit (default
+// DefaultListLimit, 1..MaxListLimit).
+func listParams(q url.Values) (prefix string, limit int, err error) {
+	prefix, limit = q.Get("prefix"), DefaultListLimit
+	if prefix != "" && !codec.ValidKey([]byte(prefix)) {
+		return "", 0, fmt.Errorf("prefix %q: want at most %d bytes of UTF-8 without spaces", prefix, codec.MaxKeyLen)
+	}
+	if text := q.Get("limit"); text != "" {
+		n, err := strconv.Atoi(text)
+		if err != nil || n < 1 || n > MaxListLimit {
+			return "", 0, fmt.Errorf("limit %q: want 1..%d", text, MaxListLimit)
+		}
+		limit = n
+	}
+	return prefix, limit, nil
+}
+
+func (s *Server) lockStatus(tenant string, info engine.LockInfo) LockStatus {
+	return LockStatus{
+		Tenant:           tenant,
+		Key:              info.Key,
+		Held:             info.Held,
+		Token:            info.Token,
+		LeaseRemainingMs: info.LeaseRemaining.Milliseconds(), // rounded down: never more than is left
+		Waiters:          info.Waiters,
+		Node:             s.cfg.NodeName,
+	}
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeJSONError answers {"error": msg} with code.
+func writeJSONError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(struct {
+		Error string `json:"error"`
+	}{msg})
+}
