@@ -256,12 +256,14 @@ func TestProcessesPartitions(t *testing.T) {
 
 	traffic := startLockTraffic(procs, []string{key0, "part/1", "part/2", "part/3", "part/4", "part/5"}, 6)
 	var unavailableProbes int
+	var cuts []time.Time
 	for round := range rounds {
 		traffic.awaitGrants(t, 40, fmt.Sprintf("round %d, before the cut", round))
 		cut := groupLeader(t, procs, g0)
 		other := procs[cut%3] // a node on the majority side
 		network.isolate(cut)
 		cutAt := time.Now()
+		cuts = append(cuts, cutAt)
 
 		// Both sides at once: the minority must refuse while it is still
 		// cut off (the cut heals only after its answer; the probe's read
@@ -335,6 +337,7 @@ func TestProcessesPartitions(t *testing.T) {
 	t.Logf("history: %d grants checked; responses %v (E unavailable: %d); %d rounds, %d E unavailable probes; %v in all",
 		total, fmtStats(traffic.stats), traffic.errors[codec.Unavailable], rounds, unavailableProbes,
 		time.Since(testStart).Round(time.Millisecond))
+	t.Logf("partition of the leader: %s was unavailable for %s", key0, traffic.unavailability(key0, cuts))
 	for reason, n := range traffic.errors {
 		if reason != codec.Unavailable {
 			t.Errorf("%d answers E %s; only E unavailable is expected under partitions", n, reason.String())
