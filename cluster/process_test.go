@@ -72,6 +72,13 @@ func (p *proc) kill9() {
 
 func (p *proc) alive() bool { return p.cmd != nil }
 
+// signal sends sig (SIGSTOP, SIGCONT) to the running process.
+func (p *proc) signal(sig syscall.Signal) {
+	if p.cmd != nil {
+		_ = p.cmd.Process.Signal(sig)
+	}
+}
+
 // connect opens a protocol connection to the process's client port.
 func (p *proc) connect() (*wire, error) {
 	if p.dial == nil {
@@ -348,8 +355,11 @@ func (lt *lockTraffic) checkHistory(t *testing.T) int {
 
 // TestProcessesKillLeader runs 3 lockd processes under continuous lock
 // traffic, kills -9 the leader of one group and restarts it, three times,
+// then kills -9 a follower twice and stops (SIGSTOP) a node for 3 s twice,
 // then checks the recorded history: no two clients held a key at once
 // (judged by grant and valid-until instants) and tokens never went back.
+// It prints how long the group's key went without a grant after each
+// fault, by kind.
 func TestProcessesKillLeader(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process test skipped in -short mode")
@@ -394,6 +404,29 @@ func TestProcessesKillLeader(t *testing.T) {
 		traffic.awaitGrants(t, 40, fmt.Sprintf("round %d, node %d down", round, l))
 		procs[l-1].start(t, bin)
 	}
+	var followerKills, stops []time.Time
+	for round := range 2 {
+		traffic.awaitGrants(t, 60, fmt.Sprintf("follower round %d, before the kill", round))
+		f := 1 + groupLeader(t, procs, g0)%3
+		t.Logf("follower round %d: kill -9 node %d", round, f)
+		followerKills = append(followerKills, time.Now())
+		procs[f-1].kill9()
+		traffic.awaitGrants(t, 40, fmt.Sprintf("follower round %d, node %d down", round, f))
+		procs[f-1].start(t, bin)
+	}
+	for round := range 2 {
+		traffic.awaitGrants(t, 60, fmt.Sprintf("stop round %d, before the stop", round))
+		s := groupLeader(t, procs, g0) // the leader, then a follower
+		if round == 1 {
+			s = 1 + s%3
+		}
+		t.Logf("stop round %d: SIGSTOP node %d for 3 s", round, s)
+		stops = append(stops, time.Now())
+		procs[s-1].signal(syscall.SIGSTOP)
+		time.Sleep(3 * time.Second) // the fault itself: the node is frozen this long
+		procs[s-1].signal(syscall.SIGCONT)
+		groupLeader(t, procs, g0)
+	}
 	traffic.awaitGrants(t, 60, "after the last restart")
 	traffic.finish()
 
@@ -403,6 +436,8 @@ func TestProcessesKillLeader(t *testing.T) {
 		t.Fatalf("only %d grants in the whole run", total)
 	}
 	t.Logf("kill -9 of the leader: %s was unavailable for %s", key0, traffic.unavailability(key0, kills))
+	t.Logf("kill -9 of a follower: %s was unavailable for %s", key0, traffic.unavailability(key0, followerKills))
+	t.Logf("SIGSTOP of a node for 3 s: %s was unavailable for %s", key0, traffic.unavailability(key0, stops))
 }
 
 // unavailability is how long key went without a grant after each fault
