@@ -25,11 +25,7 @@ func applyOne(t *testing.T, f *fsm, now int64, cmd func([]byte) []byte) {
 func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 	n, _, f := localNode()
 	rec := newRecorder()
-	ask := func(owner uint64) uint64 {
-		p := &pending{id: n.nextID(), w: rec, owner: owner, start: n.clock(), deadline: n.clock() + time.Minute, ungated: true}
-		n.register(p)
-		return p.id
-	}
+	ask := func(owner uint64) uint64 { return n.registerUngated(owner, rec) } // a KEEP's request, as Node.Keep makes it
 	key := []byte("k")
 	k := lockKey([]byte("t"), key)
 	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 10, 0, 1<<20, "t", key) })
@@ -93,11 +89,7 @@ func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 func TestFSMKeepAppliedTwiceRenewsOnce(t *testing.T) {
 	n, g, f := localNode()
 	rec := newRecorder()
-	ask := func(owner uint64) uint64 {
-		p := &pending{id: n.nextID(), w: rec, owner: owner, start: n.clock(), deadline: n.clock() + time.Minute, ungated: true}
-		n.register(p)
-		return p.id
-	}
+	ask := func(owner uint64) uint64 { return n.registerUngated(owner, rec) } // a KEEP's request, as Node.Keep makes it
 	key := []byte("k")
 	k := lockKey([]byte("t"), key)
 	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 10, 0, 1<<20, "t", key) })

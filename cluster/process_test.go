@@ -300,13 +300,7 @@ func (lt *lockTraffic) worker(w int) {
 			lt.lateGrants++
 			lt.mu.Unlock()
 			owner++
-			if c.send(codec.AppendRelease(nil, owner, r.Token, key)) != nil {
-				c.close()
-				c = nil
-				continue
-			}
-			if _, err := c.read(5 * time.Second); err != nil {
-				c.close()
+			if !c.release(owner, r.Token, key) {
 				c = nil
 			}
 			continue
@@ -329,13 +323,7 @@ func (lt *lockTraffic) worker(w int) {
 		lt.history = append(lt.history, iv)
 		lt.mu.Unlock()
 		owner++
-		if c.send(codec.AppendRelease(nil, owner, r.Token, key)) != nil {
-			c.close()
-			c = nil
-			continue
-		}
-		if _, err := c.read(5 * time.Second); err != nil {
-			c.close()
+		if !c.release(owner, r.Token, key) {
 			c = nil
 		}
 	}
@@ -500,4 +488,18 @@ func tail(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+// release sends a RELEASE and reads its answer; on a failure it closes
+// the connection and reports false (the lease bounds the lock).
+func (w *wire) release(owner, token uint64, key string) bool {
+	if w.send(codec.AppendRelease(nil, owner, token, key)) != nil {
+		w.close()
+		return false
+	}
+	if _, err := w.read(5 * time.Second); err != nil {
+		w.close()
+		return false
+	}
+	return true
 }

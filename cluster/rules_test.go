@@ -288,26 +288,31 @@ func (h *holders) valid(token uint64, now time.Duration) bool {
 }
 
 func (h *holders) released(token uint64, now time.Duration, got engine.Outcome) error {
-	valid := h.valid(token, now)
-	switch {
-	case valid && got != engine.Released:
-		return fmt.Errorf("the holder of token %d, valid until %v, was refused its release at %v: %v", token, h.validUntil[token], now, got)
-	case !valid && got == engine.Released:
-		return fmt.Errorf("release of token %d accepted at %v outside its holder's validity", token, now)
+	if _, err := h.answered("release", token, now, got, engine.Released); err != nil {
+		return err
 	}
 	delete(h.validUntil, token)
 	return nil
 }
 
 func (h *holders) kept(token uint64, now, lease time.Duration, got engine.Outcome) error {
-	valid := h.valid(token, now)
-	switch {
-	case valid && got != engine.Renewed:
-		return fmt.Errorf("the holder of token %d, valid until %v, was refused its renewal at %v: %v", token, h.validUntil[token], now, got)
-	case !valid && got == engine.Renewed:
-		return fmt.Errorf("keep of token %d accepted at %v outside its holder's validity", token, now)
-	case valid:
+	valid, err := h.answered("renewal", token, now, got, engine.Renewed)
+	if valid && err == nil {
 		h.validUntil[token] = now + lease
 	}
-	return nil
+	return err
+}
+
+// answered checks a release or renewal of token at now that got answered
+// got: success (ok) exactly when its holder is within its validity. It
+// reports that validity.
+func (h *holders) answered(what string, token uint64, now time.Duration, got, ok engine.Outcome) (bool, error) {
+	valid := h.valid(token, now)
+	switch {
+	case valid && got != ok:
+		return valid, fmt.Errorf("the holder of token %d, valid until %v, was refused its %s at %v: %v", token, h.validUntil[token], what, now, got)
+	case !valid && got == ok:
+		return valid, fmt.Errorf("%s of token %d accepted at %v outside its holder's validity", what, token, now)
+	}
+	return valid, nil
 }

@@ -40,13 +40,7 @@ func NewAdmissionGate(limit int) *AdmissionGate {
 func (g *AdmissionGate) Admit() bool {
 	for {
 		n := g.count.Load()
-		closed := g.closed.Load()
-		admitted, closedAfter := g.rule.Admit(closed, n)
-		if closedAfter != closed {
-			g.closed.Store(closedAfter)
-		}
-		if !admitted {
-			g.refused.Add(1)
+		if !g.AdmitCounted(n) {
 			return false
 		}
 		if g.count.CompareAndSwap(n, n+1) {
@@ -57,9 +51,10 @@ func (g *AdmissionGate) Admit() bool {
 
 // AdmitCounted decides one more unit for a gate whose units are counted
 // elsewhere (count): the same hysteresis and refusal count, no unit held.
-func (g *AdmissionGate) AdmitCounted(count int) bool {
+// Admit is it on the gate's own count.
+func (g *AdmissionGate) AdmitCounted(count int64) bool {
 	closed := g.closed.Load()
-	admitted, closedAfter := g.rule.Admit(closed, int64(count))
+	admitted, closedAfter := g.rule.Admit(closed, count)
 	if closedAfter != closed {
 		g.closed.Store(closedAfter)
 	}

@@ -113,7 +113,7 @@ func (g *TenantGates) LeaveInflight() {
 // elsewhere (count, a replicated table's): the gate's hysteresis decides,
 // and no unit is held.
 func (g *TenantGates) AdmitKeyCounted(count int) bool {
-	return g == nil || g.Keys == nil || g.Keys.AdmitCounted(count)
+	return g == nil || g.Keys == nil || g.Keys.AdmitCounted(int64(count))
 }
 
 func admit(g *AdmissionGate) bool { return g == nil || g.Admit() }
