@@ -187,12 +187,12 @@ type modelHold struct {
 
 // Model is one seeded model check run on one wrapper.
 type Model struct {
-	rng     *rand.Rand
-	w       Wrapper
-	engine  Instrumented // nil unless w is one
-	limited bool         // Busy is a valid answer
-	noDrops bool         // ModelRun.NoConnectionDrops
-	now     time.Duration
+	rng          *rand.Rand
+	w            Wrapper
+	instrumented Instrumented // nil unless w is one
+	limited      bool         // Busy is a valid answer
+	noDrops      bool         // ModelRun.NoConnectionDrops
+	now          time.Duration
 
 	locks     map[modelKey]*modelLock
 	pending   []*modelWaiter // every queued acquire, in arrival order
@@ -214,7 +214,7 @@ func NewModel(seed uint64, fresh func(Limits) Wrapper) *Model {
 		locks:   make(map[modelKey]*modelLock),
 		trace:   fnv.New64a(),
 	}
-	m.engine, _ = m.w.(Instrumented)
+	m.instrumented, _ = m.w.(Instrumented)
 	for i := range 12 {
 		m.clients = append(m.clients, &modelClient{id: i})
 	}
@@ -641,10 +641,10 @@ func (m *Model) tick() error {
 // sweep runs an Instrumented wrapper's expiry sweep, which reclaims keys
 // and must resolve nobody.
 func (m *Model) sweep() error {
-	if m.engine == nil {
+	if m.instrumented == nil {
 		return nil
 	}
-	m.engine.Sweep()
+	m.instrumented.Sweep()
 	if res := m.w.Resolutions(); len(res) != 0 {
 		return fmt.Errorf("sweep resolved %v", res)
 	}
@@ -658,10 +658,10 @@ func (m *Model) checkCounters() error {
 			return fmt.Errorf("key %v released with waiters left", k)
 		}
 	}
-	if m.engine == nil {
+	if m.instrumented == nil {
 		return nil
 	}
-	st := m.engine.Stats()
+	st := m.instrumented.Stats()
 	if st.Waiters != len(m.pending) || st.Inflight != len(m.pending) {
 		return fmt.Errorf("stats waiters=%d inflight=%d, model has %d pending", st.Waiters, st.Inflight, len(m.pending))
 	}
@@ -683,10 +683,10 @@ func (m *Model) checkCounters() error {
 // shutdown shuts an Instrumented wrapper down: every queued acquire must
 // be answered ShuttingDown, once, and the counters drop to zero.
 func (m *Model) shutdown() error {
-	if m.engine == nil {
+	if m.instrumented == nil {
 		return nil
 	}
-	m.engine.Shutdown()
+	m.instrumented.Shutdown()
 	waiting := make(map[uint64]bool, len(m.pending))
 	for _, w := range m.pending {
 		waiting[w.owner] = true
@@ -700,7 +700,7 @@ func (m *Model) shutdown() error {
 	if len(waiting) != 0 {
 		return fmt.Errorf("shutdown left %d waiters unresolved", len(waiting))
 	}
-	if st := m.engine.Stats(); st.Waiters != 0 || st.Inflight != 0 {
+	if st := m.instrumented.Stats(); st.Waiters != 0 || st.Inflight != 0 {
 		return fmt.Errorf("after shutdown: %d waiters, %d in flight", st.Waiters, st.Inflight)
 	}
 	return nil
