@@ -6,18 +6,23 @@ import (
 	"github.com/lockd/lockd/engine"
 )
 
-// EngineWrapper is the single-mode rule core: a one-shard engine.Engine
-// on a FakeClock, so that tokens come out as 1, 2, 3...
+// EngineWrapper is the single-mode rule core: an engine.Engine on a
+// FakeClock. It is Instrumented.
 type EngineWrapper struct {
-	clock    *engine.FakeClock
-	e        *engine.Engine
+	clock *engine.FakeClock
+	e     *engine.Engine
+	// waits are the handles of every acquire that queued, kept after it
+	// was answered so that a late Cancel reaches the engine.
+	waits    map[uint64]*engine.Wait
 	resolved []Resolution
 }
 
-// NewEngineWrapper returns a fresh one-shard engine with default limits.
-func NewEngineWrapper() *EngineWrapper {
+// NewEngineWrapper returns a fresh engine with cfg on a new FakeClock
+// (cfg.Clock is ignored). One shard numbers tokens 1, 2, 3... across keys.
+func NewEngineWrapper(cfg engine.Config) *EngineWrapper {
 	clock := engine.NewFakeClock()
-	return &EngineWrapper{clock: clock, e: engine.New(engine.Config{Shards: 1, Clock: clock})}
+	cfg.Clock = clock
+	return &EngineWrapper{clock: clock, e: engine.New(cfg), waits: make(map[uint64]*engine.Wait)}
 }
 
 // Resolve records a queued acquire's answer (engine.Waiter).
@@ -26,7 +31,10 @@ func (w *EngineWrapper) Resolve(owner uint64, r engine.Result) {
 }
 
 func (w *EngineWrapper) Acquire(tenant, key string, owner uint64, lease, wait time.Duration) engine.Result {
-	r, _ := w.e.Acquire(w.e.Namespace(tenant), []byte(key), owner, lease, wait, w)
+	r, h := w.e.Acquire(w.e.Namespace(tenant), []byte(key), owner, lease, wait, w)
+	if h != nil {
+		w.waits[owner] = h
+	}
 	return r
 }
 
@@ -38,6 +46,10 @@ func (w *EngineWrapper) Keep(tenant, key string, token uint64, lease time.Durati
 	return w.e.Keep(w.e.Namespace(tenant), []byte(key), token, lease)
 }
 
+// Cancel is engine.Cancel on owner's handle; nil for an owner that never
+// queued, which Cancel answers false.
+func (w *EngineWrapper) Cancel(owner uint64) bool { return w.e.Cancel(w.waits[owner]) }
+
 func (w *EngineWrapper) Advance(d time.Duration) { w.clock.Advance(d) }
 
 func (w *EngineWrapper) Tick() { w.e.Tick() }
@@ -47,3 +59,9 @@ func (w *EngineWrapper) Resolutions() []Resolution {
 	w.resolved = nil
 	return r
 }
+
+func (w *EngineWrapper) Stats() engine.Stats { return w.e.Stats() }
+
+func (w *EngineWrapper) Sweep() { w.e.Sweep() }
+
+func (w *EngineWrapper) Shutdown() { w.e.Shutdown() }

@@ -1,9 +1,10 @@
-// Package rulestest runs the lock rules' scenario scripts against a
-// wrapper of the rule core — the sharded engine, the cluster's replicated
-// state machine — so that both modes are held to the same expected
-// answers. It owns the script format and a reference wrapper around
-// engine.Engine; it knows nothing of sockets or Raft, and is imported by
-// tests only.
+// Package rulestest runs the lock rules' scenario scripts and the model
+// check (model.go) against a wrapper of the rule core — the sharded
+// engine, the cluster's replicated state machine — so that both modes are
+// held to the same expected answers and the same invariants. It owns the
+// script format, the model of the rules and its simulated clients, and a
+// reference wrapper around engine.Engine; it knows nothing of sockets or
+// Raft, and is imported by tests only.
 //
 // A script (testdata/*.txt) is a list of scenarios, each a title line
 // "scenario: NAME" followed by one step per line; "#" starts a comment:
@@ -45,6 +46,10 @@ type Wrapper interface {
 	Acquire(tenant, key string, owner uint64, lease, wait time.Duration) engine.Result
 	Release(tenant, key string, token uint64) engine.Result
 	Keep(tenant, key string, token uint64, lease time.Duration) engine.Result
+	// Cancel withdraws owner's queued acquire, as the server does when its
+	// connection closes, without resolving it; false when owner has no
+	// acquire queued (it was answered, or cancelled already).
+	Cancel(owner uint64) bool
 	Advance(d time.Duration)
 	// Tick lets the timers due now act.
 	Tick()
