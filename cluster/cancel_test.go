@@ -82,3 +82,54 @@ func waitLeaseEnd(t *testing.T, n *Node, key string, token uint64) {
 	waitUntil(t, 10*time.Second, "the grant to reach the replica", func() bool { return n.Token("default", []byte(key)) >= token })
 	waitUntil(t, 20*time.Second, "the lease to end", func() bool { return n.Token("default", []byte(key)) == 0 })
 }
+
+// BenchmarkDroppedWaiters measures what a closed connection's queued
+// waiters cost now that each leaves its queue by a replicated cancel:
+// rounds of 64 waiters on one node queue behind a held key, are cancelled
+// together, and the round ends when the node's replica shows the queue
+// empty. It reports the commands and proposals per dropped waiter (its
+// acquire and its cancel, batched) across the cluster.
+func BenchmarkDroppedWaiters(b *testing.B) {
+	tc := newTestCluster(b, 3, nil)
+	rec := newRecorder()
+	const key = "bench/dropped"
+	if r := acquire(b, tc.node(1), rec, 1, key, 3600*time.Second, 0); r.Outcome != engine.Granted {
+		b.Fatalf("holder: %+v", r)
+	}
+	n := tc.node(2)
+	ns := n.Namespace("default")
+	var before [3]ClusterStats
+	for i, node := range tc.nodes {
+		before[i] = node.ClusterStats()
+	}
+	const round = 64
+	handles := make([]engine.Handle, 0, round)
+	owner := uint64(1)
+	b.ResetTimer()
+	for done := 0; done < b.N; done += round {
+		handles = handles[:0]
+		for range min(round, b.N-done) {
+			owner++
+			r, h := n.Acquire(ns, []byte(key), owner, 30*time.Second, 3600*time.Second, rec)
+			if r.Outcome != engine.Queued {
+				b.Fatalf("acquire: %+v", r)
+			}
+			handles = append(handles, h)
+		}
+		n.Flush()
+		waitUntil(b, 10*time.Second, "the round queued", func() bool { return isQueued(n, handles[len(handles)-1]) })
+		for _, h := range handles {
+			n.Cancel(h)
+		}
+		waitUntil(b, 10*time.Second, "the round cancelled", func() bool { return queueLen(n, key) == 0 })
+	}
+	b.StopTimer()
+	var props, cmds uint64
+	for i, node := range tc.nodes {
+		s := node.ClusterStats()
+		props += s.Proposals - before[i].Proposals
+		cmds += s.Commands - before[i].Commands
+	}
+	b.ReportMetric(float64(cmds)/float64(b.N), "cmds/waiter")
+	b.ReportMetric(float64(props)/float64(b.N), "proposals/waiter")
+}
