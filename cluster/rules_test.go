@@ -82,8 +82,7 @@ func (w *groupWrapper) request() uint64 { w.nextID++; return w.nextID }
 
 func (w *groupWrapper) Acquire(tenant, key string, owner uint64, lease, wait time.Duration) engine.Result {
 	c := command{kind: cmdAcquire, node: 1, id: owner, lease: uint16(lease / time.Second), wait: int64(wait), keyLimit: w.keyLimit, tenant: []byte(tenant), key: []byte(key)}
-	// Registered before it is proposed, as the node registers it, so that
-	// a grant the same apply hands it (behind an orphan's release) is its.
+	// Registered before it is proposed, as the node registers it.
 	if wait > 0 {
 		w.waiting[owner] = waitingAcquire{deadline: w.now + wait, tenant: tenant, key: key}
 	}
