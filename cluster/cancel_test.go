@@ -75,6 +75,33 @@ func TestWaiterCancelledBeforeItsAcquireApplied(t *testing.T) {
 	}
 }
 
+// A waiter its group queued but its node's waiters gate refuses is
+// answered Busy and leaves the replicated queue, like a cancelled one.
+func TestWaiterRefusedByTheWaitersGateLeavesTheQueue(t *testing.T) {
+	tc := newTestCluster(t, 3, func(c *Config) { c.MaxWaiters = 2 })
+	rec := newRecorder()
+	const key = "cancel/busy"
+	held := acquire(t, tc.node(1), rec, 1, key, 30*time.Second, 0)
+	if held.Outcome != engine.Granted {
+		t.Fatalf("holder: %+v", held)
+	}
+	n := tc.node(2)
+	for owner := uint64(2); owner <= 3; owner++ {
+		h := startAcquire(t, n, rec, owner, key, 30*time.Second, 60*time.Second)
+		waitUntil(t, 10*time.Second, "the waiter queued", func() bool { return isQueued(n, h) })
+	}
+	if r := acquire(t, n, rec, 4, key, 30*time.Second, 60*time.Second); r.Outcome != engine.Busy {
+		t.Fatalf("third waiter on a node with 2 waiters at most: %+v, want busy", r)
+	}
+	waitUntil(t, 10*time.Second, "the refused waiter to leave the replicated queue", func() bool { return queueLen(n, key) == 2 })
+	if rel := release(t, tc.node(1), rec, 5, key, held.Token); rel.Outcome != engine.Released {
+		t.Fatalf("release: %+v", rel)
+	}
+	if r := rec.wait(t, 2, 10*time.Second); r.Outcome != engine.Granted || r.Token != held.Token+1 {
+		t.Fatalf("first waiter: %+v, want granted token %d", r, held.Token+1)
+	}
+}
+
 // waitLeaseEnd waits until n's replica has seen token granted on key and
 // then the key freed.
 func waitLeaseEnd(t *testing.T, n *Node, key string, token uint64) {
