@@ -156,12 +156,13 @@ func (n *Node) Abandon(h engine.Handle, token uint64) {
 }
 
 // Cancel drops a waiter whose connection closed (SPEC §5) from the
-// registry and, once its group has queued it, from the replicated queue
-// too (cmdCancel), so that a lock freeing later goes to a live waiter. An
-// acquire not applied yet is cancelled when it applies as Queued and finds
-// its request gone (group.result); one applied as a grant is released as
-// an orphan, as is a grant that reaches the entry before the cancel
-// applies.
+// registry and, once this replica has applied its acquire as queued, from
+// the replicated queue too (cmdCancel), so that a lock freeing later goes
+// to a live waiter. The cancel then follows the acquire in the group's
+// log, although a node may have two proposals in flight. An acquire not
+// applied yet is cancelled when it applies as Queued and finds its
+// request gone (group.result); one applied as a grant is released as an
+// orphan, as is a grant that reaches the entry before the cancel applies.
 func (n *Node) Cancel(h engine.Handle) {
 	p, ok := h.(*pending)
 	if !ok || p == nil {

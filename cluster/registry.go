@@ -215,11 +215,10 @@ func (g *group) result(key string, node, id uint64, r engine.Result) {
 		if !n.ownRun(id) {
 			return
 		}
-		// Answered already (unavailable, cancelled, or a duplicate of a
-		// retried proposal): nobody will use this grant, or wait in this
-		// queue entry. A cancel proposed before the acquire applied (two
-		// proposals of a group may be in flight) found no entry, so it is
-		// proposed again here.
+		// Answered already (unavailable, cancelled before it applied, or a
+		// duplicate of a retried proposal, which may apply after its
+		// request's cancel): nobody will use this grant, or wait in this
+		// queue entry, so the grant is released and the entry cancelled.
 		switch r.Outcome {
 		case engine.Granted:
 			g.orphan(key, r.Token)

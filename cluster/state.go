@@ -267,10 +267,12 @@ func (s *replicated) forget(node, keepFirst, keepLast uint64, out *applied) {
 
 // cancel drops node's queued waiter id from k's queue (SPEC §5: a closed
 // connection's waiters leave, its locks stay). It answers nobody, since
-// the node has answered its client, and frees or grants nothing. Every
-// entry of the request goes (a retried acquire applied twice queued it
-// twice), and one already gone is no error: a cancel may be proposed again,
-// and may apply before the acquire it names (see group.result).
+// the node has answered its client, and frees or grants nothing: a lapsed
+// lease whose head waiter left is settled by the next command on the key
+// (free), as in single mode, whose Cancel only unqueues. Every entry of
+// the request goes (a retried acquire applied twice queued it twice), and
+// none left is no error: a duplicate of the acquire may apply after the
+// cancel, and its node then cancels it again (group.result).
 func (s *replicated) cancel(k string, node, id uint64) {
 	if l := s.locks[k]; l != nil {
 		s.dropWaiters(l, func(w waitEntry) bool { return w.node == node && w.id == id })
@@ -283,9 +285,7 @@ func (s *replicated) prune(l *lockState) {
 }
 
 // dropWaiters removes the entries of l's queue that drop reports, keeping
-// the others in order. The lock itself is left alone, as single mode's
-// cancel leaves it: a lapsed lease with its head waiter gone is settled
-// by the next command on the key (free), as every lapsed lease is.
+// the others in order; the lock itself is left alone.
 func (s *replicated) dropWaiters(l *lockState, drop func(waitEntry) bool) {
 	kept := l.queue[:0]
 	for _, w := range l.queue {
