@@ -155,16 +155,39 @@ func (n *Node) Abandon(h engine.Handle, token uint64) {
 	}
 }
 
-// Cancel drops a waiter whose connection closed. Its replicated queue
-// entry stays; if it is ever granted, this node releases the grant.
+// Cancel drops a waiter whose connection closed (SPEC §5) from the
+// registry and, once this replica has applied its acquire as queued, from
+// the replicated queue too (cmdCancel), so that a lock freeing later goes
+// to a live waiter. The cancel then follows the acquire in the group's
+// log, although a node may have two proposals in flight. An acquire not
+// applied yet is cancelled when it applies as Queued and finds its
+// request gone (group.result); one applied as a grant is released as an
+// orphan, as is a grant that reaches the entry before the cancel applies.
 func (n *Node) Cancel(h engine.Handle) {
 	p, ok := h.(*pending)
 	if !ok || p == nil {
 		return
 	}
 	n.regMu.Lock()
-	n.finishLocked(p)
+	queued := n.finishLocked(p) && p.queued
 	n.regMu.Unlock()
+	if queued {
+		p.group.cancel(p.key, p.id)
+	}
+}
+
+// cancel proposes the removal of this node's waiter id from the queue of
+// key (a lock key). It runs on event loops and on dragonboat's apply
+// goroutine, so it only queues; the server flushes no batch after a
+// connection closed, so it wakes the proposer itself.
+func (g *group) cancel(key string, id uint64) {
+	tenant, k := splitLockKey(key)
+	g.mu.Lock()
+	g.buf = appendCancel(g.buf, g.n.cfg.NodeID, id, tenant, k)
+	g.count++
+	g.mu.Unlock()
+	g.dirty.Store(true)
+	g.propose()
 }
 
 // Flush proposes what this event-loop batch queued: one proposal per

@@ -31,6 +31,8 @@ import (
 //	             (without its top bit) is within [keep_first, keep_last] —
 //	             proposed by a restarted node for the runs before it, and
 //	             by a group leader for a node it has not heard from
+//	cmdCancel:   node u64 | id u64: node's queued waiter id left (its
+//	             connection closed); no answer, a lock is not touched
 //
 // A lease end names the renewal it ends, so that the end of a lease that a
 // KEEP has since renewed frees nothing: a KEEP and the expire of the lease
@@ -51,6 +53,7 @@ const (
 	cmdLeaseEnd = 'L'
 	cmdExpire   = 'E'
 	cmdForget   = 'F'
+	cmdCancel   = 'C'
 )
 
 var errBadBatch = errors.New("cluster: malformed proposal")
@@ -112,6 +115,13 @@ func appendForget(dst []byte, node, keepFirst, keepLast uint64) []byte {
 	return appendText(dst, "", nil)
 }
 
+func appendCancel(dst []byte, node, id uint64, tenant string, key []byte) []byte {
+	dst = append(dst, cmdCancel)
+	dst = binary.BigEndian.AppendUint64(dst, node)
+	dst = binary.BigEndian.AppendUint64(dst, id)
+	return appendText(dst, tenant, key)
+}
+
 func appendLeaseEnd(dst []byte, token uint64, renewals uint32, tenant string, key []byte) []byte {
 	dst = append(dst, cmdLeaseEnd)
 	dst = binary.BigEndian.AppendUint64(dst, token)
@@ -154,6 +164,8 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 		need = 8
 	case cmdForget:
 		need = 8 + 8 + 8
+	case cmdCancel:
+		need = 8 + 8
 	default:
 		return nil, errBadBatch
 	}
@@ -187,6 +199,9 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 		c.node = binary.BigEndian.Uint64(b)
 		c.keepFirst = binary.BigEndian.Uint64(b[8:])
 		c.keepLast = binary.BigEndian.Uint64(b[16:])
+	case cmdCancel:
+		c.node = binary.BigEndian.Uint64(b)
+		c.id = binary.BigEndian.Uint64(b[8:])
 	}
 	b = b[need:]
 	var ok bool

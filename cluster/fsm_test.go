@@ -49,13 +49,18 @@ func stateOf(f *fsm) fsmState {
 
 // randomBatches makes proposals as several nodes would: acquires with and
 // without waits, releases and keeps of current and stale tokens, lease
-// ends of current and stale renewals, and lease ends in the format of
-// builds before KEEP.
+// ends of current and stale renewals, cancels of earlier acquires, and
+// lease ends in the format of builds before KEEP.
 func randomBatches(seed uint64, n int) [][]byte {
 	rng := rand.New(rand.NewPCG(seed, 1))
 	var out [][]byte
 	now := int64(1_000_000_000)
 	var tok uint64
+	type request struct {
+		node, id uint64
+		key      []byte
+	}
+	var acquires []request
 	for range n {
 		b := make([]byte, headerLen)
 		count := uint32(1 + rng.IntN(8))
@@ -67,7 +72,9 @@ func randomBatches(seed uint64, n int) [][]byte {
 				if rng.IntN(2) == 0 {
 					wait = int64(rng.IntN(3_000_000_000))
 				}
-				b = appendAcquire(b, uint64(1+rng.IntN(3)), rng.Uint64()|1, uint16(1+rng.IntN(30)), wait, 1<<20, "t", key)
+				r := request{node: uint64(1 + rng.IntN(3)), id: rng.Uint64() | 1, key: key}
+				acquires = append(acquires, r)
+				b = appendAcquire(b, r.node, r.id, uint16(1+rng.IntN(30)), wait, 1<<20, "t", key)
 			case 2:
 				tok += uint64(rng.IntN(3))
 				b = appendRelease(b, uint64(1+rng.IntN(3)), rng.Uint64(), tok, "t", key)
@@ -77,6 +84,11 @@ func randomBatches(seed uint64, n int) [][]byte {
 				if rng.IntN(20) == 0 { // a node's waiters dropped, some ids kept
 					first := rng.Uint64() >> 1
 					b = appendForget(b, uint64(1+rng.IntN(3)), first, first+rng.Uint64()>>1)
+					break
+				}
+				if rng.IntN(3) == 0 && len(acquires) > 0 { // a connection closed
+					r := acquires[len(acquires)-1-rng.IntN(min(len(acquires), 8))]
+					b = appendCancel(b, r.node, r.id, "t", r.key)
 					break
 				}
 				b = appendLeaseEnd(b, uint64(rng.IntN(int(tok)+2)), uint32(rng.IntN(3)), "t", key)
@@ -169,6 +181,30 @@ func TestFSMSkipsMalformed(t *testing.T) {
 		if _, err := f.Update(sm.Entry{Cmd: cmd}); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// A cancel decodes to what was encoded; one cut short is malformed, as is
+// any kind this build does not know (which is how an older build sees a
+// cancel).
+func TestCancelCommandDecodes(t *testing.T) {
+	b := appendCancel(nil, 3, 1<<63|42, "tenant", []byte("key"))
+	var c command
+	rest, err := readCommand(b, &c)
+	if err != nil || len(rest) != 0 {
+		t.Fatalf("readCommand: %v, %d bytes left", err, len(rest))
+	}
+	if c.kind != cmdCancel || c.node != 3 || c.id != 1<<63|42 || string(c.tenant) != "tenant" || string(c.key) != "key" {
+		t.Fatalf("decoded %+v", c)
+	}
+	for cut := 1; cut < len(b); cut++ {
+		if _, err := readCommand(b[:cut], &c); err != errBadBatch {
+			t.Fatalf("cancel cut to %d bytes: %v, want errBadBatch", cut, err)
+		}
+	}
+	unknown := append([]byte{'Z'}, b[1:]...)
+	if _, err := readCommand(unknown, &c); err != errBadBatch {
+		t.Fatalf("unknown kind: %v, want errBadBatch", err)
 	}
 }
 

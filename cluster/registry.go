@@ -212,10 +212,18 @@ func (g *group) result(key string, node, id uint64, r engine.Result) {
 	p := n.reg[id]
 	if p == nil {
 		n.regMu.Unlock()
-		if r.Outcome == engine.Granted && n.ownRun(id) {
-			// Answered already (unavailable, cancelled, or a duplicate of
-			// a retried proposal): nobody will use this grant.
+		if !n.ownRun(id) {
+			return
+		}
+		// Answered already (unavailable, cancelled before it applied, or a
+		// duplicate of a retried proposal, which may apply after its
+		// request's cancel): nobody will use this grant, or wait in this
+		// queue entry, so the grant is released and the entry cancelled.
+		switch r.Outcome {
+		case engine.Granted:
 			g.orphan(key, r.Token)
+		case engine.Queued:
+			g.cancel(key, id)
 		}
 		return
 	}
@@ -225,9 +233,9 @@ func (g *group) result(key string, node, id uint64, r engine.Result) {
 			return
 		}
 		if !n.admitWaiter(p.quota) {
-			// The replicated entry stays; a grant for it will be released.
 			n.finishLocked(p)
 			n.regMu.Unlock()
+			g.cancel(key, id)
 			p.w.Resolve(p.owner, engine.Result{Outcome: engine.Busy})
 			return
 		}

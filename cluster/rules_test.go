@@ -18,18 +18,23 @@ import (
 // leader's expiry driver (a lease end for every lease due); a queued
 // request is answered once, by whichever comes first, as the node's
 // request registry does. Cancel is the node's Cancel: the request leaves
-// the registry, its replicated queue entry stays, and a grant that entry
-// is handed is released at once by token, as the node releases a grant
-// nobody waits for (orphans.go).
+// the registry and its replicated queue entry leaves by a cancel command,
+// so no grant is ever handed to a request nobody waits for (the node
+// releases such a grant, orphans.go, when a cancel applies too late).
 type groupWrapper struct {
 	s        replicated
 	now      time.Duration
 	nextID   uint64
-	keyLimit uint32                   // the proposer's share of MaxKeys, carried in each acquire
-	waiting  map[uint64]time.Duration // owner -> wait deadline, queued and unanswered
-	orphans  []expiry                 // grants handed to a cancelled entry, to release
+	keyLimit uint32                    // the proposer's share of MaxKeys, carried in each acquire
+	waiting  map[uint64]waitingAcquire // by owner: queued and unanswered
 	resolved []rulestest.Resolution
 	out      applied
+}
+
+// waitingAcquire is a queued acquire as its node's registry knows it.
+type waitingAcquire struct {
+	deadline    time.Duration // of its wait
+	tenant, key string
 }
 
 func newGroupWrapper() *groupWrapper { return newLimitedGroupWrapper(rulestest.Limits{}) }
@@ -44,25 +49,13 @@ func newLimitedGroupWrapper(l rulestest.Limits) *groupWrapper {
 	}
 	return &groupWrapper{
 		s: newReplicated(1), now: 1_700_000_000 * time.Second, nextID: 1 << 40,
-		keyLimit: keyLimit, waiting: make(map[uint64]time.Duration),
+		keyLimit: keyLimit, waiting: make(map[uint64]waitingAcquire),
 	}
 }
 
-// apply runs c and returns the answer to request id, routing the others
-// and releasing the grants nobody waits for.
+// apply runs c and returns the answer to request id, routing the others.
 func (w *groupWrapper) apply(c *command, id uint64) engine.Result {
 	w.s.now = max(w.s.now, w.now)
-	got := w.applyRouted(c, id)
-	for len(w.orphans) > 0 {
-		o := w.orphans[0]
-		w.orphans = w.orphans[1:]
-		tenant, key := splitLockKey(o.key)
-		w.applyRouted(&command{kind: cmdRelease, node: 1, token: o.token, tenant: []byte(tenant), key: key}, 0)
-	}
-	return got
-}
-
-func (w *groupWrapper) applyRouted(c *command, id uint64) engine.Result {
 	w.s.apply(c, &w.out)
 	var got engine.Result
 	for _, a := range w.out.answers {
@@ -70,7 +63,7 @@ func (w *groupWrapper) applyRouted(c *command, id uint64) engine.Result {
 		case a.kind == answerDirect && a.id == id:
 			got = a.r
 		case a.kind == answerHandOff:
-			w.answer(a.key, a.id, a.r)
+			w.answer(a.id, a.r)
 		}
 	}
 	w.out.answers = w.out.answers[:0]
@@ -78,12 +71,10 @@ func (w *groupWrapper) applyRouted(c *command, id uint64) engine.Result {
 	return got
 }
 
-func (w *groupWrapper) answer(key string, owner uint64, r engine.Result) {
+func (w *groupWrapper) answer(owner uint64, r engine.Result) {
 	if _, ok := w.waiting[owner]; ok {
 		delete(w.waiting, owner)
 		w.resolved = append(w.resolved, rulestest.Resolution{Owner: owner, Result: r})
-	} else if r.Outcome == engine.Granted {
-		w.orphans = append(w.orphans, expiry{key: key, token: r.Token})
 	}
 }
 
@@ -91,10 +82,9 @@ func (w *groupWrapper) request() uint64 { w.nextID++; return w.nextID }
 
 func (w *groupWrapper) Acquire(tenant, key string, owner uint64, lease, wait time.Duration) engine.Result {
 	c := command{kind: cmdAcquire, node: 1, id: owner, lease: uint16(lease / time.Second), wait: int64(wait), keyLimit: w.keyLimit, tenant: []byte(tenant), key: []byte(key)}
-	// Registered before it is proposed, as the node registers it, so that
-	// a grant the same apply hands it (behind an orphan's release) is its.
+	// Registered before it is proposed, as the node registers it.
 	if wait > 0 {
-		w.waiting[owner] = w.now + wait
+		w.waiting[owner] = waitingAcquire{deadline: w.now + wait, tenant: tenant, key: key}
 	}
 	r := w.apply(&c, owner)
 	if r.Outcome != engine.Queued {
@@ -120,11 +110,18 @@ func (w *groupWrapper) Keep(tenant, key string, token uint64, lease time.Duratio
 	return w.apply(&c, id)
 }
 
-// Cancel is Node.Cancel: only the node's registry forgets the request.
+// Cancel is Node.Cancel: the registry forgets the request and, as it was
+// queued, the cancel command removes its replicated entry. It reports
+// whether the request was still waiting.
 func (w *groupWrapper) Cancel(owner uint64) bool {
-	_, queued := w.waiting[owner]
+	a, queued := w.waiting[owner]
+	if !queued {
+		return false
+	}
 	delete(w.waiting, owner)
-	return queued
+	c := command{kind: cmdCancel, node: 1, id: owner, tenant: []byte(a.tenant), key: []byte(a.key)}
+	w.apply(&c, 0)
+	return true
 }
 
 func (w *groupWrapper) Advance(d time.Duration) { w.now += d }
@@ -139,9 +136,9 @@ func (w *groupWrapper) Tick() {
 		key   string // a lease that ran out
 	}
 	var due []event
-	for owner, deadline := range w.waiting {
-		if deadline <= w.now {
-			due = append(due, event{at: deadline, owner: owner})
+	for owner, a := range w.waiting {
+		if a.deadline <= w.now {
+			due = append(due, event{at: a.deadline, owner: owner})
 		}
 	}
 	for k, l := range w.s.locks {
@@ -154,7 +151,7 @@ func (w *groupWrapper) Tick() {
 	})
 	for _, e := range due {
 		if e.key == "" {
-			w.answer("", e.owner, engine.Result{Outcome: engine.TimedOut})
+			w.answer(e.owner, engine.Result{Outcome: engine.TimedOut})
 			continue
 		}
 		l := w.s.locks[e.key]
@@ -187,28 +184,16 @@ func TestRuleScenarios(t *testing.T) {
 // node's, outside the replicated state). A failure names its seed and
 // step; rerun it alone with -model.seed.
 //
-// Its clients do not drop their connection: a dropped connection's queued
-// acquire is cancelled only in its node's registry (Node.Cancel), its
-// replicated queue entry stays, and once it reaches the head of the queue
-// the next settle hands it the lock, which the node then releases as an
-// orphan. Until that release commits the key is held by nobody, so an
-// acquire on a lapsed lease is queued or answered TimedOut where SPEC §5
-// (and single mode) grant it. Seed 15, step 1124, key t1/key2:
-//
-//	5m45s    acquire owner=329 lease=1s wait=0 -> granted 221
-//	5m45s    acquire owner=333 lease=4s wait=7s -> queued
-//	5m45s    owner 333's connection drops (cancel)
-//	5m47.5s  acquire owner=338 lease=5s wait=2s -> queued, want granted
-//	         (the orphan's release then grants it token 228)
-//
-// (seed 13, step 36002: the same with wait 0 answered TimedOut; both are
-// seen again by removing NoConnectionDrops). Every seed passes when the
-// cancel also removes the replicated entry.
+// A dropped connection's queued acquires leave the replicated queue by
+// cancel commands, as Node.Cancel proposes them. A cancel that only
+// forgot the request on its node left the entry to be handed a lapsed
+// lock and released as an orphan, and until that release committed an
+// acquire there was queued or answered TimedOut where SPEC §5 grants it:
+// every seed failed (seed 15 at step 1124).
 func TestModelCheck(t *testing.T) {
 	rulestest.CheckModel(t, rulestest.ModelRun{
 		Package: "./cluster", Steps: 200_000, ShortSteps: 25_000,
-		New:               func(l rulestest.Limits) rulestest.Wrapper { return newLimitedGroupWrapper(l) },
-		NoConnectionDrops: "a cancelled acquire stays in the replicated queue and holds a lapsed key until its orphan grant is released",
+		New: func(l rulestest.Limits) rulestest.Wrapper { return newLimitedGroupWrapper(l) },
 	})
 }
 
@@ -312,13 +297,11 @@ func sorted(rs []rulestest.Resolution) []rulestest.Resolution {
 	return rs
 }
 
-// A cancelled acquire stays in the replicated queue (Node.Cancel only
-// forgets the request): when the lock reaches it, the grant goes to nobody
-// and is released by token, as the node releases an orphan, and the next
-// live waiter is granted the token after it. The wrapper the model check
-// runs on must do this for a dropped connection to mean what it means in
-// a cluster.
-func TestCancelledWaitersGrantIsReleased(t *testing.T) {
+// A cancelled acquire leaves the replicated queue and nobody is answered:
+// a lock that frees later goes to the live waiter behind it with the next
+// token, none spent on the cancelled entry. A cancel applied again, or
+// naming an entry not queued (yet), changes nothing.
+func TestCancelledWaiterLeavesTheQueue(t *testing.T) {
 	w := newGroupWrapper()
 	if r := w.Acquire("t1", "k", 1, 5*time.Second, 0); r.Outcome != engine.Granted || r.Token != 1 {
 		t.Fatalf("first acquire: %+v", r)
@@ -334,15 +317,63 @@ func TestCancelledWaitersGrantIsReleased(t *testing.T) {
 	if w.Cancel(2) {
 		t.Fatal("a second cancel returned true")
 	}
+	k := lockKey([]byte("t1"), []byte("k"))
+	again := command{kind: cmdCancel, node: 1, id: 2, tenant: []byte("t1"), key: []byte("k")}
+	notQueued := command{kind: cmdCancel, node: 1, id: 99, tenant: []byte("t1"), key: []byte("k")}
+	otherNode := command{kind: cmdCancel, node: 2, id: 3, tenant: []byte("t1"), key: []byte("k")}
+	for _, c := range []*command{&again, &notQueued, &otherNode} {
+		w.apply(c, 0)
+	}
+	if q := w.s.locks[k].queue; len(q) != 1 || q[0].id != 3 || w.s.queued != 1 {
+		t.Fatalf("queue %+v (%d queued), want only owner 3", q, w.s.queued)
+	}
+	if got := w.Resolutions(); len(got) != 0 {
+		t.Fatalf("cancels resolved %v", got)
+	}
 	w.Advance(time.Second)
 	if r := w.Release("t1", "k", 1); r.Outcome != engine.Released {
 		t.Fatalf("release: %+v", r)
 	}
-	want := []rulestest.Resolution{{Owner: 3, Result: engine.Result{Outcome: engine.Granted, Token: 3, Waited: time.Second}}}
+	want := []rulestest.Resolution{{Owner: 3, Result: engine.Result{Outcome: engine.Granted, Token: 2, Waited: time.Second}}}
 	if got := w.Resolutions(); !slices.Equal(got, want) {
-		t.Fatalf("resolutions %v, want %v (token 2 to the cancelled entry, released)", got, want)
+		t.Fatalf("resolutions %v, want %v", got, want)
 	}
-	if r := w.Release("t1", "k", 2); r.Outcome != engine.NotHeld {
-		t.Fatalf("release of the cancelled entry's token: %+v, want not held", r)
+}
+
+// Cancelling the head waiter of a lapsed lease grants nothing by itself,
+// as in single mode; the lease end that settles the key hands the lock to
+// the next live waiter, or frees the key when none is left.
+func TestCancelOfTheHeadOfALapsedLease(t *testing.T) {
+	w := newGroupWrapper()
+	if r := w.Acquire("t1", "k", 1, time.Second, 0); r.Outcome != engine.Granted {
+		t.Fatalf("first acquire: %+v", r)
+	}
+	for owner := uint64(2); owner <= 3; owner++ {
+		if r := w.Acquire("t1", "k", owner, 5*time.Second, 10*time.Second); r.Outcome != engine.Queued {
+			t.Fatalf("acquire of owner %d: %+v, want queued", owner, r)
+		}
+	}
+	w.Advance(2 * time.Second)
+	w.Cancel(2)
+	if got := w.Resolutions(); len(got) != 0 {
+		t.Fatalf("the cancel resolved %v", got)
+	}
+	w.Tick()
+	want := []rulestest.Resolution{{Owner: 3, Result: engine.Result{Outcome: engine.Granted, Token: 2, Waited: 2 * time.Second}}}
+	if got := w.Resolutions(); !slices.Equal(got, want) {
+		t.Fatalf("after the lease end: %v, want %v", got, want)
+	}
+	w.Advance(time.Second)
+	if r := w.Acquire("t1", "k", 4, time.Second, 10*time.Second); r.Outcome != engine.Queued {
+		t.Fatalf("acquire behind owner 3: %+v", r)
+	}
+	w.Cancel(4)
+	w.Advance(5 * time.Second)
+	w.Tick()
+	if got := w.Resolutions(); len(got) != 0 {
+		t.Fatalf("resolutions %v after the only waiter was cancelled", got)
+	}
+	if _, held := w.s.locks[lockKey([]byte("t1"), []byte("k"))]; held {
+		t.Fatal("a lapsed lease with its only waiter cancelled is still held after its lease end")
 	}
 }

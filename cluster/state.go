@@ -146,6 +146,8 @@ func (s *replicated) apply(c *command, out *applied) {
 		}
 	case cmdForget:
 		s.forget(c.node, c.keepFirst, c.keepLast, out)
+	case cmdCancel:
+		s.cancel(k, c.node, c.id)
 	case cmdLeaseEnd, cmdExpire:
 		// The leader's timer saw the lease fall due; whether it has is the
 		// replicated clock's to say, so a renewed lease or a later token
@@ -253,28 +255,44 @@ func (s *replicated) free(k string, l *lockState, out *applied) *lockState {
 func (s *replicated) forget(node, keepFirst, keepLast uint64, out *applied) {
 	out.answers = append(out.answers, answer{kind: answerForgotten, node: node, id: keepFirst})
 	for k, l := range s.locks {
-		kept := l.queue[:0]
-		for _, w := range l.queue {
+		s.dropWaiters(l, func(w waitEntry) bool {
 			if id := w.id &^ (1 << 63); w.node != node || id >= keepFirst && id <= keepLast {
-				kept = append(kept, w)
-				continue
+				return false
 			}
-			s.queued--
 			out.answer(answerDirect, k, w.node, w.id, engine.Result{Outcome: engine.Unavailable})
-		}
-		clear(l.queue[len(kept):])
-		l.queue = kept
+			return true
+		})
+	}
+}
+
+// cancel drops node's queued waiter id from k's queue (SPEC §5: a closed
+// connection's waiters leave, its locks stay). It answers nobody, since
+// the node has answered its client, and frees or grants nothing: a lapsed
+// lease whose head waiter left is settled by the next command on the key
+// (free), as in single mode, whose Cancel only unqueues. Every entry of
+// the request goes (a retried acquire applied twice queued it twice), and
+// none left is no error: a duplicate of the acquire may apply after the
+// cancel, and its node then cancels it again (group.result).
+func (s *replicated) cancel(k string, node, id uint64) {
+	if l := s.locks[k]; l != nil {
+		s.dropWaiters(l, func(w waitEntry) bool { return w.node == node && w.id == id })
 	}
 }
 
 // prune drops waiters whose wait has ended (their node answered T already).
 func (s *replicated) prune(l *lockState) {
+	s.dropWaiters(l, func(w waitEntry) bool { return w.Deadline <= s.now })
+}
+
+// dropWaiters removes the entries of l's queue that drop reports, keeping
+// the others in order; the lock itself is left alone.
+func (s *replicated) dropWaiters(l *lockState, drop func(waitEntry) bool) {
 	kept := l.queue[:0]
 	for _, w := range l.queue {
-		if w.Deadline > s.now {
-			kept = append(kept, w)
-		} else {
+		if drop(w) {
 			s.queued--
+		} else {
+			kept = append(kept, w)
 		}
 	}
 	clear(l.queue[len(kept):])

@@ -77,10 +77,6 @@ type ModelRun struct {
 	ShortSteps int    // per seed with -short
 	// New returns a fresh wrapper with the given limits.
 	New func(Limits) Wrapper
-	// NoConnectionDrops, when not empty, is why the wrapper's clients
-	// never drop their connection: a known defect of the wrapper's mode,
-	// which the run reports in its log instead of failing on.
-	NoConnectionDrops string
 }
 
 // CheckModel runs the model check on every seed of ModelSeeds (or the one
@@ -103,7 +99,6 @@ func CheckModel(t *testing.T, run ModelRun) {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) {
 			t.Parallel()
 			m := NewModel(seed, run.New)
-			m.noDrops = run.NoConnectionDrops != ""
 			start := time.Now()
 			if err := m.Run(steps); err != nil {
 				t.Fatalf("seed %d: %v\nreproduce: go test %s -run 'TestModelCheck$' -model.seed=%d -model.steps=%d",
@@ -111,9 +106,6 @@ func CheckModel(t *testing.T, run ModelRun) {
 			}
 			t.Logf("seed %d: %d steps in %v, simulated %v; %s; trace %016x",
 				seed, steps, time.Since(start).Round(time.Millisecond), m.now, m.counts, m.Trace())
-			if m.noDrops {
-				t.Logf("clients never dropped their connection: %s", run.NoConnectionDrops)
-			}
 			m.mustHaveExercised(t)
 		})
 	}
@@ -146,7 +138,7 @@ func (m *Model) mustHaveExercised(t *testing.T) {
 		"lost releases": c.lostReleases, "cancelled waits": c.cancelled,
 		"renewals": c.renewed, "late renewals refused": c.renewalsRefused,
 	} {
-		if n == 0 && !(m.noDrops && name == "cancelled waits") {
+		if n == 0 {
 			t.Errorf("the run never produced %s", name)
 		}
 	}
@@ -191,7 +183,6 @@ type Model struct {
 	w            Wrapper
 	instrumented Instrumented // nil unless w is one
 	limited      bool         // Busy is a valid answer
-	noDrops      bool         // ModelRun.NoConnectionDrops
 	now          time.Duration
 
 	locks     map[modelKey]*modelLock
@@ -265,9 +256,7 @@ func (m *Model) step() error {
 	case p < 58:
 		m.pause(c)
 	case p < 61:
-		if !m.noDrops {
-			err = m.dropConnection(c)
-		}
+		err = m.dropConnection(c)
 	case p < 63:
 		err = m.cancelFinished()
 	case p < 67:
