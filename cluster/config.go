@@ -51,9 +51,14 @@ const (
 type Config struct {
 	NodeID   uint64            // this node's replica id, a key of Peers
 	RaftAddr string            // this node's Raft address; must equal Peers[NodeID]
-	Peers    map[uint64]string // every node, itself included: 3 or 5
+	Peers    map[uint64]string // the groups' first members, itself included: 3 or 5 (see Join)
 	DataDir  string            // NodeHost directory; the same dir on restart rejoins
 	Groups   int               // Raft groups, fixed at bootstrap (default 3)
+	// Join starts a node new to a running cluster: its groups start
+	// empty and wait until a member adds it (Node.AddMember), and Peers
+	// needs only its own entry. A restart, joined or not, takes the
+	// membership from the log.
+	Join bool
 
 	RTT                time.Duration // network round trip (default 10 ms)
 	ElectionRTT        uint64        // election timeout in RTTs (default 30)

@@ -183,10 +183,10 @@ const (
 // goroutines, each connected to a random process, and what it recorded:
 // every claim, every answer by op and every E by reason.
 type lockTraffic struct {
-	procs []*proc
-	keys  []string
+	keys []string
 
 	mu      sync.Mutex
+	procs   []*proc // what the workers connect to
 	history []interval
 	stats   map[byte]int
 	errors  map[codec.Reason]int
@@ -199,13 +199,27 @@ type lockTraffic struct {
 }
 
 func startLockTraffic(procs []*proc, keys []string, workers int) *lockTraffic {
-	lt := &lockTraffic{procs: procs, keys: keys, stats: map[byte]int{},
+	lt := &lockTraffic{procs: slices.Clone(procs), keys: keys, stats: map[byte]int{},
 		errors: map[codec.Reason]int{}, stop: make(chan struct{})}
 	for w := range workers {
 		lt.wg.Add(1)
 		go lt.worker(w)
 	}
 	return lt
+}
+
+// pick is a random process to connect to (a dead one fails to connect).
+func (lt *lockTraffic) pick(rng *rand.Rand) *proc {
+	lt.mu.Lock()
+	defer lt.mu.Unlock()
+	return lt.procs[rng.IntN(len(lt.procs))]
+}
+
+// serveThrough makes the traffic connect to p too (a node added later).
+func (lt *lockTraffic) serveThrough(p *proc) {
+	lt.mu.Lock()
+	defer lt.mu.Unlock()
+	lt.procs = append(lt.procs, p)
 }
 
 // awaitGrants waits until the traffic has recorded n more claims than
@@ -261,7 +275,7 @@ func (lt *lockTraffic) worker(w int) {
 		}
 		if c == nil {
 			var err error
-			if c, err = lt.procs[rng.IntN(len(lt.procs))].connect(); err != nil {
+			if c, err = lt.pick(rng).connect(); err != nil {
 				c = nil
 				time.Sleep(20 * time.Millisecond)
 				continue
