@@ -229,6 +229,9 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 		if raftTLSFlags != 0 {
 			return o, errors.New("--raft-tls-cert, --raft-tls-key and --raft-tls-ca need --cluster")
 		}
+		if cc.Join {
+			return o, errors.New("--join needs --cluster")
+		}
 		return o, nil
 	}
 	// A node's Raft state is never put in the single-mode default.
