@@ -151,3 +151,58 @@ func TestMembershipRefusals(t *testing.T) {
 		t.Fatalf("members: %v", got)
 	}
 }
+
+// A node added after bootstrap is watched like the first members: when it
+// dies, the group leader drops its queued waiters, and the lock goes to a
+// live waiter at its release.
+func TestAddedNodesWaitersAreDroppedWhenItDies(t *testing.T) {
+	tc := newTestCluster(t, 3, func(c *Config) { c.FixedLeaders = true })
+	n4 := tc.join(4)
+	mustChange(t, "add node 4", func(ctx context.Context) error { return tc.node(1).AddMember(ctx, 4, n4.cfg.RaftAddr) })
+	tc.waitReady()
+	rec := newRecorder()
+	const key = "members/dies"
+	leader := tc.leaderOf(key)
+	holder := acquire(t, tc.node(leader), rec, 1, key, time.Minute, 0)
+	if holder.Outcome != engine.Granted {
+		t.Fatal(holder)
+	}
+	startAcquire(t, n4, rec, 2, key, time.Minute, 30*time.Second)
+	waitUntil(t, 10*time.Second, "node 4's waiter queued", func() bool { return queueLen(tc.node(leader), key) == 1 })
+	live := 1 + leader%3
+	startAcquire(t, tc.node(live), rec, 3, key, time.Minute, 30*time.Second)
+	waitUntil(t, 10*time.Second, "the live waiter queued", func() bool { return queueLen(tc.node(leader), key) == 2 })
+
+	tc.stop(4)
+	waitUntil(t, 10*time.Second, "the dead node 4's waiter dropped", func() bool { return queueLen(tc.node(leader), key) == 1 })
+	if r := release(t, tc.node(leader), rec, 4, key, holder.Token); r.Outcome != engine.Released {
+		t.Fatalf("release: %+v", r)
+	}
+	if r := rec.wait(t, 3, 10*time.Second); r.Outcome != engine.Granted || r.Token <= holder.Token {
+		t.Fatalf("the live waiter after the release: %+v", r)
+	}
+}
+
+// The liveness record takes a peer at its first message and keeps a
+// bounded number of them.
+func TestPeerLivenessTakesNewPeers(t *testing.T) {
+	var l peerLiveness
+	l.init(1, map[uint64]string{1: "a", 2: "b"})
+	if _, self := l.snapshot()[1]; self || l.snapshot()[2] == nil {
+		t.Fatalf("initial peers: %v", l.snapshot())
+	}
+	l.heard(9, 5*time.Second)
+	if at := l.snapshot()[9]; at == nil || at.Load() != int64(5*time.Second) {
+		t.Fatal("a new peer's first message was not recorded")
+	}
+	for id := uint64(100); id < 200; id++ {
+		l.heard(id, time.Second)
+	}
+	if len(l.snapshot()) != maxHeardPeers {
+		t.Fatalf("%d peers recorded, want at most %d", len(l.snapshot()), maxHeardPeers)
+	}
+	l.heard(2, 7*time.Second)
+	if l.snapshot()[2].Load() != int64(7*time.Second) {
+		t.Fatal("a known peer's message was not recorded once the record was full")
+	}
+}
