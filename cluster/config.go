@@ -101,8 +101,10 @@ type Config struct {
 
 	// ForgetAfter is how long a group leader waits, hearing nothing from a
 	// peer, before it drops that peer's queued waiters (cmdForget), so
-	// that a freed lock goes to a live waiter; default two election
-	// timeouts.
+	// that a freed lock goes to a live waiter; default one election
+	// timeout: the silence after which Raft takes a leader for dead, so a
+	// group that elects a new leader drops the old one's waiters in the
+	// same batch as the first lease ends it proposes.
 	ForgetAfter time.Duration
 
 	// RaftTLS, when set, runs the Raft transport over mutual TLS
@@ -128,7 +130,7 @@ func (c *Config) applyDefaults() error {
 		c.AttemptTimeout = max(100*time.Millisecond, 2*time.Duration(c.ElectionRTT)*c.RTT)
 	}
 	if c.ForgetAfter <= 0 {
-		c.ForgetAfter = 2 * time.Duration(c.ElectionRTT) * c.RTT
+		c.ForgetAfter = time.Duration(c.ElectionRTT) * c.RTT
 	}
 	if c.HeartbeatRTT == 0 {
 		c.HeartbeatRTT = DefaultHeartbeatRTT
