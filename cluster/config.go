@@ -51,9 +51,14 @@ const (
 type Config struct {
 	NodeID   uint64            // this node's replica id, a key of Peers
 	RaftAddr string            // this node's Raft address; must equal Peers[NodeID]
-	Peers    map[uint64]string // every node, itself included: 3 or 5
+	Peers    map[uint64]string // the groups' first members, itself included: 3 or 5 (see Join)
 	DataDir  string            // NodeHost directory; the same dir on restart rejoins
 	Groups   int               // Raft groups, fixed at bootstrap (default 3)
+	// Join starts a node new to a running cluster: its groups start
+	// empty and wait until a member adds it (Node.AddMember), and Peers
+	// needs only its own entry. A restart, joined or not, takes the
+	// membership from the log.
+	Join bool
 
 	RTT                time.Duration // network round trip (default 10 ms)
 	ElectionRTT        uint64        // election timeout in RTTs (default 30)
@@ -96,8 +101,10 @@ type Config struct {
 
 	// ForgetAfter is how long a group leader waits, hearing nothing from a
 	// peer, before it drops that peer's queued waiters (cmdForget), so
-	// that a freed lock goes to a live waiter; default two election
-	// timeouts.
+	// that a freed lock goes to a live waiter; default one election
+	// timeout: the silence after which Raft takes a leader for dead, so a
+	// group that elects a new leader drops the old one's waiters in the
+	// same batch as the first lease ends it proposes.
 	ForgetAfter time.Duration
 
 	// RaftTLS, when set, runs the Raft transport over mutual TLS
@@ -123,7 +130,7 @@ func (c *Config) applyDefaults() error {
 		c.AttemptTimeout = max(100*time.Millisecond, 2*time.Duration(c.ElectionRTT)*c.RTT)
 	}
 	if c.ForgetAfter <= 0 {
-		c.ForgetAfter = 2 * time.Duration(c.ElectionRTT) * c.RTT
+		c.ForgetAfter = time.Duration(c.ElectionRTT) * c.RTT
 	}
 	if c.HeartbeatRTT == 0 {
 		c.HeartbeatRTT = DefaultHeartbeatRTT

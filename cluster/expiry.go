@@ -103,7 +103,7 @@ func (n *Node) moveLeader(g *group, to uint64) {
 // lock: the drop only decides who is next in a queue.
 func (g *group) forgetSilentPeers(now time.Duration) {
 	n := g.n
-	for peer, heard := range n.heard {
+	for peer, heard := range n.liveness.snapshot() {
 		silent := now-time.Duration(heard.Load()) > n.cfg.ForgetAfter
 		switch {
 		case !silent:
@@ -111,11 +111,7 @@ func (g *group) forgetSilentPeers(now time.Duration) {
 		case !g.forgotten[peer]:
 			g.forgotten[peer] = true
 			n.log.Info().Uint64("group", g.shardID).Uint64("peer", peer).Msg("dropping the queued waiters of a silent node")
-			g.mu.Lock()
-			g.buf = appendForget(g.buf, peer, 1, 0)
-			g.count++
-			g.mu.Unlock()
-			g.propose()
+			g.queueForget(peer)
 		}
 	}
 }

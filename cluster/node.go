@@ -58,8 +58,7 @@ type Node struct {
 
 	tenants engine.Tenants // commands carry names: Namespaces are local to a process
 
-	// heard is when (node clock) a Raft message last came from each peer.
-	heard map[uint64]*atomic.Int64
+	liveness peerLiveness
 
 	shutting atomic.Bool
 	stats    nodeStats
@@ -148,12 +147,7 @@ func Start(cfg Config) (*Node, error) {
 		waiters:  engine.NewAdmissionGate(cfg.MaxWaiters),
 		quotas:   engine.NewTenantQuotas(cfg.TenantLimits),
 	}
-	n.heard = make(map[uint64]*atomic.Int64, len(cfg.Peers))
-	for id := range cfg.Peers {
-		if id != cfg.NodeID {
-			n.heard[id] = new(atomic.Int64) // heard of at start: the clock's 0
-		}
-	}
+	n.liveness.init(cfg.NodeID, cfg.Peers)
 	var seed [8]byte
 	if _, err := rand.Read(seed[:]); err != nil {
 		return nil, err
@@ -207,16 +201,19 @@ func Start(cfg Config) (*Node, error) {
 			CompactionOverhead: cfg.CompactionOverhead,
 			MaxInMemLogSize:    cfg.MaxInMemLogSize,
 		}
-		initial := members
-		if nh.HasNodeInfo(g.shardID, cfg.NodeID) {
+		initial, join := members, false
+		switch {
+		case nh.HasNodeInfo(g.shardID, cfg.NodeID):
 			initial = nil // a restart: membership comes from the log
+		case cfg.Join:
+			initial, join = nil, true // membership comes from the leader that adds us
 		}
 		create := func(uint64, uint64) sm.IStateMachine {
 			f := newFSM(g, cfg.FirstToken)
 			g.fsm.Store(f)
 			return f
 		}
-		if err := nh.StartReplica(initial, false, create, rc); err != nil {
+		if err := nh.StartReplica(initial, join, create, rc); err != nil {
 			nh.Close()
 			return nil, fmt.Errorf("cluster: start group %d: %w", g.shardID, err)
 		}
@@ -308,11 +305,7 @@ func (n *Node) nextID() uint64 { return n.idBase.Add(1) | 1<<63 }
 const runIDSpan = 1 << 40
 
 // heardFrom records a Raft message from replica (the transport's hook).
-func (n *Node) heardFrom(replica uint64) {
-	if at := n.heard[replica]; at != nil {
-		at.Store(int64(n.clock()))
-	}
-}
+func (n *Node) heardFrom(replica uint64) { n.liveness.heard(replica, n.clock()) }
 
 // ownRun reports whether id was issued by this run of the node: a grant to
 // an id of a previous run may have been delivered, so it must not be

@@ -171,6 +171,16 @@ func (g *group) send(ctx context.Context, b *bytebufferpool.ByteBuffer, deadline
 			n.stats.proposeFailures.Add(1)
 			return false
 		}
+		if g.n.Leader(g.idx) == 0 {
+			// No leader known (an election, or a node waiting to be
+			// added): dragonboat would drop the proposal with a warning.
+			n.stats.proposeRetries.Add(1)
+			select {
+			case <-ctx.Done():
+			case <-time.After(n.cfg.RTT):
+			}
+			continue
+		}
 		leaderChanged := *g.newLeader.Load()
 		// dragonboat refuses a timeout under one tick (one RTT): a batch
 		// close to its deadline still gets a whole attempt. Its requests

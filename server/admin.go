@@ -57,6 +57,9 @@ func startAdmin(s *Server) (*adminServer, error) {
 	})
 	// A family that fails to gather is logged and left out; the rest is
 	// still served.
+	for pattern, h := range s.cfg.AdminRoutes {
+		mux.Handle(pattern, h)
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: metricsLogger{s.log}, ErrorHandling: promhttp.ContinueOnError}))
 	a := &adminServer{
 		addr: ln.Addr().String(),

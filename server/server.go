@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"runtime"
 	"sync"
@@ -91,6 +92,10 @@ type Config struct {
 	// AdminIdleTimeout closes an admin keep-alive connection idle this
 	// long; 0 means DefaultAdminIdleTimeout.
 	AdminIdleTimeout time.Duration
+	// AdminRoutes are more admin endpoints, by mux pattern ("/v1/x/"),
+	// served beside /healthz, /metrics and the lock inspection (cluster
+	// mode mounts its membership endpoint here).
+	AdminRoutes map[string]http.Handler
 	// DrainGrace is how long Close keeps the ports open after the drain
 	// began, /healthz answering 503 all along. Zero closes them as soon
 	// as the queued waiters were answered.

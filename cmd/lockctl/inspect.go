@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -33,21 +34,26 @@ const (
 	adminTimeout = 10 * time.Second
 )
 
-// isInspection reports whether command reads the admin endpoint.
-func isInspection(command string) bool { return command == "status" || command == "list" }
+// usesAdmin reports whether command talks to the admin endpoint rather
+// than the lock port.
+func usesAdmin(command string) bool {
+	return command == "status" || command == "list" || command == "cluster"
+}
 
-// defineInspectionFlags defines the flags of status and list over o.
-func defineInspectionFlags(fs *flag.FlagSet, command string, o *options) {
+// defineAdminFlags defines the flags of status, list and cluster over o.
+func defineAdminFlags(fs *flag.FlagSet, command string, o *options) {
 	fs.StringVar(&o.admin, "admin", defaultAdmin, "`HOST:PORT` of lockd's admin endpoint (lockd --admin)")
-	fs.StringVar(&o.tenant, "tenant", "", "tenant `name` whose locks to show; empty means \"default\", the tenant of clients that send no HELLO")
+	if command != "cluster" {
+		fs.StringVar(&o.tenant, "tenant", "", "tenant `name` whose locks to show; empty means \"default\", the tenant of clients that send no HELLO")
+	}
 	fs.BoolVar(&o.asJSON, "json", false, "print the server's JSON answer as it came")
 	if command == "list" {
 		fs.IntVar(&o.limit, "limit", defaultListLimit, "list at most `n` keys, 1..1000")
 	}
 }
 
-// checkInspection refuses inspection flag values the server would refuse.
-func (o *options) checkInspection(command string) error {
+// checkAdmin refuses admin flag values the server would refuse.
+func (o *options) checkAdmin(command string) error {
 	if _, _, err := net.SplitHostPort(o.admin); err != nil {
 		return fmt.Errorf("--admin %q: want HOST:PORT", o.admin)
 	}
@@ -82,7 +88,7 @@ func runStatus(ctx context.Context, o *options, key string, p proc) int {
 	}
 	path := "/v1/locks/" + url.PathEscape(o.inspectedTenant()) + "/" + url.PathEscape(key)
 	var one lockStatus
-	return inspect(ctx, o, "status", path, &one, p, func(w io.Writer) { printLocks(w, []lockStatus{one}) })
+	return askAdmin(ctx, o, "status", adminRequest{method: http.MethodGet, path: path, timeout: adminTimeout}, &one, p, func(w io.Writer) { printLocks(w, []lockStatus{one}) })
 }
 
 func runList(ctx context.Context, o *options, prefix string, p proc) int {
@@ -96,18 +102,25 @@ func runList(ctx context.Context, o *options, prefix string, p proc) int {
 	}
 	path := "/v1/locks/" + url.PathEscape(o.inspectedTenant()) + "?" + query.Encode()
 	var list []lockStatus
-	return inspect(ctx, o, "list", path, &list, p, func(w io.Writer) { printLocks(w, list) })
+	return askAdmin(ctx, o, "list", adminRequest{method: http.MethodGet, path: path, timeout: adminTimeout}, &list, p, func(w io.Writer) { printLocks(w, list) })
 }
 
-// inspect GETs path from the admin endpoint, decodes the answer into v and
+// adminRequest is one request to the admin endpoint.
+type adminRequest struct {
+	method, path string
+	body         []byte // JSON, or nil
+	timeout      time.Duration
+}
+
+// askAdmin sends req to the admin endpoint, decodes the answer into v and
 // prints it with print, or as it came with --json. A signal ends the
 // request.
-func inspect(ctx context.Context, o *options, command, path string, v any, p proc, print func(io.Writer)) int {
+func askAdmin(ctx context.Context, o *options, command string, req adminRequest, v any, p proc, print func(io.Writer)) int {
 	ctx, interrupted := untilSignal(ctx, p.signals)
 	defer interrupted()
-	ctx, cancel := context.WithTimeout(ctx, adminTimeout)
+	ctx, cancel := context.WithTimeout(ctx, req.timeout)
 	defer cancel()
-	body, err := getAdmin(ctx, "http://"+o.admin+path)
+	body, err := callAdmin(ctx, req.method, "http://"+o.admin+req.path, req.body)
 	if err == nil && !o.asJSON {
 		if err = json.Unmarshal(body, v); err != nil {
 			err = fmt.Errorf("the answer of --admin %s is not lockd's: %w", o.admin, err)
@@ -125,12 +138,19 @@ func inspect(ctx context.Context, o *options, command, path string, v any, p pro
 	return exitOK
 }
 
-// getAdmin returns the body of a 200 answer, or an error with the
+// callAdmin returns the body of a 200 answer, or an error with the
 // server's own message.
-func getAdmin(ctx context.Context, u string) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+func callAdmin(ctx context.Context, method, u string, reqBody []byte) ([]byte, error) {
+	var rd io.Reader
+	if reqBody != nil {
+		rd = bytes.NewReader(reqBody)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
 	if err != nil {
 		return nil, err
+	}
+	if reqBody != nil {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

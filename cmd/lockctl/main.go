@@ -33,12 +33,21 @@ const usage = `usage:
   lockctl exec [flags] KEY -- CMD [ARG…]  run CMD while holding KEY
   lockctl status [flags] KEY              show KEY: held, token, lease left, waiters
   lockctl list [flags] [PREFIX]           the held or waited-for keys, sorted
+  lockctl cluster [flags] list            a cluster's nodes, per Raft group
+  lockctl cluster [flags] add ID RAFT_ADDR  add node ID to every group
+  lockctl cluster [flags] remove ID       remove node ID from every group
   lockctl --version
 
 status and list ask lockd's admin endpoint (--admin), which needs no
 secret; --tenant names the tenant whose locks to show. In cluster mode the
 node asked answers from its replica of the keys' groups and says so in
 the NODE column.
+
+cluster asks a cluster node's admin endpoint too. To add a node, start it
+first with lockd serve --cluster --join and an empty --data-dir, then add
+it; to replace a dead node, remove it and add a new one with a new id (a
+removed id never comes back). A change that stops half-way (a group
+without a leader for a minute) is finished by the same command again.
 
 exec runs CMD in its own process group with the fencing token in
 LOCKD_TOKEN and the key in LOCKD_KEY, and relays SIGINT, SIGTERM, SIGHUP
@@ -111,8 +120,8 @@ type proc struct {
 // commandArgs is how many arguments each command takes after its flags,
 // at least; optionalArgs how many more it may take.
 var (
-	commandArgs  = map[string]int{"acquire": 1, "release": 2, "exec": 2, "status": 1, "list": 0}
-	optionalArgs = map[string]int{"list": 1}
+	commandArgs  = map[string]int{"acquire": 1, "release": 2, "exec": 2, "status": 1, "list": 0, "cluster": 1}
+	optionalArgs = map[string]int{"list": 1, "cluster": 2}
 )
 
 func run(ctx context.Context, args []string, lookupEnv func(string) (string, bool), p proc) int {
@@ -163,6 +172,8 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 			prefix = rest[0]
 		}
 		return runList(ctx, o, prefix, p)
+	case "cluster":
+		return runCluster(ctx, o, rest, p)
 	}
 	argv := rest[1:]
 	if argv[0] == "--" {
@@ -177,7 +188,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 
 // printHelp is lockctl --help: the usage, then every flag, once.
 func printHelp(w io.Writer) {
-	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant, --secret-file and the --tls ones; --grace and --keepalive are exec's; status and list take only --admin, --tenant and --json, and list --limit):\n", usage)
+	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant, --secret-file and the --tls ones; --grace and --keepalive are exec's; status and list take only --admin, --tenant and --json, and list --limit; cluster only --admin and --json):\n", usage)
 	exec := newFlagSet("exec", &options{})
 	envflag.PrintFlags(w, exec)
 	inspection := flag.NewFlagSet("inspection", flag.ContinueOnError)
@@ -210,8 +221,8 @@ func newFlagSet(command string, o *options) *flag.FlagSet {
 	o.addrs = addrList{addrs: []string{"127.0.0.1:7420"}, replace: true}
 	fs := flag.NewFlagSet("lockctl "+command, flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are returned, help is printed by run
-	if isInspection(command) {
-		defineInspectionFlags(fs, command, o)
+	if usesAdmin(command) {
+		defineAdminFlags(fs, command, o)
 		return fs
 	}
 	fs.Var(&o.addrs, "addr", "server address `HOST:PORT`; repeat or separate with commas for several")
@@ -256,8 +267,8 @@ func (o *options) check(command string) error {
 	if o.tenant != "" && !codec.ValidTenant([]byte(o.tenant)) {
 		return fmt.Errorf("--tenant %q: want 1..32 bytes of [A-Za-z0-9._-]", o.tenant)
 	}
-	if isInspection(command) {
-		return o.checkInspection(command)
+	if usesAdmin(command) {
+		return o.checkAdmin(command)
 	}
 	if len(o.addrs.addrs) == 0 {
 		return errors.New("--addr: no address")

@@ -19,6 +19,16 @@ func TestClusterFlags(t *testing.T) {
 		c.DataDir != "/tmp/x" || c.Groups != 8 || c.RTT != 5*time.Millisecond || c.ProposeTimeout != 3*time.Second {
 		t.Fatalf("cluster flags: %+v", o)
 	}
+	if o.clusterCfg.Join {
+		t.Fatal("--join set without the flag")
+	}
+	o, err = parseServeOptions([]string{"--cluster", "--node-id", "4", "--peers", "4=127.0.0.1:7454", "--data-dir", "d", "--join"}, none)
+	if err != nil || !o.clusterCfg.Join || o.clusterCfg.Peers[4] != "127.0.0.1:7454" {
+		t.Fatalf("--join with only its own peer entry: %+v %v", o.clusterCfg, err)
+	}
+	if _, err := parseServeOptions([]string{"--join"}, none); err == nil || !strings.Contains(err.Error(), "--cluster") {
+		t.Fatalf("--join in single mode: %v", err)
+	}
 	if _, err := parseServeOptions([]string{"--cluster", "--node-id", "1"}, none); err == nil ||
 		!strings.Contains(err.Error(), "--peers") {
 		t.Fatalf("missing cluster flags: %v", err)

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -122,6 +123,7 @@ func serve(opts serveOptions, level zerolog.Level) error {
 		}
 		defer node.Close()
 		cfg.Backend = node
+		cfg.AdminRoutes = map[string]http.Handler{cluster.AdminPrefix: node.MembersHandler()}
 	}
 	srv, err := server.Start(cfg)
 	if err != nil {
@@ -188,7 +190,8 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.BoolVar(&o.cluster, "cluster", false, "run as a node of a Raft-replicated cluster")
 	fs.Uint64Var(&cc.NodeID, "node-id", 0, "cluster: this node's id, a key of --peers")
 	fs.StringVar(&cc.RaftAddr, "raft-addr", "", "cluster: this node's Raft address (default: its --peers entry)")
-	fs.StringVar(&peers, "peers", "", "cluster: every node as id=host:port, comma-separated (3 or 5 nodes)")
+	fs.StringVar(&peers, "peers", "", "cluster: every node as id=host:port, comma-separated (3 or 5 nodes); with --join, this node's entry is enough")
+	fs.BoolVar(&cc.Join, "join", false, "cluster: this node is new to a running cluster: start empty and wait until a member adds it (lockctl cluster add)")
 	fs.StringVar(&cfg.DataDir, "data-dir", server.DefaultDataDir, "single mode: keeps the fencing-token mark, so tokens grow across restarts ('' runs volatile); cluster: the Raft log and snapshots, restarting with it rejoins; cluster mode needs it given explicitly")
 	fs.IntVar(&cc.Groups, "groups", cluster.DefaultGroups, "cluster: Raft groups, fixed at bootstrap")
 	fs.IntVar(&rttMs, "rtt-ms", int(cluster.DefaultRTT/time.Millisecond), "cluster: network round trip in ms (election timeout is 30-60 RTTs, heartbeat every 5)")
@@ -225,6 +228,9 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	if !o.cluster {
 		if raftTLSFlags != 0 {
 			return o, errors.New("--raft-tls-cert, --raft-tls-key and --raft-tls-ca need --cluster")
+		}
+		if cc.Join {
+			return o, errors.New("--join needs --cluster")
 		}
 		return o, nil
 	}

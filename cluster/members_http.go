@@ -1,0 +1,98 @@
+package cluster
+
+// This file owns the membership endpoint the admin HTTP server mounts in
+// cluster mode:
+//
+//	GET    /v1/cluster/members        every group's members, merged by node
+//	POST   /v1/cluster/members        {"id": N, "raft_addr": "host:port"}: add N to every group
+//	DELETE /v1/cluster/members/{id}   remove id from every group
+//
+// A change answers the membership after it. The admin endpoint has no
+// authentication and stays on loopback unless the operator opens it.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// AdminPrefix is the admin path MembersHandler is mounted at; MembersPath
+// is where it serves.
+const (
+	AdminPrefix = "/v1/cluster/"
+	MembersPath = AdminPrefix + "members"
+)
+
+// memberRequestTimeout bounds one membership request: a change goes
+// through every group in turn, each under memberTimeout, and is repeated
+// from where it stopped when it runs out.
+const memberRequestTimeout = time.Minute
+
+// MembersHandler serves the membership endpoint of this node.
+func (n *Node) MembersHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+MembersPath, func(w http.ResponseWriter, r *http.Request) {
+		n.answerMembers(w, r, nil)
+	})
+	mux.HandleFunc("POST "+MembersPath, func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			ID       uint64 `json:"id"`
+			RaftAddr string `json:"raft_addr"`
+		}
+		dec := json.NewDecoder(io.LimitReader(r.Body, 4096))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil || req.ID == 0 || req.RaftAddr == "" {
+			writeMembersError(w, http.StatusBadRequest, `want {"id": N >= 1, "raft_addr": "host:port"}`)
+			return
+		}
+		n.answerMembers(w, r, func(ctx context.Context) error { return n.AddMember(ctx, req.ID, req.RaftAddr) })
+	})
+	mux.HandleFunc("DELETE "+MembersPath+"/{id}", func(w http.ResponseWriter, r *http.Request) {
+		id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
+		if err != nil || id == 0 {
+			writeMembersError(w, http.StatusBadRequest, fmt.Sprintf("node id %q: want a number >= 1", r.PathValue("id")))
+			return
+		}
+		n.answerMembers(w, r, func(ctx context.Context) error { return n.RemoveMember(ctx, id) })
+	})
+	return mux
+}
+
+// answerMembers runs change, if any, then answers the membership.
+func (n *Node) answerMembers(w http.ResponseWriter, r *http.Request, change func(context.Context) error) {
+	ctx, cancel := context.WithTimeout(r.Context(), memberRequestTimeout)
+	defer cancel()
+	// The admin server's write timeout is sized for scrapes.
+	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(memberRequestTimeout + 5*time.Second))
+	if change != nil {
+		if err := change(ctx); err != nil {
+			code := http.StatusServiceUnavailable
+			if errors.Is(err, ErrMemberExists) || errors.Is(err, ErrMemberRemoved) || errors.Is(err, ErrRemoveSelf) {
+				code = http.StatusConflict
+			}
+			writeMembersError(w, code, err.Error())
+			return
+		}
+	}
+	m, err := n.Members(ctx)
+	if err != nil {
+		writeMembersError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(m)
+}
+
+func writeMembersError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_ = json.NewEncoder(w).Encode(struct {
+		Error string `json:"error"`
+	}{msg})
+}

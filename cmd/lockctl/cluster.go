@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// cluster list|add|remove reads and changes a cluster's membership through
+// one node's admin endpoint (/v1/cluster/members). A change goes through
+// every Raft group in turn; one that stops half-way is finished by the
+// same command again.
+
+// clusterTimeout bounds a membership change: the node itself gives up
+// after a minute.
+const clusterTimeout = 70 * time.Second
+
+// clusterMembers is the admin endpoint's membership answer.
+type clusterMembers struct {
+	Node    uint64 `json:"node"`
+	Groups  int    `json:"groups"`
+	Members []struct {
+		ID       uint64 `json:"id"`
+		RaftAddr string `json:"raft_addr"`
+		Groups   int    `json:"groups"`
+		LeaderOf []int  `json:"leader_of"`
+	} `json:"members"`
+	Removed []uint64 `json:"removed"`
+}
+
+func runCluster(ctx context.Context, o *options, args []string, p proc) int {
+	req := adminRequest{method: http.MethodGet, path: "/v1/cluster/members", timeout: adminTimeout}
+	want := map[string]int{"list": 1, "add": 3, "remove": 2}
+	if n, ok := want[args[0]]; !ok || len(args) != n {
+		fmt.Fprintf(p.err, "lockctl cluster: want list, add ID RAFT_ADDR or remove ID\n")
+		return exitUsage
+	}
+	switch args[0] {
+	case "add", "remove":
+		id, err := strconv.ParseUint(args[1], 10, 64)
+		if err != nil || id == 0 {
+			fmt.Fprintf(p.err, "lockctl cluster %s: node id %q: want a number >= 1\n", args[0], args[1])
+			return exitUsage
+		}
+		req.timeout = clusterTimeout
+		if args[0] == "remove" {
+			req.method, req.path = http.MethodDelete, req.path+"/"+args[1]
+			break
+		}
+		if _, _, err := net.SplitHostPort(args[2]); err != nil {
+			fmt.Fprintf(p.err, "lockctl cluster add: raft address %q: want HOST:PORT\n", args[2])
+			return exitUsage
+		}
+		req.method = http.MethodPost
+		req.body, _ = json.Marshal(struct {
+			ID       uint64 `json:"id"`
+			RaftAddr string `json:"raft_addr"`
+		}{id, args[2]})
+	}
+	var m clusterMembers
+	return askAdmin(ctx, o, "cluster "+args[0], req, &m, p, func(w io.Writer) { printMembers(w, m) })
+}
+
+// printMembers writes the membership as a table; a node in fewer groups
+// than all is in the middle of a change.
+func printMembers(w io.Writer, m clusterMembers) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tRAFT ADDRESS\tGROUPS\tLEADER OF")
+	for _, mb := range m.Members {
+		leads := make([]string, len(mb.LeaderOf))
+		for i, g := range mb.LeaderOf {
+			leads[i] = strconv.Itoa(g)
+		}
+		groups := fmt.Sprintf("%d/%d", mb.Groups, m.Groups)
+		if mb.Groups != m.Groups {
+			groups += " (change under way or stopped: repeat it)"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", mb.ID, mb.RaftAddr, groups, strings.Join(leads, ","))
+	}
+	_ = tw.Flush()
+	if len(m.Removed) > 0 {
+		ids := make([]string, len(m.Removed))
+		for i, id := range m.Removed {
+			ids[i] = strconv.FormatUint(id, 10)
+		}
+		fmt.Fprintf(w, "removed (their ids cannot come back): %s\n", strings.Join(ids, ","))
+	}
+}

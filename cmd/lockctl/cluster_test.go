@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lockd/lockd/cluster"
+	"github.com/lockd/lockd/server"
+)
+
+// startClusterNode starts a one-node cluster behind a lockd server with
+// the membership endpoint mounted, as lockd serve --cluster does, and
+// returns its admin address and raft address.
+func startClusterNode(t *testing.T) (admin, raft string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raft = ln.Addr().String()
+	ln.Close()
+	node, err := cluster.Start(cluster.Config{NodeID: 1, Peers: map[uint64]string{1: raft}, DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(node.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := node.WaitReady(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.Start(server.Config{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", Backend: node,
+		AdminRoutes: map[string]http.Handler{cluster.AdminPrefix: node.MembersHandler()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return srv.AdminAddr(), raft
+}
+
+// lockctl cluster list as a table and as the server's JSON, and the
+// changes a node refuses, with their messages.
+func TestClusterCommand(t *testing.T) {
+	admin, raft := startClusterNode(t)
+	code, out, errs := ctl{}.run("cluster", "--admin", admin, "list")
+	if code != exitOK || !strings.Contains(out, "NODE  RAFT ADDRESS") || !strings.Contains(out, fmt.Sprintf("1     %s  3/3     1,2,3", raft)) {
+		t.Fatalf("cluster list: exit %d\n%s%s", code, out, errs)
+	}
+	code, out, _ = ctl{env: map[string]string{"LOCKD_ADMIN": admin}}.run("cluster", "--json", "list")
+	var m cluster.Membership
+	if code != exitOK || json.Unmarshal([]byte(out), &m) != nil || m.Node != 1 || m.Groups != 3 || len(m.Members) != 1 || m.Members[0].Addr != raft {
+		t.Fatalf("cluster --json list: exit %d %q", code, out)
+	}
+	for _, tt := range []struct {
+		args []string
+		code int
+		says string
+	}{
+		{[]string{"cluster", "--admin", admin, "remove", "1"}, exitFailure, "cannot remove itself"},
+		{[]string{"cluster", "--admin", admin, "add", "1", "127.0.0.1:1"}, exitFailure, "already a member at another address"},
+		{[]string{"cluster", "--admin", admin}, exitUsage, "needs 1 arguments"},
+		{[]string{"cluster", "--admin", admin, "grow"}, exitUsage, "want list, add ID RAFT_ADDR or remove ID"},
+		{[]string{"cluster", "--admin", admin, "list", "x"}, exitUsage, "want list"},
+		{[]string{"cluster", "--admin", admin, "add", "4"}, exitUsage, "want list"},
+		{[]string{"cluster", "--admin", admin, "add", "x", "127.0.0.1:1"}, exitUsage, "node id"},
+		{[]string{"cluster", "--admin", admin, "add", "4", "noport"}, exitUsage, "HOST:PORT"},
+		{[]string{"cluster", "--admin", admin, "remove", "0"}, exitUsage, "node id"},
+		{[]string{"cluster", "--admin", admin, "--tenant", "t", "list"}, exitUsage, "-tenant"},
+		{[]string{"cluster", "--admin", deadAddr(t), "list"}, exitFailure, "--admin"},
+	} {
+		code, _, errs := ctl{}.run(tt.args...)
+		if code != tt.code || !strings.Contains(errs, tt.says) {
+			t.Errorf("%q: exit %d %q, want %d saying %q", tt.args, code, errs, tt.code, tt.says)
+		}
+	}
+}
+
+// A single-mode server has no membership endpoint: lockctl says the
+// answer came from something else.
+func TestClusterCommandOnSingleMode(t *testing.T) {
+	_, admin := startInspectable(t, nil)
+	code, _, errs := ctl{}.run("cluster", "--admin", admin, "list")
+	if code != exitFailure || !strings.Contains(errs, "404") {
+		t.Fatalf("cluster list on single mode: exit %d %q", code, errs)
+	}
+}
