@@ -101,10 +101,9 @@ type Config struct {
 
 	// ForgetAfter is how long a group leader waits, hearing nothing from a
 	// peer, before it drops that peer's queued waiters (cmdForget), so
-	// that a freed lock goes to a live waiter; default one election
-	// timeout: the silence after which Raft takes a leader for dead, so a
-	// group that elects a new leader drops the old one's waiters in the
-	// same batch as the first lease ends it proposes.
+	// that a freed lock goes to a live waiter; default two election
+	// timeouts. The group's previous leader is given one election timeout
+	// at most (expiry.go, forgetSilentPeers).
 	ForgetAfter time.Duration
 
 	// RaftTLS, when set, runs the Raft transport over mutual TLS
@@ -130,7 +129,7 @@ func (c *Config) applyDefaults() error {
 		c.AttemptTimeout = max(100*time.Millisecond, 2*time.Duration(c.ElectionRTT)*c.RTT)
 	}
 	if c.ForgetAfter <= 0 {
-		c.ForgetAfter = time.Duration(c.ElectionRTT) * c.RTT
+		c.ForgetAfter = 2 * time.Duration(c.ElectionRTT) * c.RTT
 	}
 	if c.HeartbeatRTT == 0 {
 		c.HeartbeatRTT = DefaultHeartbeatRTT

@@ -34,7 +34,7 @@ func (n *Node) expiryLoop(ctx context.Context) {
 				if g.leaderSeen != 0 {
 					close(*g.newLeader.Swap(new(make(chan struct{}))))
 				}
-				g.leaderSeen = leaderID
+				g.prevLeader, g.leaderSeen = g.leaderSeen, leaderID
 			}
 			leader := leaderID == n.cfg.NodeID
 			now := n.clock()
@@ -101,11 +101,22 @@ func (n *Node) moveLeader(g *group, to uint64) {
 // from the group (cmdForget), once until it is heard from again. A peer
 // that was only slow loses its waits, answered E unavailable, never a
 // lock: the drop only decides who is next in a queue.
+//
+// The group's previous leader is taken for dead after one election
+// timeout: that silence is what made this node leader, so its waiters go
+// in the same batch as the first lease ends the new leader proposes, not
+// to the head of a queue a lease later. (Followers do not talk to each
+// other, but an election or a leader transfer has every live voter answer
+// the candidate, so a new leader's record of its live peers is fresh.)
 func (g *group) forgetSilentPeers(now time.Duration) {
 	n := g.n
+	electionTimeout := time.Duration(n.cfg.ElectionRTT) * n.cfg.RTT
 	for peer, heard := range n.liveness.snapshot() {
-		silent := now-time.Duration(heard.Load()) > n.cfg.ForgetAfter
-		switch {
+		limit := n.cfg.ForgetAfter
+		if peer == g.prevLeader {
+			limit = min(limit, electionTimeout)
+		}
+		switch silent := now-time.Duration(heard.Load()) > limit; {
 		case !silent:
 			delete(g.forgotten, peer)
 		case !g.forgotten[peer]:

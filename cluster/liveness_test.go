@@ -66,3 +66,41 @@ func TestRestartedNodeDropsItsOldWaiters(t *testing.T) {
 		t.Fatalf("the restarted node's new waiter: %+v", r)
 	}
 }
+
+// A node that becomes a group's leader does not take the other follower
+// for dead, although as followers the two never talked: the transfer's
+// vote is answered by every live voter, and its waiter stays queued.
+func TestNewLeaderKeepsTheOtherFollowersWaiters(t *testing.T) {
+	tc := newTestCluster(t, 3, func(c *Config) { c.FixedLeaders = true })
+	groups := tc.cfgs[0].Groups
+	rec := newRecorder()
+	const key = "liveness/followers"
+	y := tc.leaderOf(key)
+	x, z := 1+y%3, 1+(y+1)%3
+	// Every group led by y: x and z are followers everywhere.
+	for g := range groups {
+		tc.transferLeader(keyInGroup("lead", g, groups), y)
+	}
+	nx := tc.node(x)
+	waitUntil(t, 20*time.Second, "node x's record of node z older than ForgetAfter", func() bool {
+		return nx.clock()-time.Duration(nx.liveness.snapshot()[z].Load()) > nx.cfg.ForgetAfter
+	})
+	holder := acquire(t, tc.node(y), rec, 1, key, time.Minute, 0)
+	if holder.Outcome != engine.Granted {
+		t.Fatal(holder)
+	}
+	startAcquire(t, tc.node(z), rec, 2, key, time.Minute, 30*time.Second)
+	waitUntil(t, 10*time.Second, "node z's waiter queued", func() bool { return queueLen(tc.node(y), key) == 1 })
+
+	tc.transferLeader(key, x)
+	since := nx.clock()
+	waitUntil(t, 20*time.Second, "node x leading for ForgetAfter", func() bool { return nx.clock()-since > 2*nx.cfg.ForgetAfter })
+	// A forget would have been proposed by node x before this marker.
+	commitMarker(t, tc, x, key, rec, 3)
+	if n := queueLen(nx, key); n != 1 {
+		t.Fatalf("the new leader dropped the live follower's waiter: %d queued", n)
+	}
+	if r, answered := rec.peek(2); answered {
+		t.Fatalf("node z's waiter was answered: %+v", r)
+	}
+}

@@ -19,6 +19,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/lockd/lockd/internal/adminjson"
 )
 
 // AdminPrefix is the admin path MembersHandler is mounted at; MembersPath
@@ -47,7 +49,7 @@ func (n *Node) MembersHandler() http.Handler {
 		dec := json.NewDecoder(io.LimitReader(r.Body, 4096))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&req); err != nil || req.ID == 0 || req.RaftAddr == "" {
-			writeMembersError(w, http.StatusBadRequest, `want {"id": N >= 1, "raft_addr": "host:port"}`)
+			adminjson.Error(w, http.StatusBadRequest, `want {"id": N >= 1, "raft_addr": "host:port"}`)
 			return
 		}
 		n.answerMembers(w, r, func(ctx context.Context) error { return n.AddMember(ctx, req.ID, req.RaftAddr) })
@@ -55,7 +57,7 @@ func (n *Node) MembersHandler() http.Handler {
 	mux.HandleFunc("DELETE "+MembersPath+"/{id}", func(w http.ResponseWriter, r *http.Request) {
 		id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
 		if err != nil || id == 0 {
-			writeMembersError(w, http.StatusBadRequest, fmt.Sprintf("node id %q: want a number >= 1", r.PathValue("id")))
+			adminjson.Error(w, http.StatusBadRequest, fmt.Sprintf("node id %q: want a number >= 1", r.PathValue("id")))
 			return
 		}
 		n.answerMembers(w, r, func(ctx context.Context) error { return n.RemoveMember(ctx, id) })
@@ -75,24 +77,14 @@ func (n *Node) answerMembers(w http.ResponseWriter, r *http.Request, change func
 			if errors.Is(err, ErrMemberExists) || errors.Is(err, ErrMemberRemoved) || errors.Is(err, ErrRemoveSelf) {
 				code = http.StatusConflict
 			}
-			writeMembersError(w, code, err.Error())
+			adminjson.Error(w, code, err.Error())
 			return
 		}
 	}
 	m, err := n.Members(ctx)
 	if err != nil {
-		writeMembersError(w, http.StatusServiceUnavailable, err.Error())
+		adminjson.Error(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	_ = json.NewEncoder(w).Encode(m)
-}
-
-func writeMembersError(w http.ResponseWriter, code int, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(struct {
-		Error string `json:"error"`
-	}{msg})
+	adminjson.Write(w, m)
 }

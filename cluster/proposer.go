@@ -57,6 +57,7 @@ type group struct {
 	pastRunsForgotten atomic.Bool
 	forgetSentAt      time.Duration   // expiry driver only
 	leaderSeen        uint64          // expiry driver only
+	prevLeader        uint64          // expiry driver only: the leader before leaderSeen
 	placement         leaderPlacement // expiry driver only
 	// newLeader is closed, and replaced, when the group's leader changes:
 	// proposals in flight then go out again at once (see watch).

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -10,6 +9,7 @@ import (
 
 	"github.com/lockd/lockd/codec"
 	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/internal/adminjson"
 )
 
 // Lock inspection over the admin endpoint, read-only:
@@ -53,32 +53,32 @@ func (s *Server) withLocks(next http.Handler) http.Handler {
 		}
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			w.Header().Set("Allow", "GET, HEAD")
-			writeJSONError(w, http.StatusMethodNotAllowed, "lock inspection is read-only: use GET")
+			adminjson.Error(w, http.StatusMethodNotAllowed, "lock inspection is read-only: use GET")
 			return
 		}
 		inspector, ok := s.backend.(engine.Inspector)
 		if !ok {
-			writeJSONError(w, http.StatusNotImplemented, "this backend cannot show its locks")
+			adminjson.Error(w, http.StatusNotImplemented, "this backend cannot show its locks")
 			return
 		}
 		tenantPart, keyPart, single := strings.Cut(rest, "/")
 		tenant, err := url.PathUnescape(tenantPart)
 		if err != nil || !codec.ValidTenant([]byte(tenant)) {
-			writeJSONError(w, http.StatusBadRequest, fmt.Sprintf("tenant %q: want 1..%d bytes of [A-Za-z0-9._-]", tenantPart, codec.MaxTenantLen))
+			adminjson.Error(w, http.StatusBadRequest, fmt.Sprintf("tenant %q: want 1..%d bytes of [A-Za-z0-9._-]", tenantPart, codec.MaxTenantLen))
 			return
 		}
 		if single {
 			key, err := url.PathUnescape(keyPart)
 			if err != nil || !codec.ValidKey([]byte(key)) {
-				writeJSONError(w, http.StatusBadRequest, fmt.Sprintf("key %q: want 1..%d bytes of UTF-8 without spaces", keyPart, codec.MaxKeyLen))
+				adminjson.Error(w, http.StatusBadRequest, fmt.Sprintf("key %q: want 1..%d bytes of UTF-8 without spaces", keyPart, codec.MaxKeyLen))
 				return
 			}
-			writeJSON(w, s.lockStatus(tenant, inspector.InspectLock(tenant, []byte(key))))
+			adminjson.Write(w, s.lockStatus(tenant, inspector.InspectLock(tenant, []byte(key))))
 			return
 		}
 		prefix, limit, err := listParams(r.URL.Query())
 		if err != nil {
-			writeJSONError(w, http.StatusBadRequest, err.Error())
+			adminjson.Error(w, http.StatusBadRequest, err.Error())
 			return
 		}
 		infos := inspector.ListLocks(tenant, []byte(prefix), limit)
@@ -86,7 +86,7 @@ func (s *Server) withLocks(next http.Handler) http.Handler {
 		for _, info := range infos {
 			out = append(out, s.lockStatus(tenant, info))
 		}
-		writeJSON(w, out)
+		adminjson.Write(w, out)
 	})
 }
 
@@ -117,19 +117,4 @@ func (s *Server) lockStatus(tenant string, info engine.LockInfo) LockStatus {
 		Waiters:          info.Waiters,
 		Node:             s.cfg.NodeName,
 	}
-}
-
-func writeJSON(w http.ResponseWriter, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	_ = json.NewEncoder(w).Encode(v)
-}
-
-// writeJSONError answers {"error": msg} with code.
-func writeJSONError(w http.ResponseWriter, code int, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(struct {
-		Error string `json:"error"`
-	}{msg})
 }

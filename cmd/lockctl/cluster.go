@@ -39,7 +39,7 @@ func runCluster(ctx context.Context, o *options, args []string, p proc) int {
 	req := adminRequest{method: http.MethodGet, path: "/v1/cluster/members", timeout: adminTimeout}
 	want := map[string]int{"list": 1, "add": 3, "remove": 2}
 	if n, ok := want[args[0]]; !ok || len(args) != n {
-		fmt.Fprintf(p.err, "lockctl cluster: want list, add ID RAFT_ADDR or remove ID\n")
+		fmt.Fprintf(p.err, "lockctl cluster: want list, add ID ADDR or remove ID\n")
 		return exitUsage
 	}
 	switch args[0] {

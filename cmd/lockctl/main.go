@@ -34,7 +34,7 @@ const usage = `usage:
   lockctl status [flags] KEY              show KEY: held, token, lease left, waiters
   lockctl list [flags] [PREFIX]           the held or waited-for keys, sorted
   lockctl cluster [flags] list            a cluster's nodes, per Raft group
-  lockctl cluster [flags] add ID RAFT_ADDR  add node ID to every group
+  lockctl cluster [flags] add ID ADDR     add node ID (Raft address ADDR) to every group
   lockctl cluster [flags] remove ID       remove node ID from every group
   lockctl --version
 
