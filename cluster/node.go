@@ -80,6 +80,7 @@ type nodeStats struct {
 	abandoned       atomic.Uint64 // grants nobody takes, handed to the orphan releases
 	expires         atomic.Uint64
 	leaderTransfers atomic.Uint64
+	raftFramesSent  atomic.Uint64 // Raft message frames written to peers
 }
 
 var _ engine.Backend = (*Node)(nil)
@@ -174,7 +175,7 @@ func Start(cfg Config) (*Node, error) {
 	nhc.Expert.LogDB.Shards = cfg.LogDBShards
 	nhc.Expert.Engine = config.GetDefaultEngineConfig()
 	nhc.Expert.Engine.ExecShards = cfg.ExecShards
-	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS, heard: n.heardFrom}
+	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS, heard: n.heardFrom, framesSent: &n.stats.raftFramesSent}
 	nh, err := dragonboat.NewNodeHost(nhc)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start NodeHost: %w", err)
