@@ -173,6 +173,7 @@ func Start(cfg Config) (*Node, error) {
 		Expert:         config.ExpertConfig{LogDB: config.GetTinyMemLogDBConfig(), FS: cfg.FS},
 	}
 	nhc.Expert.LogDB.Shards = cfg.LogDBShards
+	nhc.Expert.LogDBFactory = commitLazyLogDBFactory{}
 	nhc.Expert.Engine = config.GetDefaultEngineConfig()
 	nhc.Expert.Engine.ExecShards = cfg.ExecShards
 	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS, heard: n.heardFrom, framesSent: &n.stats.raftFramesSent}
