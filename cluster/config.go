@@ -45,9 +45,12 @@ const (
 	DefaultCompactionOverhead = 2000
 	DefaultMaxInMemLogSize    = 8 << 20
 	DefaultProposeTimeout     = 2 * time.Second
-	// expiryTick is how often the expiry driver looks at its heaps; a
-	// lease ends at most this much late on top of the apply lag.
-	expiryTick = 10 * time.Millisecond
+	// expiryHousekeeping bounds how long the expiry driver sleeps: it
+	// wakes at its next lease deadline, when a grant is applied and when a
+	// group's leader changes, and at least this often for what is judged
+	// by elapsed time (silent peers, leader placement, orphan rechecks).
+	// Its earlier fixed 10 ms tick was half of an idle cluster's CPU.
+	expiryHousekeeping = 50 * time.Millisecond
 	// expireRetry re-arms a due lease whose expire proposal may be lost.
 	expireRetry  = 500 * time.Millisecond
 	deploymentID = 0x6c6f636b64 // "lockd"

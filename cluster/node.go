@@ -48,6 +48,9 @@ type Node struct {
 	reg     map[uint64]*pending
 	timers  engine.DeadlineHeap[*pending] // stale once done or re-armed
 	wakeReg chan struct{}
+	// wakeExpiry wakes the expiry driver before its timer: a grant was
+	// applied, or a group's leader changed.
+	wakeExpiry chan struct{}
 
 	inflight *engine.AdmissionGate
 	waiters  *engine.AdmissionGate
@@ -140,14 +143,15 @@ func Start(cfg Config) (*Node, error) {
 	}
 	setupLogging(cfg.Logger)
 	n := &Node{
-		cfg:      cfg,
-		log:      cfg.Logger,
-		start:    time.Now(),
-		reg:      make(map[uint64]*pending),
-		wakeReg:  make(chan struct{}, 1),
-		inflight: engine.NewAdmissionGate(cfg.MaxInflight),
-		waiters:  engine.NewAdmissionGate(cfg.MaxWaiters),
-		quotas:   engine.NewTenantQuotas(cfg.TenantLimits),
+		cfg:        cfg,
+		log:        cfg.Logger,
+		start:      time.Now(),
+		reg:        make(map[uint64]*pending),
+		wakeReg:    make(chan struct{}, 1),
+		wakeExpiry: make(chan struct{}, 1),
+		inflight:   engine.NewAdmissionGate(cfg.MaxInflight),
+		waiters:    engine.NewAdmissionGate(cfg.MaxWaiters),
+		quotas:     engine.NewTenantQuotas(cfg.TenantLimits),
 	}
 	n.heard = make(map[uint64]*atomic.Int64, len(cfg.Peers))
 	for id := range cfg.Peers {
@@ -176,6 +180,7 @@ func Start(cfg Config) (*Node, error) {
 	nhc.Expert.LogDBFactory = commitLazyLogDBFactory{}
 	nhc.Expert.Engine = config.GetDefaultEngineConfig()
 	nhc.Expert.Engine.ExecShards = cfg.ExecShards
+	nhc.RaftEventListener = leaderListener{n}
 	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS, heard: n.heardFrom, framesSent: &n.stats.raftFramesSent}
 	nh, err := dragonboat.NewNodeHost(nhc)
 	if err != nil {
