@@ -51,6 +51,11 @@ const (
 	// by elapsed time (silent peers, leader placement, orphan rechecks).
 	// Its earlier fixed 10 ms tick was half of an idle cluster's CPU.
 	expiryHousekeeping = 50 * time.Millisecond
+	// expiryMinGap keeps the driver's passes apart when grants apply
+	// thousands of times a second: a lease is stamped at most this late
+	// after its apply, and the driver runs no more often than its earlier
+	// fixed tick.
+	expiryMinGap = 10 * time.Millisecond
 	// expireRetry re-arms a due lease whose expire proposal may be lost.
 	expireRetry  = 500 * time.Millisecond
 	deploymentID = 0x6c6f636b64 // "lockd"
