@@ -31,8 +31,8 @@ const (
 	// idle cluster costs against how soon it notices a dead leader.
 	// dragonboat ticks every group on every node once per RTT and a
 	// leader heart-beats each follower every HeartbeatRTT ticks: at 10 ms
-	// and 5 RTTs (the earlier defaults) three idle nodes used 0.12–0.14
-	// cores, against 0.06 with these (docs/cluster.md, Performance).
+	// and 5 RTTs (the earlier defaults) three idle nodes used 0.13–0.16
+	// cores, against 0.06–0.09 with these (docs/cluster.md, Performance).
 	// The election timeout stays at 400 ms (randomised to 400–800 ms),
 	// near the earlier 300 ms, because a dead leader's keys wait that
 	// long; a heartbeat every 100 ms (etcd's default) is four per
