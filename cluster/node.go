@@ -8,8 +8,9 @@
 // client protocol. Files by responsibility: node.go (start, stop, data
 // dir), config.go, backend.go, registry.go, proposer.go, state.go (the
 // replicated state), fsm.go (the dragonboat adapter), expiry.go and
-// placement.go, orphans.go, transport.go, metrics.go, inspect.go (the
-// read-only lock inspection). docs/cluster.md describes the design.
+// placement.go, orphans.go, transport.go, logdb.go (the Raft log store),
+// metrics.go, inspect.go (the read-only lock inspection). docs/cluster.md
+// describes the design.
 package cluster
 
 import (
