@@ -23,7 +23,13 @@
 # groups' leaders to node 1, where the load enters (docs/cluster.md,
 # "Leader placement"; LOCKD_FLAGS=--fixed-leaders measures without it).
 #
-# Knobs (environment): DURATION, CALLERS, CONNS, LOCKD_GROUPS (Raft groups of
+# Before the load, the script prints the idle CPU of each cluster, and then,
+# from one caller against each cluster alone, fsyncs per Raft commit (by
+# perf's syscall counters, when perf may use them) and lockd's Raft frames
+# per commit.
+#
+# Knobs (environment): DURATION, CALLERS, CONNS, COST_DURATION (the
+# one-caller cost run, default 5s), LOCKD_GROUPS (Raft groups of
 # the lockd cluster; not GROUPS, which bash reserves), LOCKD_FLAGS (more
 # flags for every lockd node, space-separated), OUT (results
 # directory), BIN (binaries directory), and the ports LOCKD_CLIENT_PORTS,
@@ -141,6 +147,54 @@ awk -v l=$((lockd_idle1 - lockd_idle0)) -v e=$((etcd_idle1 - etcd_idle0)) -v hz=
 echo "== warm-up (not reported)"
 "$BIN/lockbench" --target "$targets" --workload uncontended --callers 64 --conns "$CONNS" --duration 6s --progress 0 >/dev/null
 echo "== lockd group leaders seen by node 1: $(curl -fs "http://127.0.0.1:${lockd_admin[0]}/metrics" | sed -n 's/^lockd_cluster_group_leader{group="\([0-9]*\)"} \([0-9]*\)$/\1:\2/p' | tr '\n' ' ')"
+# metric_sum NAME URL...: the sum of the unlabelled metric NAME over the
+# given /metrics URLs.
+metric_sum() {
+	local name=$1 url t=0 v
+	shift
+	for url in "$@"; do
+		v=$(curl -fs "$url" | awk -v n="$name" '$1 == n { printf "%.0f", $2 }')
+		t=$((t + ${v:-0}))
+	done
+	echo "$t"
+}
+# syncs_during PIDS COMMAND...: runs COMMAND and prints the fsync and
+# fdatasync calls the processes PIDS (comma-separated) made meanwhile, by
+# the kernel's syscall tracepoints (perf stat counts them in the kernel:
+# unlike strace it does not stop the process on every call).
+syncs_during() {
+	local pids=$1
+	shift
+	perf stat -x, -o "$work/perf.csv" -e syscalls:sys_enter_fsync,syscalls:sys_enter_fdatasync -p "$pids" -- "$@" >/dev/null
+	awk -F, '$3 ~ /sys_enter_f(data)?sync$/ && $1 ~ /^[0-9]+$/ { t += $1 } END { print t + 0 }' "$work/perf.csv"
+}
+# One caller against each cluster alone, for what a commit costs: fsyncs
+# summed over the three nodes per Raft commit (lockd: the proposals of all
+# nodes; etcd: node 1's committed index), and lockd's Raft message frames
+# (network hops, from its transport's counter) per commit. At one caller a
+# commit is one acquire or one release.
+lockd_metrics=()
+for i in 0 1 2; do
+	lockd_metrics+=("http://127.0.0.1:${lockd_admin[i]}/metrics")
+done
+if command -v perf >/dev/null && perf stat -e syscalls:sys_enter_fsync true >/dev/null 2>&1; then
+	COST_DURATION=${COST_DURATION:-5s}
+	p0=$(metric_sum lockd_cluster_proposals_total "${lockd_metrics[@]}")
+	f0=$(metric_sum lockd_cluster_raft_frames_sent_total "${lockd_metrics[@]}")
+	lockd_syncs=$(syncs_during "$(IFS=,; echo "${lockd_pids[*]}")" "$BIN/lockbench" --target "lockd://127.0.0.1:${lockd_client[0]}" \
+		--workload uncontended --callers 1 --conns 1 --duration "$COST_DURATION" --progress 0)
+	lockd_commits=$(($(metric_sum lockd_cluster_proposals_total "${lockd_metrics[@]}") - p0))
+	lockd_frames=$(($(metric_sum lockd_cluster_raft_frames_sent_total "${lockd_metrics[@]}") - f0))
+	e0=$(metric_sum etcd_server_proposals_committed_total "http://127.0.0.1:${etcd_client[0]}/metrics")
+	etcd_syncs=$(syncs_during "$(IFS=,; echo "${etcd_pids[*]}")" "$BIN/lockbench" --target "etcd://127.0.0.1:${etcd_client[0]}" \
+		--workload uncontended --callers 1 --conns 1 --duration "$COST_DURATION" --progress 0)
+	etcd_commits=$(($(metric_sum etcd_server_proposals_committed_total "http://127.0.0.1:${etcd_client[0]}/metrics") - e0))
+	awk -v d="$COST_DURATION" -v ls="$lockd_syncs" -v lc="$lockd_commits" -v lf="$lockd_frames" -v es="$etcd_syncs" -v ec="$etcd_commits" \
+		'BEGIN { printf "== 1 caller, %s each, 3 nodes summed: lockd %d commits, %.2f fsyncs and %.2f Raft frames per commit; etcd %d commits, %.2f fsyncs per commit\n", d, lc, ls / (lc ? lc : 1), lf / (lc ? lc : 1), ec, es / (ec ? ec : 1) }' |
+		tee "$OUT/commit-cost.txt"
+else
+	echo "== perf with syscall tracepoints is not available (root and linux-perf needed): no fsync counts" | tee "$OUT/commit-cost.txt"
+fi
 "$BIN/lockbench" --target "$targets" \
 	--server-pids "$lockd_group,$etcd_group" --workload uncontended \
 	--callers "$CALLERS" --conns "$CONNS" --duration "$DURATION" --progress 0 \

@@ -7,23 +7,56 @@ package cluster
 import (
 	"context"
 	"time"
+
+	"github.com/lni/dragonboat/v4/raftio"
 )
+
+// expiryDue wakes the expiry driver now (it coalesces wake-ups).
+func (n *Node) expiryDue() {
+	select {
+	case n.wakeExpiry <- struct{}{}:
+	default:
+	}
+}
+
+// leaderListener wakes the expiry driver on every leadership change
+// dragonboat reports, so that a new leader rebuilds its deadlines and
+// proposals in flight go out again at once, not at the next housekeeping
+// wake-up. dragonboat calls it from one goroutine that must not block.
+type leaderListener struct{ n *Node }
+
+func (l leaderListener) LeaderUpdated(raftio.LeaderInfo) { l.n.expiryDue() }
 
 // expiryLoop drives lease expiry. Every replica keeps a deadline heap per
 // group (grants are stamped with this process's clock after they apply);
 // only the leader acts on it, proposing an expire for each due entry that
 // still names the key's current token. A replica that becomes leader
-// rebuilds its heap from the replicated table, keeping what it knew.
+// rebuilds its heap from the replicated table, keeping what it knew. The
+// driver sleeps until the earliest of its leader's next deadline, a wake-up
+// (expiryDue, no sooner than expiryMinGap after the last pass) and
+// expiryHousekeeping.
 func (n *Node) expiryLoop(ctx context.Context) {
-	t := time.NewTicker(expiryTick)
-	defer t.Stop()
+	wake := time.NewTimer(0)
+	defer wake.Stop()
 	var due []expiry
+	var lastPass time.Time
+	nextPass := time.Now() // when wake fires
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-wake.C:
+		case <-n.wakeExpiry:
+			if soonest := lastPass.Add(expiryMinGap); time.Now().Before(soonest) {
+				if soonest.Before(nextPass) {
+					nextPass = soonest
+					wake.Reset(time.Until(soonest))
+				}
+				continue
+			}
 		}
+		lastPass = time.Now()
+		sleep := expiryHousekeeping
 		for i, g := range n.groups {
 			f := g.fsm.Load()
 			if f == nil {
@@ -45,6 +78,9 @@ func (n *Node) expiryLoop(ctx context.Context) {
 			}
 			if leader {
 				due = f.due(now, expireRetry, due[:0])
+				if at, ok := f.heap.Next(); ok {
+					sleep = min(sleep, at-now)
+				}
 			}
 			var moveTo uint64
 			if g.placement.due(now) {
@@ -81,6 +117,9 @@ func (n *Node) expiryLoop(ctx context.Context) {
 			clear(due)
 			g.propose()
 		}
+		sleep = max(sleep, 0)
+		nextPass = lastPass.Add(sleep)
+		wake.Reset(sleep)
 	}
 }
 

@@ -63,7 +63,11 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 		f.state.apply(&f.cmd, &f.out)
 	}
 	f.takeLeases()
+	stamp := len(f.fresh) > 0
 	f.mu.Unlock()
+	if stamp {
+		f.g.n.expiryDue()
+	}
 	f.deliver()
 	return sm.Result{Value: uint64(count)}, nil
 }
@@ -142,6 +146,7 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 	f.fresh = fresh
 	f.restored.Add(1)
 	f.mu.Unlock()
+	f.g.n.expiryDue()
 	f.deliver()
 	return nil
 }

@@ -58,6 +58,11 @@ func TestClusterMetrics(t *testing.T) {
 	if p := families["lockd_cluster_proposals_total"]; p == nil || p.GetMetric()[0].GetCounter().GetValue() < 1 {
 		t.Errorf("lockd_cluster_proposals_total: %v, want the acquire's proposal", p)
 	}
+	// Node 1 took part in the acquire's commit (as its leader or as the
+	// follower that forwarded it), so it wrote frames to its peers.
+	if f := families["lockd_cluster_raft_frames_sent_total"]; f == nil || f.GetMetric()[0].GetCounter().GetValue() < 1 {
+		t.Errorf("lockd_cluster_raft_frames_sent_total: %v, want the commit's frames", f)
+	}
 	for _, name := range []string{"lockd_keys", "lockd_tokens_issued_total", "lockd_cluster_leader_transfers_total", "go_goroutines"} {
 		if families[name] == nil {
 			t.Errorf("/metrics has no %s", name)

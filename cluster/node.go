@@ -8,8 +8,9 @@
 // client protocol. Files by responsibility: node.go (start, stop, data
 // dir), config.go, backend.go, registry.go, proposer.go, state.go (the
 // replicated state), fsm.go (the dragonboat adapter), expiry.go and
-// placement.go, orphans.go, transport.go, metrics.go, inspect.go (the
-// read-only lock inspection). docs/cluster.md describes the design.
+// placement.go, orphans.go, transport.go, logdb.go (the Raft log store),
+// metrics.go, inspect.go (the read-only lock inspection). docs/cluster.md
+// describes the design.
 package cluster
 
 import (
@@ -48,6 +49,9 @@ type Node struct {
 	reg     map[uint64]*pending
 	timers  engine.DeadlineHeap[*pending] // stale once done or re-armed
 	wakeReg chan struct{}
+	// wakeExpiry wakes the expiry driver before its timer: a grant was
+	// applied, or a group's leader changed.
+	wakeExpiry chan struct{}
 
 	inflight *engine.AdmissionGate
 	waiters  *engine.AdmissionGate
@@ -79,6 +83,7 @@ type nodeStats struct {
 	abandoned       atomic.Uint64 // grants nobody takes, handed to the orphan releases
 	expires         atomic.Uint64
 	leaderTransfers atomic.Uint64
+	raftFramesSent  atomic.Uint64 // Raft message frames written to peers
 }
 
 var _ engine.Backend = (*Node)(nil)
@@ -138,14 +143,15 @@ func Start(cfg Config) (*Node, error) {
 	}
 	setupLogging(cfg.Logger)
 	n := &Node{
-		cfg:      cfg,
-		log:      cfg.Logger,
-		start:    time.Now(),
-		reg:      make(map[uint64]*pending),
-		wakeReg:  make(chan struct{}, 1),
-		inflight: engine.NewAdmissionGate(cfg.MaxInflight),
-		waiters:  engine.NewAdmissionGate(cfg.MaxWaiters),
-		quotas:   engine.NewTenantQuotas(cfg.TenantLimits),
+		cfg:        cfg,
+		log:        cfg.Logger,
+		start:      time.Now(),
+		reg:        make(map[uint64]*pending),
+		wakeReg:    make(chan struct{}, 1),
+		wakeExpiry: make(chan struct{}, 1),
+		inflight:   engine.NewAdmissionGate(cfg.MaxInflight),
+		waiters:    engine.NewAdmissionGate(cfg.MaxWaiters),
+		quotas:     engine.NewTenantQuotas(cfg.TenantLimits),
 	}
 	n.liveness.init(cfg.NodeID, cfg.Peers)
 	var seed [8]byte
@@ -166,9 +172,11 @@ func Start(cfg Config) (*Node, error) {
 		Expert:         config.ExpertConfig{LogDB: config.GetTinyMemLogDBConfig(), FS: cfg.FS},
 	}
 	nhc.Expert.LogDB.Shards = cfg.LogDBShards
+	nhc.Expert.LogDBFactory = commitLazyLogDBFactory{}
 	nhc.Expert.Engine = config.GetDefaultEngineConfig()
 	nhc.Expert.Engine.ExecShards = cfg.ExecShards
-	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS, heard: n.heardFrom}
+	nhc.RaftEventListener = leaderListener{n}
+	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS, heard: n.heardFrom, framesSent: &n.stats.raftFramesSent}
 	nh, err := dragonboat.NewNodeHost(nhc)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start NodeHost: %w", err)

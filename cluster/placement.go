@@ -49,9 +49,9 @@ type leaderPlacement struct {
 	unmet     int           // transfers asked while this node stayed leader
 }
 
-// observe is called every expiry tick. When a window ended, load is the
-// window's busiest other node and own this node's commands (read and
-// reset by the caller only then: due reports it). It returns the node to
+// observe is called on every pass of the expiry driver. When a window
+// ended, load is the window's busiest other node and own this node's
+// commands (read and reset by the caller only then: due reports it). It returns the node to
 // hand the leadership to, or 0.
 func (p *leaderPlacement) observe(now time.Duration, leader bool, busiest loadShare, own uint64) uint64 {
 	if !leader {

@@ -194,7 +194,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.BoolVar(&cc.Join, "join", false, "cluster: this node is new to a running cluster: start empty and wait until a member adds it (lockctl cluster add)")
 	fs.StringVar(&cfg.DataDir, "data-dir", server.DefaultDataDir, "single mode: keeps the fencing-token mark, so tokens grow across restarts ('' runs volatile); cluster: the Raft log and snapshots, restarting with it rejoins; cluster mode needs it given explicitly")
 	fs.IntVar(&cc.Groups, "groups", cluster.DefaultGroups, "cluster: Raft groups, fixed at bootstrap")
-	fs.IntVar(&rttMs, "rtt-ms", int(cluster.DefaultRTT/time.Millisecond), "cluster: network round trip in ms (election timeout is 30-60 RTTs, heartbeat every 5)")
+	fs.IntVar(&rttMs, "rtt-ms", int(cluster.DefaultRTT/time.Millisecond), "cluster: Raft tick in ms (election timeout is 8-16 ticks, heartbeat every 2)")
 	fs.BoolVar(&cc.FixedLeaders, "fixed-leaders", false, "cluster: never move a group's leadership to the node proposing most of its requests")
 	fs.StringVar(&o.raftTLS[0], "raft-tls-cert", "", "cluster: PEM certificate of this node for mutual TLS between nodes, naming the host of its Raft address; with --raft-tls-key and --raft-tls-ca")
 	fs.StringVar(&o.raftTLS[1], "raft-tls-key", "", "cluster: PEM private key of --raft-tls-cert (mode 0600)")
