@@ -71,6 +71,9 @@ func (n *Node) expiryLoop(ctx context.Context) {
 			}
 			leader := leaderID == n.cfg.NodeID
 			now := n.clock()
+			if leader && !g.wasLeader {
+				g.leaderSince = now
+			}
 			f.mu.Lock()
 			f.stampFresh(now)
 			if leader && !g.wasLeader {
@@ -141,21 +144,25 @@ func (n *Node) moveLeader(g *group, to uint64) {
 // that was only slow loses its waits, answered E unavailable, never a
 // lock: the drop only decides who is next in a queue.
 //
-// The group's previous leader is taken for dead after one election
-// timeout: that silence is what made this node leader, so its waiters go
-// in the same batch as the first lease ends the new leader proposes, not
-// to the head of a queue a lease later. (Followers do not talk to each
-// other, but an election or a leader transfer has every live voter answer
-// the candidate, so a new leader's record of its live peers is fresh.)
+// Two peers are judged differently. The group's previous leader is taken
+// for dead after one election timeout: that silence is what made this
+// node leader, so its waiters go in the same batch as the first lease
+// ends the new leader proposes, not to the head of a queue a lease later.
+// Any other peer's silence counts from when this node became leader at
+// the earliest: followers do not talk to each other, and the first pass
+// as leader can run before the other voters' answers to its election
+// arrive.
 func (g *group) forgetSilentPeers(now time.Duration) {
 	n := g.n
 	electionTimeout := time.Duration(n.cfg.ElectionRTT) * n.cfg.RTT
 	for peer, heard := range n.liveness.snapshot() {
-		limit := n.cfg.ForgetAfter
+		last, limit := time.Duration(heard.Load()), n.cfg.ForgetAfter
 		if peer == g.prevLeader {
 			limit = min(limit, electionTimeout)
+		} else {
+			last = max(last, g.leaderSince)
 		}
-		switch silent := now-time.Duration(heard.Load()) > limit; {
+		switch silent := now-last > limit; {
 		case !silent:
 			delete(g.forgotten, peer)
 		case !g.forgotten[peer]:

@@ -58,6 +58,7 @@ type group struct {
 	forgetSentAt      time.Duration   // expiry driver only
 	leaderSeen        uint64          // expiry driver only
 	prevLeader        uint64          // expiry driver only: the leader before leaderSeen
+	leaderSince       time.Duration   // expiry driver only: when this node last became leader
 	placement         leaderPlacement // expiry driver only
 	// newLeader is closed, and replaced, when the group's leader changes:
 	// proposals in flight then go out again at once (see watch).
