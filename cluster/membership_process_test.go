@@ -72,8 +72,9 @@ func TestProcessesMembershipChanges(t *testing.T) {
 	dir := t.TempDir()
 	bin, ctl := buildLockd(t, dir), buildLockctl(t, dir)
 	const groups = 3
-	var procs []*proc // procs[i] is node i+1
-	newProc := func(peers []string, join bool) *proc {
+	procs := startProcesses(t, bin, dir, groups) // procs[i] is node i+1
+	// join makes node len(procs)+1, new to the cluster, waiting to be added.
+	join := func() *proc {
 		ports := freePorts(t, 3)
 		id := uint64(len(procs) + 1)
 		p := &proc{
@@ -83,29 +84,12 @@ func TestProcessesMembershipChanges(t *testing.T) {
 			log:    filepath.Join(dir, fmt.Sprintf("node%d.log", id)),
 		}
 		raft := fmt.Sprintf("127.0.0.1:%d", ports[0])
-		if join {
-			peers = []string{fmt.Sprintf("%d=%s", id, raft)}
-		}
-		p.args = p.serveArgs(raft, peers, dir, groups, 2*time.Second)
-		if join {
-			p.args = append(p.args, "--join")
-		}
+		p.args = append(p.serveArgs(raft, []string{fmt.Sprintf("%d=%s", id, raft)}, dir, groups, 2*time.Second), "--join")
 		procs = append(procs, p)
 		killOnCleanup(t, []*proc{p})
 		return p
 	}
 	raftAddr := func(p *proc) string { return p.args[slices.Index(p.args, "--raft-addr")+1] }
-	// The first three know each other's raft ports before they start.
-	ports := freePorts(t, 3)
-	var peers []string
-	for i := range 3 {
-		peers = append(peers, fmt.Sprintf("%d=127.0.0.1:%d", i+1, ports[i]))
-	}
-	for i := range 3 {
-		p := newProc(peers, false)
-		p.args[slices.Index(p.args, "--raft-addr")+1] = fmt.Sprintf("127.0.0.1:%d", ports[i])
-		p.start(t, bin)
-	}
 	for g := range groups {
 		groupLeader(t, procs, g)
 	}
@@ -136,7 +120,7 @@ func TestProcessesMembershipChanges(t *testing.T) {
 		return nil
 	}
 	add := func() *proc {
-		p := newProc(nil, true)
+		p := join()
 		p.start(t, bin)
 		awaitAdmin(t, p)
 		lockctlCluster(t, ctl, live(0), "add", strconv.FormatUint(p.id, 10), raftAddr(p))

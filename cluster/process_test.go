@@ -133,6 +133,34 @@ func buildLockd(t *testing.T, dir string) string {
 	return bin
 }
 
+// startProcesses starts 3 lockd cluster processes of bin on loopback, with
+// groups Raft groups, their data and logs in dir, killed at the end of
+// the test. It returns before leaders are elected.
+func startProcesses(t *testing.T, bin, dir string, groups int) []*proc {
+	t.Helper()
+	ports := freePorts(t, 9)
+	var peers []string
+	for i := range 3 {
+		peers = append(peers, fmt.Sprintf("%d=127.0.0.1:%d", i+1, ports[i]))
+	}
+	procs := make([]*proc, 3)
+	for i := range 3 {
+		p := &proc{
+			id:     uint64(i + 1),
+			listen: fmt.Sprintf("127.0.0.1:%d", ports[3+i]),
+			admin:  fmt.Sprintf("127.0.0.1:%d", ports[6+i]),
+			log:    filepath.Join(dir, fmt.Sprintf("node%d.log", i+1)),
+		}
+		p.args = p.serveArgs(fmt.Sprintf("127.0.0.1:%d", ports[i]), peers, dir, groups, 2*time.Second)
+		procs[i] = p
+	}
+	killOnCleanup(t, procs)
+	for _, p := range procs {
+		p.start(t, bin)
+	}
+	return procs
+}
+
 // killOnCleanup kills every process at the end of the test and, if it
 // failed, logs the tail of each process's log.
 func killOnCleanup(t *testing.T, procs []*proc) {
@@ -394,26 +422,7 @@ func TestProcessesKillLeader(t *testing.T) {
 	dir := t.TempDir()
 	bin := buildLockd(t, dir)
 	const groups = 4
-	ports := freePorts(t, 9)
-	var peers []string
-	for i := range 3 {
-		peers = append(peers, fmt.Sprintf("%d=127.0.0.1:%d", i+1, ports[i]))
-	}
-	procs := make([]*proc, 3)
-	for i := range 3 {
-		p := &proc{
-			id:     uint64(i + 1),
-			listen: fmt.Sprintf("127.0.0.1:%d", ports[3+i]),
-			admin:  fmt.Sprintf("127.0.0.1:%d", ports[6+i]),
-			log:    filepath.Join(dir, fmt.Sprintf("node%d.log", i+1)),
-		}
-		p.args = p.serveArgs(fmt.Sprintf("127.0.0.1:%d", ports[i]), peers, dir, groups, 2*time.Second)
-		procs[i] = p
-	}
-	killOnCleanup(t, procs)
-	for _, p := range procs {
-		p.start(t, bin)
-	}
+	procs := startProcesses(t, bin, dir, groups)
 	const key0 = "proc/0"
 	g0 := groupOf("default", []byte(key0), groups)
 	groupLeader(t, procs, g0)
@@ -549,26 +558,7 @@ func TestProcessesKillAllKeepsAcknowledgedGrants(t *testing.T) {
 	dir := t.TempDir()
 	bin := buildLockd(t, dir)
 	const groups = 3
-	ports := freePorts(t, 9)
-	var peers []string
-	for i := range 3 {
-		peers = append(peers, fmt.Sprintf("%d=127.0.0.1:%d", i+1, ports[i]))
-	}
-	procs := make([]*proc, 3)
-	for i := range 3 {
-		p := &proc{
-			id:     uint64(i + 1),
-			listen: fmt.Sprintf("127.0.0.1:%d", ports[3+i]),
-			admin:  fmt.Sprintf("127.0.0.1:%d", ports[6+i]),
-			log:    filepath.Join(dir, fmt.Sprintf("node%d.log", i+1)),
-		}
-		p.args = p.serveArgs(fmt.Sprintf("127.0.0.1:%d", ports[i]), peers, dir, groups, 2*time.Second)
-		procs[i] = p
-	}
-	killOnCleanup(t, procs)
-	for _, p := range procs {
-		p.start(t, bin)
-	}
+	procs := startProcesses(t, bin, dir, groups)
 	for g := range groups {
 		groupLeader(t, procs, g)
 	}
