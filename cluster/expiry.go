@@ -85,12 +85,17 @@ func (n *Node) expiryLoop(ctx context.Context) {
 					sleep = min(sleep, at-now)
 				}
 			}
-			var moveTo uint64
 			if g.placement.due(now) {
 				busiest, own := f.takeLoad(n.cfg.NodeID)
 				if !n.cfg.FixedLeaders {
-					moveTo = g.placement.observe(now, leader, busiest, own)
+					if to := g.placement.observe(now, leader, busiest, own); to != 0 {
+						g.placement.schedule(to, now+time.Duration(n.cfg.HeartbeatRTT)*n.cfg.RTT)
+					}
 				}
+			}
+			moveTo, wait := g.placement.handOver(now, leader)
+			if wait > 0 {
+				sleep = min(sleep, wait)
 			}
 			f.mu.Unlock()
 			g.wasLeader = leader

@@ -16,6 +16,14 @@ import "time"
 // placementStrikes consecutive windows and more than placementRatio times
 // the leader's own; balanced or shifting load never qualifies.
 //
+// A hand-over decided is asked for one heartbeat interval later, not at
+// once. The decision is taken on an expiry pass, and the passes that
+// follow a grant's apply are the most frequent ones under traffic: at
+// that instant the target has usually not yet applied the grant, and a
+// dragonboat node that has committed entries it has not applied refuses
+// the hand-over's TimeoutNow (it counts them as a possible membership
+// change), so asking at the decision itself failed most hand-overs.
+//
 // A transfer is asked at most once per placementCooldown per group, and
 // that pause doubles (up to placementCooldown << placementMaxBackoff)
 // each time the leader finds itself still leader when it would ask again:
@@ -47,6 +55,9 @@ type leaderPlacement struct {
 	strikes   int
 	nextTry   time.Duration // no transfer asked before this instant
 	unmet     int           // transfers asked while this node stayed leader
+
+	handOverTo uint64        // decided, not yet asked for
+	handOverAt time.Duration // when to ask for it
 }
 
 // observe is called on every pass of the expiry driver. When a window
@@ -81,4 +92,26 @@ func (p *leaderPlacement) due(now time.Duration) bool {
 	}
 	p.windowEnd = now + placementWindow
 	return true
+}
+
+// schedule records a hand-over to node to, to be asked for at at.
+func (p *leaderPlacement) schedule(to uint64, at time.Duration) {
+	p.handOverTo, p.handOverAt = to, at
+}
+
+// handOver returns the node to ask the leadership to pass to now, or 0
+// and how long until a scheduled hand-over is due (0: none is). A node
+// that is no longer leader drops its scheduled hand-over.
+func (p *leaderPlacement) handOver(now time.Duration, leader bool) (to uint64, wait time.Duration) {
+	switch {
+	case p.handOverTo == 0:
+		return 0, 0
+	case !leader:
+		p.handOverTo = 0
+		return 0, 0
+	case now < p.handOverAt:
+		return 0, p.handOverAt - now
+	}
+	to, p.handOverTo = p.handOverTo, 0
+	return to, 0
 }

@@ -87,6 +87,32 @@ func TestLeaderPlacementDecision(t *testing.T) {
 	}
 }
 
+// A hand-over decided is asked for at its scheduled instant, once, and
+// not at all by a node that stopped leading meanwhile.
+func TestHandOverWaitsItsSettle(t *testing.T) {
+	var p leaderPlacement
+	if to, wait := p.handOver(0, true); to != 0 || wait != 0 {
+		t.Fatalf("nothing scheduled: got %d, wait %v", to, wait)
+	}
+	p.schedule(2, 100*time.Millisecond)
+	if to, wait := p.handOver(80*time.Millisecond, true); to != 0 || wait != 20*time.Millisecond {
+		t.Fatalf("before its instant: got %d, wait %v; want 0, 20ms", to, wait)
+	}
+	if to, _ := p.handOver(100*time.Millisecond, true); to != 2 {
+		t.Fatalf("at its instant: got %d, want 2", to)
+	}
+	if to, wait := p.handOver(200*time.Millisecond, true); to != 0 || wait != 0 {
+		t.Fatalf("asked twice: got %d, wait %v", to, wait)
+	}
+	p.schedule(3, 300*time.Millisecond)
+	if to, _ := p.handOver(250*time.Millisecond, false); to != 0 {
+		t.Fatalf("a follower asked for a hand-over to %d", to)
+	}
+	if to, wait := p.handOver(400*time.Millisecond, true); to != 0 || wait != 0 {
+		t.Fatalf("leadership lost, then back: the stale hand-over to %d came back (wait %v)", to, wait)
+	}
+}
+
 // The state machine counts each node's acquires and releases (not the
 // leader's expiries) and takeLoad reports the busiest other node.
 func TestTakeLoadCountsProposers(t *testing.T) {
@@ -124,9 +150,8 @@ func TestLeaderFollowsLoad(t *testing.T) {
 	via := 1 + leader%3
 	n := tc.node(via)
 	group := n.GroupOf("default", []byte(key))
-	// A hand-over Raft gives up (now and then under load) doubles the
-	// pause before the next one, 5 s then 10 s then 20 s: a minute is
-	// room for four attempts on a loaded machine.
+	// A hand-over Raft gives up doubles the pause before the next one,
+	// 5 s then 10 s then 20 s: a minute is room for four attempts.
 	const within = time.Minute
 	deadline := time.Now().Add(within)
 	owner := uint64(0)
@@ -146,6 +171,10 @@ func TestLeaderFollowsLoad(t *testing.T) {
 		}
 		owner++
 		release(t, n, rec, owner, key, r.Token)
+		// Paced like a service that takes a lock now and then: back to
+		// back, the node is applying its last commit at most instants,
+		// and a node in that state refuses the hand-over (placement.go).
+		time.Sleep(20 * time.Millisecond)
 	}
 	if got := tc.node(leader).ClusterStats().LeaderTransfers; got == 0 {
 		t.Fatalf("node %d moved no leader, yet group %d is now led by %d", leader, group, via)
