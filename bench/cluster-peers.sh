@@ -23,7 +23,10 @@
 # groups' leaders to node 1, where the load enters (docs/cluster.md,
 # "Leader placement"; LOCKD_FLAGS=--fixed-leaders measures without it).
 #
-# Before the load, the script prints the idle CPU of each cluster, and then,
+# Before the load, the script waits (up to 30 s) until lockd's idle groups
+# have gathered on one leader, as an idle cluster's do after about 5 s
+# (docs/cluster.md, "Leader placement"), prints the idle CPU of each
+# cluster, and then,
 # from one caller against each cluster alone, fsyncs per Raft commit (by
 # perf's syscall counters, when perf may use them) and lockd's Raft frames
 # per commit.
@@ -69,6 +72,14 @@ wait_for() {
 	echo "$what after 30 s; logs in $work:" >&2
 	tail -n 20 "$work"/*.log >&2 || true
 	return 1
+}
+
+# groups_gathered PORT: every lockd group has the same leader in node PORT's
+# view.
+groups_gathered() {
+	local leaders
+	leaders=$(curl -fs "http://127.0.0.1:$1/metrics" | sed -n 's/^lockd_cluster_group_leader{group="[0-9]*"} //p' | sort -u) || return 1
+	[[ $(wc -l <<<"$leaders") == 1 && $leaders != 0 ]]
 }
 
 # groups_led PORT: every lockd group has a leader in node PORT's view.
@@ -135,14 +146,16 @@ cpu_ticks() {
 	done
 	echo "$t"
 }
-idle_window=5
+gathered=yes
+wait_for "lockd's idle groups have not gathered on one leader" groups_gathered "${lockd_admin[0]}" 2>/dev/null || gathered=no
+idle_window=10
 lockd_idle0=$(cpu_ticks "${lockd_pids[@]}")
 etcd_idle0=$(cpu_ticks "${etcd_pids[@]}")
 sleep "$idle_window"
 lockd_idle1=$(cpu_ticks "${lockd_pids[@]}")
 etcd_idle1=$(cpu_ticks "${etcd_pids[@]}")
-awk -v l=$((lockd_idle1 - lockd_idle0)) -v e=$((etcd_idle1 - etcd_idle0)) -v hz="$(getconf CLK_TCK)" -v w="$idle_window" \
-	'BEGIN { printf "== idle CPU of each 3-node cluster over %d s, before any load: lockd %.3f cores, etcd %.3f cores\n", w, l / hz / w, e / hz / w }' |
+awk -v l=$((lockd_idle1 - lockd_idle0)) -v e=$((etcd_idle1 - etcd_idle0)) -v g="$gathered" -v hz="$(getconf CLK_TCK)" -v w="$idle_window" \
+	'BEGIN { printf "== idle CPU of each 3-node cluster over %d s, before any load: lockd %.3f cores (groups gathered on one leader: %s), etcd %.3f cores\n", w, l / hz / w, g, e / hz / w }' |
 	tee "$OUT/idle.txt"
 echo "== warm-up (not reported)"
 "$BIN/lockbench" --target "$targets" --workload uncontended --callers 64 --conns "$CONNS" --duration 6s --progress 0 >/dev/null

@@ -32,15 +32,18 @@ const (
 	// dragonboat ticks every group on every node once per RTT and a
 	// leader heart-beats each follower every HeartbeatRTT ticks: at 10 ms
 	// and 5 RTTs (the earlier defaults) three idle nodes used 0.13–0.16
-	// cores, against 0.06–0.09 with these (docs/cluster.md, Performance).
-	// The election timeout stays at 400 ms (randomised to 400–800 ms),
-	// near the earlier 300 ms, because a dead leader's keys wait that
-	// long; a heartbeat every 100 ms (etcd's default) is four per
-	// election timeout, enough for CheckQuorum not to depose a leader
-	// that lost one or two.
-	DefaultRTT                = 50 * time.Millisecond
-	DefaultElectionRTT        = 8
-	DefaultHeartbeatRTT       = 2
+	// cores, against 0.06–0.09 with a 50 ms tick, heartbeat 2, election 8;
+	// this 100 ms tick with heartbeat 1 and election 4 keeps both
+	// intervals and halves the ticks (docs/cluster.md, Timing). The
+	// election timeout stays at 400 ms (randomised to 400–800 ms), near
+	// the earlier 300 ms, because a dead leader's keys wait that long; a
+	// heartbeat every 100 ms (etcd's default) is four per election
+	// timeout, enough for CheckQuorum not to depose a leader that lost
+	// one or two. With one heartbeat per tick, the heartbeats of all the
+	// groups a node leads leave in the same step, one batch per peer.
+	DefaultRTT                = 100 * time.Millisecond
+	DefaultElectionRTT        = 4
+	DefaultHeartbeatRTT       = 1
 	DefaultSnapshotEntries    = 10000
 	DefaultCompactionOverhead = 2000
 	DefaultMaxInMemLogSize    = 8 << 20
@@ -79,9 +82,9 @@ type Config struct {
 	// membership from the log.
 	Join bool
 
-	RTT                time.Duration // dragonboat's tick (default 50 ms)
-	ElectionRTT        uint64        // election timeout in RTTs (default 8)
-	HeartbeatRTT       uint64        // heartbeat interval in RTTs (default 2)
+	RTT                time.Duration // dragonboat's tick (default 100 ms)
+	ElectionRTT        uint64        // election timeout in RTTs (default 4)
+	HeartbeatRTT       uint64        // heartbeat interval in RTTs (default 1)
 	SnapshotEntries    uint64        // snapshot every N applied entries per group
 	CompactionOverhead uint64        // entries kept after a snapshot
 	MaxInMemLogSize    uint64        // per group; over it proposals get ErrSystemBusy

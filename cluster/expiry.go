@@ -88,7 +88,13 @@ func (n *Node) expiryLoop(ctx context.Context) {
 			if g.placement.due(now) {
 				busiest, own := f.takeLoad(n.cfg.NodeID)
 				if !n.cfg.FixedLeaders {
-					if to := g.placement.observe(now, leader, busiest, own); to != 0 {
+					gather := uint64(0)
+					if i != 0 && len(f.state.locks) == 0 {
+						if gather = n.Leader(0); gather == n.cfg.NodeID {
+							gather = 0
+						}
+					}
+					if to := g.placement.observe(now, leader, busiest, own, gather); to != 0 {
 						g.placement.schedule(to, now+time.Duration(n.cfg.HeartbeatRTT)*n.cfg.RTT)
 					}
 				}

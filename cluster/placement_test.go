@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ func TestLeaderPlacementDecision(t *testing.T) {
 		leader  bool
 		busiest loadShare
 		own     uint64
+		gather  uint64
 		want    uint64
 	}
 	for _, tc := range []struct {
@@ -25,61 +27,114 @@ func TestLeaderPlacementDecision(t *testing.T) {
 		steps []step
 	}{
 		{"two heavy windows move it", []step{
-			{1 * time.Second, true, heavy, 10, 0},
-			{2 * time.Second, true, heavy, 10, 2},
+			{1 * time.Second, true, heavy, 10, 0, 0},
+			{2 * time.Second, true, heavy, 10, 0, 2},
 		}},
 		{"one window is not enough", []step{
-			{1 * time.Second, true, heavy, 10, 0},
-			{2 * time.Second, true, loadShare{2, 5}, 10, 0},
-			{3 * time.Second, true, heavy, 10, 0},
+			{1 * time.Second, true, heavy, 10, 0, 0},
+			{2 * time.Second, true, loadShare{2, 5}, 10, 0, 0},
+			{3 * time.Second, true, heavy, 10, 0, 0},
 		}},
 		{"the same node must qualify twice", []step{
-			{1 * time.Second, true, heavy, 10, 0},
-			{2 * time.Second, true, loadShare{3, 300}, 10, 0},
-			{3 * time.Second, true, heavy, 10, 0},
-			{4 * time.Second, true, heavy, 10, 2},
+			{1 * time.Second, true, heavy, 10, 0, 0},
+			{2 * time.Second, true, loadShare{3, 300}, 10, 0, 0},
+			{3 * time.Second, true, heavy, 10, 0, 0},
+			{4 * time.Second, true, heavy, 10, 0, 2},
 		}},
 		{"a follower never decides", []step{
-			{1 * time.Second, false, heavy, 0, 0},
-			{2 * time.Second, false, heavy, 0, 0},
+			{1 * time.Second, false, heavy, 0, 0, 0},
+			{2 * time.Second, false, heavy, 0, 0, 0},
 		}},
 		{"balanced load stays", []step{
-			{1 * time.Second, true, loadShare{2, 300}, 150, 0},
-			{2 * time.Second, true, loadShare{2, 300}, 150, 0},
-			{3 * time.Second, true, loadShare{2, 300}, 150, 0},
+			{1 * time.Second, true, loadShare{2, 300}, 150, 0, 0},
+			{2 * time.Second, true, loadShare{2, 300}, 150, 0, 0},
+			{3 * time.Second, true, loadShare{2, 300}, 150, 0, 0},
 		}},
 		{"too little load stays", []step{
-			{1 * time.Second, true, loadShare{2, placementMin - 1}, 0, 0},
-			{2 * time.Second, true, loadShare{2, placementMin - 1}, 0, 0},
+			{1 * time.Second, true, loadShare{2, placementMin - 1}, 0, 0, 0},
+			{2 * time.Second, true, loadShare{2, placementMin - 1}, 0, 0, 0},
 		}},
 		{"no other node", []step{
-			{1 * time.Second, true, loadShare{}, 500, 0},
-			{2 * time.Second, true, loadShare{}, 500, 0},
+			{1 * time.Second, true, loadShare{}, 500, 0, 0},
+			{2 * time.Second, true, loadShare{}, 500, 0, 0},
 		}},
 		{"unmet transfers back off", []step{
-			{1 * time.Second, true, heavy, 0, 0},
-			{2 * time.Second, true, heavy, 0, 2}, // Raft gave it up: still leader
-			{3 * time.Second, true, heavy, 0, 0},
-			{4 * time.Second, true, heavy, 0, 0},
-			{2*time.Second + placementCooldown, true, heavy, 0, 2},
-			{3*time.Second + placementCooldown, true, heavy, 0, 0},
-			{2*time.Second + 3*placementCooldown - time.Second, true, heavy, 0, 0},
-			{2*time.Second + 3*placementCooldown, true, heavy, 0, 2}, // after twice the pause
+			{1 * time.Second, true, heavy, 0, 0, 0},
+			{2 * time.Second, true, heavy, 0, 0, 2}, // Raft gave it up: still leader
+			{3 * time.Second, true, heavy, 0, 0, 0},
+			{4 * time.Second, true, heavy, 0, 0, 0},
+			{2*time.Second + placementCooldown, true, heavy, 0, 0, 2},
+			{3*time.Second + placementCooldown, true, heavy, 0, 0, 0},
+			{2*time.Second + 3*placementCooldown - time.Second, true, heavy, 0, 0, 0},
+			{2*time.Second + 3*placementCooldown, true, heavy, 0, 0, 2}, // after twice the pause
+		}},
+		{"an idle group gathers after five empty windows", []step{
+			{1 * time.Second, true, loadShare{}, 0, 3, 0},
+			{2 * time.Second, true, loadShare{}, 0, 3, 0},
+			{3 * time.Second, true, loadShare{}, 0, 3, 0},
+			{4 * time.Second, true, loadShare{}, 0, 3, 0},
+			{5 * time.Second, true, loadShare{}, 0, 3, 3},
+		}},
+		{"one command restarts the idle count", []step{
+			{1 * time.Second, true, loadShare{}, 0, 3, 0},
+			{2 * time.Second, true, loadShare{}, 0, 3, 0},
+			{3 * time.Second, true, loadShare{}, 0, 3, 0},
+			{4 * time.Second, true, loadShare{}, 0, 3, 0},
+			{5 * time.Second, true, loadShare{}, 1, 3, 0},
+			{6 * time.Second, true, loadShare{}, 0, 3, 0},
+			{7 * time.Second, true, loadShare{}, 0, 3, 0},
+			{8 * time.Second, true, loadShare{}, 0, 3, 0},
+			{9 * time.Second, true, loadShare{}, 0, 3, 0},
+			{10 * time.Second, true, loadShare{}, 0, 3, 3},
+		}},
+		{"a group that must stay never gathers", []step{ // it holds a lock, or this node leads group 0
+			{1 * time.Second, true, loadShare{}, 0, 0, 0},
+			{2 * time.Second, true, loadShare{}, 0, 0, 0},
+			{3 * time.Second, true, loadShare{}, 0, 0, 0},
+			{4 * time.Second, true, loadShare{}, 0, 0, 0},
+			{5 * time.Second, true, loadShare{}, 0, 0, 0},
+			{6 * time.Second, true, loadShare{}, 0, 0, 0},
+		}},
+		{"an unmet gathering backs off like a move", []step{
+			{1 * time.Second, true, loadShare{}, 0, 3, 0},
+			{2 * time.Second, true, loadShare{}, 0, 3, 0},
+			{3 * time.Second, true, loadShare{}, 0, 3, 0},
+			{4 * time.Second, true, loadShare{}, 0, 3, 0},
+			{5 * time.Second, true, loadShare{}, 0, 3, 3}, // Raft gave it up: still leader
+			{6 * time.Second, true, loadShare{}, 0, 3, 0},
+			{7 * time.Second, true, loadShare{}, 0, 3, 0},
+			{8 * time.Second, true, loadShare{}, 0, 3, 0},
+			{9 * time.Second, true, loadShare{}, 0, 3, 0},
+			{5*time.Second + placementCooldown, true, loadShare{}, 0, 3, 3}, // still leader
+			{11 * time.Second, true, loadShare{}, 0, 3, 0},
+			{12 * time.Second, true, loadShare{}, 0, 3, 0},
+			{13 * time.Second, true, loadShare{}, 0, 3, 0},
+			{14 * time.Second, true, loadShare{}, 0, 3, 0},
+			{15 * time.Second, true, loadShare{}, 0, 3, 0}, // five empty windows, but the pause doubled
+			{5*time.Second + 3*placementCooldown, true, loadShare{}, 0, 3, 3},
+		}},
+		{"load wins over gathering", []step{
+			{1 * time.Second, true, loadShare{}, 0, 3, 0},
+			{2 * time.Second, true, loadShare{}, 0, 3, 0},
+			{3 * time.Second, true, loadShare{}, 0, 3, 0},
+			{4 * time.Second, true, loadShare{}, 0, 3, 0},
+			{5 * time.Second, true, heavy, 0, 3, 0},
+			{6 * time.Second, true, heavy, 0, 3, 2},
 		}},
 		{"losing leadership resets the back-off", []step{
-			{1 * time.Second, true, heavy, 0, 0},
-			{2 * time.Second, true, heavy, 0, 2},
-			{3 * time.Second, false, heavy, 0, 0}, // handed over
-			{30 * time.Second, true, heavy, 0, 0}, // leader again, later
-			{31 * time.Second, true, heavy, 0, 2},
-			{32 * time.Second, true, heavy, 0, 0},
-			{31*time.Second + placementCooldown, true, heavy, 0, 2}, // the base pause again
+			{1 * time.Second, true, heavy, 0, 0, 0},
+			{2 * time.Second, true, heavy, 0, 0, 2},
+			{3 * time.Second, false, heavy, 0, 0, 0}, // handed over
+			{30 * time.Second, true, heavy, 0, 0, 0}, // leader again, later
+			{31 * time.Second, true, heavy, 0, 0, 2},
+			{32 * time.Second, true, heavy, 0, 0, 0},
+			{31*time.Second + placementCooldown, true, heavy, 0, 0, 2}, // the base pause again
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var p leaderPlacement
 			for i, s := range tc.steps {
-				if got := p.observe(s.at, s.leader, s.busiest, s.own); got != s.want {
+				if got := p.observe(s.at, s.leader, s.busiest, s.own, s.gather); got != s.want {
 					t.Fatalf("step %d at %v: moved to %d, want %d", i, s.at, got, s.want)
 				}
 			}
@@ -180,4 +235,55 @@ func TestLeaderFollowsLoad(t *testing.T) {
 		t.Fatalf("node %d moved no leader, yet group %d is now led by %d", leader, group, via)
 	}
 	t.Logf("group %d moved from node %d to node %d after %d requests", group, leader, via, owner)
+}
+
+// With no traffic, every group that holds no lock moves its leadership to
+// group 0's leader (one heartbeat batch per peer and tick); a group that
+// holds a lock stays where it is until the lock is released.
+func TestIdleGroupsGatherOnGroupZerosLeader(t *testing.T) {
+	tc := newTestCluster(t, 3, nil)
+	n := tc.node(1)
+	gatherOn := n.Leader(0)
+	elsewhere := 1 + gatherOn%3
+	moveAway := func(g int) {
+		shard := n.groups[g].shardID
+		waitUntil(t, 30*time.Second, fmt.Sprintf("group %d led by node %d", g, elsewhere), func() bool {
+			l := n.Leader(g)
+			if l != elsewhere && l != 0 {
+				if err := tc.node(l).NodeHost().RequestLeaderTransfer(shard, elsewhere); err != nil {
+					t.Logf("transfer of group %d: %v", g, err)
+				}
+			}
+			return l == elsewhere
+		})
+	}
+	held := ""
+	for i := 0; held == ""; i++ {
+		if k := fmt.Sprintf("gather-%d", i); n.GroupOf("default", []byte(k)) == 2 {
+			held = k
+		}
+	}
+	rec := newRecorder()
+	r := acquire(t, n, rec, 1, held, time.Minute, 0)
+	if r.Outcome != engine.Granted {
+		t.Fatalf("acquire %q: %+v", held, r)
+	}
+	// Group 2 goes first, so without its lock it would gather first.
+	moveAway(2)
+	moveAway(1)
+	waitUntil(t, 45*time.Second, fmt.Sprintf("idle groups 1 and 3 led by group 0's leader %d", gatherOn), func() bool {
+		return n.Leader(1) == gatherOn && n.Leader(3) == gatherOn
+	})
+	if l := n.Leader(2); l != elsewhere {
+		t.Fatalf("group 2 holds %q, yet its leadership moved from node %d to %d", held, elsewhere, l)
+	}
+	if got := release(t, n, rec, 2, held, r.Token); got.Outcome != engine.Released {
+		t.Fatalf("release %q: %+v", held, got)
+	}
+	waitUntil(t, 45*time.Second, "group 2 gathers once its lock is released", func() bool {
+		return n.Leader(2) == gatherOn
+	})
+	if l := n.Leader(0); l != gatherOn {
+		t.Fatalf("group 0 moved from node %d to %d with no traffic", gatherOn, l)
+	}
 }
