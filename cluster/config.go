@@ -53,7 +53,7 @@ const (
 	// group's leader changes, and at least this often for what is judged
 	// by elapsed time (silent peers, leader placement, orphan rechecks).
 	// Its earlier fixed 10 ms tick was half of an idle cluster's CPU.
-	expiryHousekeeping = 100 * time.Millisecond
+	expiryHousekeeping = 250 * time.Millisecond
 	// expiryMinGap keeps the driver's passes apart when grants apply
 	// thousands of times a second: a lease is stamped at most this late
 	// after its apply, and the driver runs no more often than its earlier

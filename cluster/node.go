@@ -175,10 +175,12 @@ func Start(cfg Config) (*Node, error) {
 	nhc.Expert.LogDBFactory = commitLazyLogDBFactory{}
 	nhc.Expert.Engine = config.GetDefaultEngineConfig()
 	nhc.Expert.Engine.ExecShards = cfg.ExecShards
-	// One apply worker per group (shardID puts each group on its own): each
-	// of dragonboat's 16 default workers wakes 5 times a second even when
-	// idle, 80 of an idle node's ~250 goroutine wake-ups a second.
-	nhc.Expert.Engine.ApplyShards = uint64(min(cfg.Groups, 16))
+	// One apply worker: each of dragonboat's 16 default workers wakes 5
+	// times a second even when idle, 80 of an idle node's ~250 goroutine
+	// wake-ups a second. Applying is cheap beside the fsync and the
+	// transport; one worker for 3 groups measured no slower at 256 and
+	// 1024 callers (docs/cluster.md, Timing).
+	nhc.Expert.Engine.ApplyShards = 1
 	nhc.RaftEventListener = leaderListener{n}
 	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS, heard: n.heardFrom, framesSent: &n.stats.raftFramesSent}
 	nh, err := dragonboat.NewNodeHost(nhc)
