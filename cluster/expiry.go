@@ -57,12 +57,16 @@ func (n *Node) expiryLoop(ctx context.Context) {
 		}
 		lastPass = time.Now()
 		sleep := expiryHousekeeping
+		gatherOn := uint64(0) // group 0's leader, where idle groups gather
 		for i, g := range n.groups {
 			f := g.fsm.Load()
 			if f == nil {
 				continue
 			}
 			leaderID := n.Leader(i)
+			if i == 0 {
+				gatherOn = leaderID
+			}
 			if leaderID != 0 && leaderID != g.leaderSeen {
 				if g.leaderSeen != 0 {
 					close(*g.newLeader.Swap(new(make(chan struct{}))))
@@ -89,10 +93,8 @@ func (n *Node) expiryLoop(ctx context.Context) {
 				busiest, own := f.takeLoad(n.cfg.NodeID)
 				if !n.cfg.FixedLeaders {
 					gather := uint64(0)
-					if i != 0 && len(f.state.locks) == 0 {
-						if gather = n.Leader(0); gather == n.cfg.NodeID {
-							gather = 0
-						}
+					if i != 0 && gatherOn != n.cfg.NodeID && len(f.state.locks) == 0 {
+						gather = gatherOn
 					}
 					if to := g.placement.observe(now, leader, busiest, own, gather); to != 0 {
 						g.placement.schedule(to, now+time.Duration(n.cfg.HeartbeatRTT)*n.cfg.RTT)

@@ -32,7 +32,8 @@ import "time"
 // that instant the target has usually not yet applied the grant, and a
 // dragonboat node that has committed entries it has not applied refuses
 // the hand-over's TimeoutNow (it counts them as a possible membership
-// change), so asking at the decision itself failed most hand-overs.
+// change), so asking at the decision itself could fail every hand-over
+// in a row to a node whose traffic comes in bursts.
 //
 // A transfer is asked at most once per placementCooldown per group, and
 // that pause doubles (up to placementCooldown << placementMaxBackoff)
