@@ -106,7 +106,7 @@ type Config struct {
 	Auth map[string][]byte
 	// InsecureNoAuth allows auth off on a non-loopback address.
 	InsecureNoAuth bool
-	// Loops is the number of event loops; 0 means GOMAXPROCS.
+	// Loops is the number of event loops; 0 means DefaultLoops().
 	Loops           int
 	MaxConns        int
 	MaxConnInflight int
@@ -129,12 +129,22 @@ type Config struct {
 	Logger  zerolog.Logger
 }
 
+// DefaultLoops is the event-loop count when Config.Loops is 0: one fewer
+// than GOMAXPROCS, at least one. A gnet loop waits in a blocking
+// epoll_wait that keeps its P until the runtime's sysmon takes it back,
+// which on a quiet process takes 10–20 ms; with a loop on every P, a
+// timer, the engine's expiry or a Raft worker that becomes ready meanwhile
+// waits that long for a P (docs/operations.md, Event loops).
+func DefaultLoops() int {
+	return max(1, runtime.GOMAXPROCS(0)-1)
+}
+
 func (c *Config) applyDefaults() {
 	if c.Listen == "" {
 		c.Listen = DefaultListen
 	}
 	if c.Loops <= 0 {
-		c.Loops = runtime.GOMAXPROCS(0)
+		c.Loops = DefaultLoops()
 	}
 	if c.MaxConns <= 0 {
 		c.MaxConns = DefaultMaxConns

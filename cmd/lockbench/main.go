@@ -34,7 +34,7 @@ value, and prints the results side by side.
   lockbench --target lockd://127.0.0.1:7420,redis://127.0.0.1:6379,goredis://127.0.0.1:6379,etcd://127.0.0.1:2379 \
             --server-pids 101,202,202,303 --workload uncontended,contended --callers 64,256 --json out.json --report out/
   lockbench --target inproc --workload admission --duration 20s
-  lockbench --target inproc --workload timeouts
+  lockbench --target lockd://127.0.0.1:7420 --workload timeouts
 
 Targets: lockd://H:P through the official client (--raw: bare frames),
 redis://H:P through rueidis with auto-pipelining, goredis://H:P through

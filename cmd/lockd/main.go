@@ -185,7 +185,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.IntVar(&cfg.MaxConns, "max-conns", server.DefaultMaxConns, "hard limit of client connections")
 	fs.IntVar(&cfg.MaxConnInflight, "max-conn-inflight", server.DefaultMaxConnInflight, "hard limit of in-flight requests per connection")
 	fs.IntVar(&cfg.MaxOpenTenants, "max-open-tenants", server.DefaultMaxOpenTenants, "with auth off, how many tenants besides \"default\" HELLO may name")
-	fs.IntVar(&cfg.Loops, "loops", 0, "event loops (0 = GOMAXPROCS)")
+	fs.IntVar(&cfg.Loops, "loops", 0, "event loops (0 = GOMAXPROCS − 1, at least 1)")
 	fs.StringVar(logLevel, "log-level", "info", "trace, debug, info, warn or error")
 	fs.BoolVar(&o.cluster, "cluster", false, "run as a node of a Raft-replicated cluster")
 	fs.Uint64Var(&cc.NodeID, "node-id", 0, "cluster: this node's id, a key of --peers")
