@@ -84,6 +84,7 @@ type metrics struct {
 	results          [opCount][resultCount]atomic.Uint64
 	errors           [codec.ShuttingDown + 1]atomic.Uint64
 	writes           atomic.Uint64
+	wakeups          atomic.Uint64
 	connsAccepted    atomic.Uint64
 	connsRejected    atomic.Uint64
 	slowDropped      atomic.Uint64
@@ -191,6 +192,7 @@ var (
 	tokenReserveFailuresDesc = desc("lockd_token_reserve_failures_total", "Token marks the data dir could not record.")
 	tokensIssuedDesc         = desc("lockd_tokens_issued_total", "Fencing tokens issued (grants).")
 	writesDesc               = desc("lockd_response_writes_total", "Write calls carrying responses (at most 64 responses each).")
+	wakeupsDesc              = desc("lockd_loop_wakeups_total", "Wake-ups of a connection's loop from outside its passes: grants and expiries from timers or another loop, overdue frames.")
 	connsAcceptedDesc        = desc("lockd_connections_accepted_total", "Client connections accepted.")
 	connsRejectedDesc        = desc("lockd_connections_rejected_total", "Connections closed at once because --max-conns was reached.")
 	slowDroppedDesc          = desc("lockd_slow_clients_dropped_total", "Connections dropped for not reading their responses.")
@@ -214,7 +216,7 @@ func (serverCollector) Describe(ch chan<- *prometheus.Desc) {
 		gateOpenDesc, gateRefusedDesc, gateCountDesc, gateLimitDesc,
 		tenantGateOpenDesc, tenantGateRefusedDesc, tenantGateCountDesc, tenantGateLimitDesc,
 		keysDesc, heldLocksDesc, waitersDesc, inflightDesc, connsDesc, tokenCountDesc, tokenMarkDesc,
-		tokenReserveBusyDesc, tokenReserveFailuresDesc, tokensIssuedDesc, writesDesc,
+		tokenReserveBusyDesc, tokenReserveFailuresDesc, tokensIssuedDesc, writesDesc, wakeupsDesc,
 		connsAcceptedDesc, connsRejectedDesc, slowDroppedDesc, progressTimeoutsDesc,
 		authFailuresDesc, connInflightBusyDesc, tlsHandshakeFailuresDesc, memoryReturnsDesc,
 		orphansReleasedDesc, orphansDroppedDesc,
@@ -274,6 +276,7 @@ func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	counter(tokensIssuedDesc, st.TokensIssued)
 	counter(writesDesc, m.writes.Load())
+	counter(wakeupsDesc, m.wakeups.Load())
 	counter(connsAcceptedDesc, m.connsAccepted.Load())
 	counter(connsRejectedDesc, m.connsRejected.Load())
 	counter(slowDroppedDesc, m.slowDropped.Load())

@@ -310,7 +310,7 @@ func Start(cfg Config) (*Server, error) {
 		Int("admin_max_conns", d.admin).Int("fd_headroom", d.headroom).Int("max_conns", d.configured).
 		Int("conn_cap", d.cap).Msg("connection cap: the descriptor limit less the descriptors open, the admin connections and the headroom, at most --max-conns")
 	s.log.Info().Str("listen", s.addr).Str("tls_listen", s.TLSAddr()).Bool("mtls", cfg.TLS != nil && cfg.TLS.ClientAuth == tls.RequireAndVerifyClientCert).
-		Str("admin", s.AdminAddr()).Bool("auth", cfg.Auth != nil).Int("loops", cfg.Loops).Msg("lockd serving")
+		Str("admin", s.AdminAddr()).Bool("auth", cfg.Auth != nil).Int("loops", cfg.Loops).Int("gomaxprocs", runtime.GOMAXPROCS(0)).Msg("lockd serving")
 	return s, nil
 }
 
@@ -569,7 +569,7 @@ func (s *Server) wakeOverdue() {
 	defer s.stalledMu.Unlock()
 	for ss := range s.stalled {
 		if now-ss.frameStartedAt.Load() >= int64(ProgressTimeout) {
-			ss.tr.wake()
+			ss.wake()
 		}
 	}
 }
@@ -651,7 +651,9 @@ func (h *handler) OnClose(c gnet.Conn, err error) gnet.Action {
 func (h *handler) OnTraffic(c gnet.Conn) gnet.Action {
 	ss := c.Context().(*session)
 	buf, _ := c.Peek(-1)
+	ss.batch.beginPass()
 	consumed, closing := ss.process(buf)
+	ss.batch.endPass()
 	if ss.gone {
 		// A write failed and gnet closed the connection under us.
 		return gnet.None

@@ -438,9 +438,15 @@ func (ss *session) Resolve(owner uint64, r engine.Result) {
 		ss.srv.pendingCloses.Add(1)
 	}
 	ss.mu.Unlock()
-	if wake {
-		ss.tr.wake()
+	if wake && !ss.batch.handOff(ss) {
+		ss.wake()
 	}
+}
+
+// wake makes the connection's loop run a pass for it soon; any goroutine.
+func (ss *session) wake() {
+	ss.srv.metrics.wakeups.Add(1)
+	ss.tr.wake()
 }
 
 // deliverResolutions answers what backend callbacks resolved since the
@@ -525,9 +531,77 @@ func (ss *session) appendError(owner uint64, reason codec.Reason) {
 // connection at a time and every pass ends with a flush, so one batch per
 // loop serves all its connections: an idle connection costs no buffer.
 // A TLS connection has its own loop, so its own batch.
+//
+// A batch also takes the hand-offs of its loop's pass. A RELEASE read by
+// one connection grants the head waiter, whose connection is most often
+// served by the same loop; waking that connection through gnet would cost
+// an eventfd write and one more turn of the loop per grant. While a pass
+// runs, a resolved session of the loop is listed here instead, and the
+// pass delivers its answers itself before it ends (endPass).
 type batch struct {
 	buf    []byte
 	frames int
+
+	mu     sync.Mutex
+	inPass bool
+	ready  []*session // resolved during the pass, to deliver before it ends
+	spare  []*session // ready's other slice, swapped in by endPass
+}
+
+// beginPass marks the loop as serving a pass; loop only.
+func (b *batch) beginPass() {
+	b.mu.Lock()
+	b.inPass = true
+	b.mu.Unlock()
+}
+
+// handOff lists ss for delivery by its loop's running pass and reports
+// whether one was running to take it; any goroutine.
+func (b *batch) handOff(ss *session) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.inPass {
+		return false
+	}
+	b.ready = append(b.ready, ss)
+	return true
+}
+
+// endPass delivers the answers of every session resolved during the pass,
+// those resolved while it delivers included, then ends the pass; loop
+// only, after the pass's own flush.
+func (b *batch) endPass() {
+	for {
+		b.mu.Lock()
+		if len(b.ready) == 0 {
+			b.inPass = false
+			b.mu.Unlock()
+			return
+		}
+		ready := b.ready
+		b.ready = b.spare[:0]
+		b.mu.Unlock()
+		for i, ss := range ready {
+			ss.deliverHandOff()
+			ready[i] = nil
+		}
+		b.spare = ready[:0]
+	}
+}
+
+// deliverHandOff writes what callbacks resolved for ss, from its loop's
+// pass over another connection. A session that must close gets a wake
+// instead: only its own pass can close its connection.
+func (ss *session) deliverHandOff() {
+	if ss.gone {
+		return // close abandoned its outbox
+	}
+	if ss.deliverResolutions(false) {
+		ss.flush()
+		ss.wake()
+		return
+	}
+	ss.flush()
 }
 
 // flush writes the batch. Its bytes are dropped when the connection is

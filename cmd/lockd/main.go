@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 	"time"
 
@@ -104,6 +105,11 @@ func serve(opts serveOptions, level zerolog.Level) error {
 		}
 	}
 
+	_, gomaxprocsSet := os.LookupEnv("GOMAXPROCS")
+	var procs int
+	cfg.Loops, procs = processorsFor(opts, gomaxprocsSet)
+	runtime.GOMAXPROCS(procs)
+
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	var node *cluster.Node
@@ -137,6 +143,33 @@ func serve(opts serveOptions, level zerolog.Level) error {
 		// Already logged; exiting non-zero lets a supervisor restart it.
 		return srv.Close()
 	}
+}
+
+// processorsFor returns the event loops and the Go processors (P) a
+// server runs with, given the flags and whether the GOMAXPROCS environment
+// variable set the process's GOMAXPROCS.
+//
+// Single mode serving only the plain port runs as many Ps as loops. Every
+// loop that finds nothing more to read calls runtime.Gosched inside gnet,
+// and with a P idle beside it the runtime wakes a thread for that P, which
+// finds nothing and sleeps again: two context switches per read that the
+// loop's own wait does not need (docs/operations.md, Event loops). With no
+// idle P there is nothing to wake, and what else the process runs —
+// timers, the admin endpoint — gets a P back from the loop's blocking wait
+// through the runtime's monitor thread. Cluster mode (Raft's goroutines)
+// and the TLS port (a goroutine per connection) keep every P: their
+// goroutines need Ps of their own. An explicit GOMAXPROCS is the
+// operator's and is kept as given.
+func processorsFor(o serveOptions, gomaxprocsSet bool) (loops, gomaxprocs int) {
+	procs := runtime.GOMAXPROCS(0)
+	loops = o.server.Loops
+	if loops <= 0 {
+		loops = server.DefaultLoops()
+	}
+	if o.cluster || o.server.TLSListen != "" || gomaxprocsSet || loops >= procs {
+		return loops, procs
+	}
+	return loops, loops
 }
 
 // serveOptions is everything `lockd serve` reads from flags.
@@ -185,7 +218,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.IntVar(&cfg.MaxConns, "max-conns", server.DefaultMaxConns, "hard limit of client connections")
 	fs.IntVar(&cfg.MaxConnInflight, "max-conn-inflight", server.DefaultMaxConnInflight, "hard limit of in-flight requests per connection")
 	fs.IntVar(&cfg.MaxOpenTenants, "max-open-tenants", server.DefaultMaxOpenTenants, "with auth off, how many tenants besides \"default\" HELLO may name")
-	fs.IntVar(&cfg.Loops, "loops", 0, "event loops (0 = GOMAXPROCS − 1, at least 1)")
+	fs.IntVar(&cfg.Loops, "loops", 0, "event loops (0 = GOMAXPROCS − 1, at least 1); single mode without --tls-listen then runs as many Go processors as loops unless GOMAXPROCS is set")
 	fs.StringVar(logLevel, "log-level", "info", "trace, debug, info, warn or error")
 	fs.BoolVar(&o.cluster, "cluster", false, "run as a node of a Raft-replicated cluster")
 	fs.Uint64Var(&cc.NodeID, "node-id", 0, "cluster: this node's id, a key of --peers")
