@@ -108,7 +108,11 @@ func serve(opts serveOptions, level zerolog.Level) error {
 	_, gomaxprocsSet := os.LookupEnv("GOMAXPROCS")
 	var procs int
 	cfg.Loops, procs = processorsFor(opts, gomaxprocsSet)
-	runtime.GOMAXPROCS(procs)
+	if procs != runtime.GOMAXPROCS(0) {
+		// Only when it changes: setting it at all stops the runtime from
+		// following a change of the container's CPU limit.
+		runtime.GOMAXPROCS(procs)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
