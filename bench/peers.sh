@@ -10,7 +10,7 @@
 # Knobs (environment): DURATION, CALLERS, CONNS (empty: each client
 # library's own default; a number is passed to every target as --conns,
 # and must then be a power of two for rueidis), ADMISSION_DURATION,
-# ADMISSION_LIMIT, TIMEOUTS_DURATION, OUT (results directory), BIN
+# ADMISSION_LIMIT, TIMEOUTS_DURATION, TIMEOUTS_ROUNDS, OUT (results directory), BIN
 # (binaries directory), the ports LOCKD_PORT, ADMISSION_PORT, REDIS_PORT,
 # ETCD_PORT, ETCD_PEER_PORT, and PIN=1 to give the servers CPU 0 and
 # lockbench CPU 1 (lockd then runs one event loop on GOMAXPROCS=1), so
@@ -22,7 +22,11 @@ DURATION=${DURATION:-10s}
 CALLERS=${CALLERS:-64,256}
 CONNS=${CONNS:-}
 ADMISSION_DURATION=${ADMISSION_DURATION:-20s}
-TIMEOUTS_DURATION=${TIMEOUTS_DURATION:-10s}
+# Four rounds of 5 s alone and 5 s with waiting callers: the two phases
+# interleave over 40 s, so that this machine's drift and stalls weigh on
+# both alike.
+TIMEOUTS_DURATION=${TIMEOUTS_DURATION:-40s}
+TIMEOUTS_ROUNDS=${TIMEOUTS_ROUNDS:-4}
 ADMISSION_LIMIT=${ADMISSION_LIMIT:-2000}
 OUT=${OUT:-lockbench-report}
 BIN=${BIN:-bin}
@@ -104,6 +108,6 @@ echo "== admission gate (lockd --max-inflight $ADMISSION_LIMIT)"
 	--json "$OUT/admission.json" --report "$OUT/admission" | tee "$OUT/admission.txt"
 echo "== timeouts: waits that run out beside uncontended callers sharing the client"
 "${bench_cpu[@]}" "$BIN/lockbench" --target "lockd://127.0.0.1:$LOCKD_PORT" --server-pids "$lockd_pid" \
-	--workload timeouts --duration "$TIMEOUTS_DURATION" "${conns[@]}" --progress 0 \
+	--workload timeouts --duration "$TIMEOUTS_DURATION" --rounds "$TIMEOUTS_ROUNDS" "${conns[@]}" --progress 0 \
 	--json "$OUT/timeouts.json" --report "$OUT/timeouts" | tee "$OUT/timeouts.txt"
 echo "== results in $OUT/"

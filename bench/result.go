@@ -69,9 +69,13 @@ type TimeoutsResult struct {
 	WaitS   float64 `json:"wait_s"`
 	HoldS   float64 `json:"hold_s"`
 	HotKeys int     `json:"hot_keys"`
-	// LoadedStartS is when the waiting callers started: the end of the
-	// baseline half.
+	// LoadedStartS is when the waiting callers first started: the end
+	// of the first baseline window. Rounds is how many baseline windows
+	// alternated with as many windows of waiting callers, and LoadedS
+	// the time the waiting callers ran, until their last cycle ended.
 	LoadedStartS float64 `json:"loaded_start_s"`
+	Rounds       int     `json:"rounds"`
+	LoadedS      float64 `json:"loaded_s"`
 	// Waiting is the waiting callers' outcomes; BaselineProbes and
 	// LoadedProbes the probes' in each half.
 	Waiting        OutcomeKinds `json:"waiting"`
@@ -82,9 +86,10 @@ type TimeoutsResult struct {
 	// baseline of each.
 	Latency ProbeP99 `json:"latency"`
 	Service ProbeP99 `json:"service"`
-	// Reconnects counts the client's reconnects in each half, and
-	// ReconnectsPerS in the loaded half; both absent for a target whose
-	// client does not reconnect by itself (all but the lockd client).
+	// Reconnects counts the client's reconnects in the baseline and the
+	// loaded windows, and ReconnectsPerS in the loaded ones; both absent
+	// for a target whose client does not reconnect by itself (all but
+	// the lockd client).
 	BaselineReconnects *uint64 `json:"baseline_reconnects,omitempty"`
 	LoadedReconnects   *uint64 `json:"loaded_reconnects,omitempty"`
 	ReconnectsPerS     float64 `json:"loaded_reconnects_per_s,omitempty"`
@@ -239,7 +244,7 @@ func (r *run) result(elapsed time.Duration) *Result {
 	case Admission:
 		res.Admission = r.admissionResult(steps)
 	case Timeouts:
-		res.Timeouts = r.timeoutsResult(elapsed)
+		res.Timeouts = r.timeoutsResult()
 	case Keepalive:
 		res.Keepalive = r.keepaliveResult()
 	}
@@ -273,14 +278,16 @@ func outcomeKinds(hists [numOutcomes]*Histogram) OutcomeKinds {
 	}
 }
 
-func (r *run) timeoutsResult(elapsed time.Duration) *TimeoutsResult {
-	half := r.cfg.Duration / timeoutsPhases
+func (r *run) timeoutsResult() *TimeoutsResult {
+	t := &r.waits
 	baseline, loaded := probeStream, streams+probeStream
 	out := &TimeoutsResult{
 		WaitS:          r.cfg.Wait.Seconds(),
 		HoldS:          r.cfg.Hold.Seconds(),
 		HotKeys:        r.cfg.Keys,
-		LoadedStartS:   half.Seconds(),
+		LoadedStartS:   t.firstLoaded.Seconds(),
+		Rounds:         r.cfg.Rounds,
+		LoadedS:        t.loadedTime.Seconds(),
 		Waiting:        outcomeKinds(r.rec.merged(sinceScheduled, streams+pressureStream)),
 		BaselineProbes: outcomeKinds(r.rec.merged(sinceScheduled, baseline)),
 		LoadedProbes:   outcomeKinds(r.rec.merged(sinceScheduled, loaded)),
@@ -288,9 +295,11 @@ func (r *run) timeoutsResult(elapsed time.Duration) *TimeoutsResult {
 		Service:        r.probeP99(sinceSent, baseline, loaded),
 	}
 	if _, ok := r.target.(reconnectCounter); ok {
-		before, during := r.reconnects[1]-r.reconnects[0], r.reconnects[2]-r.reconnects[1]
+		before, during := t.baselineReconnects, t.loadedReconnects
 		out.BaselineReconnects, out.LoadedReconnects = &before, &during
-		out.ReconnectsPerS = float64(during) / (elapsed - half).Seconds()
+		if t.loadedTime > 0 {
+			out.ReconnectsPerS = float64(during) / t.loadedTime.Seconds()
+		}
 	}
 	return out
 }

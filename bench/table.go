@@ -154,8 +154,13 @@ func writeTimeouts(w io.Writer, r *Result) {
 
 // shape says what the timeouts run did.
 func (t *TimeoutsResult) shape(callers int) string {
-	return fmt.Sprintf("probes alone until %.1fs, then also %d waiting callers queueing for %d hot key(s) with wait %s, hold %s",
-		t.LoadedStartS, callers, t.HotKeys, formatMicros(t.WaitS*1e6), formatMicros(t.HoldS*1e6))
+	waiting := fmt.Sprintf("%d waiting callers queueing for %d hot key(s) with wait %s, hold %s",
+		callers, t.HotKeys, formatMicros(t.WaitS*1e6), formatMicros(t.HoldS*1e6))
+	if t.Rounds <= 1 {
+		return fmt.Sprintf("probes alone until %.1fs, then also %s", t.LoadedStartS, waiting)
+	}
+	return fmt.Sprintf("%d rounds of %.1fs of probes alone, then %.1fs with also %s (%.1fs loaded in all, their last waits included)",
+		t.Rounds, t.LoadedStartS, t.LoadedStartS, waiting, t.LoadedS)
 }
 
 // timeoutsRow is one stream of the timeouts table.

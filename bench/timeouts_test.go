@@ -102,11 +102,53 @@ func TestTimeoutsWorkloadInBareFrames(t *testing.T) {
 	}
 }
 
+// With rounds, windows of probes alone alternate with windows of waiting
+// callers: both phases are recorded in every round, and a loaded window
+// lasts until its waiting callers' last cycles end, at most a wait and a
+// hold past the window.
+func TestTimeoutsWorkloadInRounds(t *testing.T) {
+	spec := startServer(t, 0)
+	cfg := Config{Workload: Timeouts, Callers: 16, Hold: 200 * time.Millisecond, Rate: 500, Duration: 8 * time.Second, Rounds: 2}
+	res, err := Run(context.Background(), spec, testTargetOptions, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Check([]*Result{res}); err != nil {
+		t.Fatal(err)
+	}
+	to := res.Timeouts
+	if to.Rounds != 2 || to.LoadedStartS != 2 {
+		t.Fatalf("rounds %d, first loaded window at %vs; want 2 rounds, at 2s", to.Rounds, to.LoadedStartS)
+	}
+	// Two loaded windows of 2 s, each drained within a wait and a hold.
+	if to.LoadedS < 4 || to.LoadedS > 4+2*1.2+0.5 {
+		t.Fatalf("loaded for %vs, want 4s plus at most two drains", to.LoadedS)
+	}
+	// The baseline windows are 4 s less the drains: at 500/s, well over
+	// a thousand probes each way.
+	if to.BaselineProbes.Acquired < 1000 || to.LoadedProbes.Acquired < 1000 {
+		t.Fatalf("probes: baseline %+v, loaded %+v", to.BaselineProbes, to.LoadedProbes)
+	}
+	if to.Waiting.OwnIndeterminate == 0 || *to.LoadedReconnects == 0 {
+		t.Fatalf("waiting callers %+v, %d reconnects while loaded", to.Waiting, *to.LoadedReconnects)
+	}
+	var out bytes.Buffer
+	WriteTable(&out, []*Result{res})
+	if want := "2 rounds of 2.0s of probes alone, then 2.0s with also 16 waiting callers"; !strings.Contains(out.String(), want) {
+		t.Errorf("the table lacks %q:\n%s", want, out.String())
+	}
+}
+
 func TestTimeoutsNeedsTimeForWaitsToRunOut(t *testing.T) {
 	_, err := Run(context.Background(), TargetSpec{Scheme: SchemeLockd, Addr: "127.0.0.1:1"}, testTargetOptions,
 		Config{Workload: Timeouts, Duration: 3 * time.Second})
 	if err == nil || !strings.Contains(err.Error(), "--duration ≥ 4s") {
 		t.Fatalf("a 3 s timeouts run with the 1 s wait: %v", err)
+	}
+	_, err = Run(context.Background(), TargetSpec{Scheme: SchemeLockd, Addr: "127.0.0.1:1"}, testTargetOptions,
+		Config{Workload: Timeouts, Duration: 10 * time.Second, Rounds: 3})
+	if err == nil || !strings.Contains(err.Error(), "--duration ≥ 12s") {
+		t.Fatalf("a 10 s timeouts run of 3 rounds with the 1 s wait: %v", err)
 	}
 }
 

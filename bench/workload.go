@@ -11,6 +11,7 @@ import (
 	mrand "math/rand/v2"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -75,7 +76,13 @@ type Config struct {
 	// Hold is the time between a grant and its release (the timeouts
 	// workload's waiting callers only: 0 there means
 	// DefaultTimeoutsHold).
-	Hold      time.Duration
+	Hold time.Duration
+	// Rounds is how many times the timeouts workload alternates a window
+	// of probes alone with a window in which the waiting callers queue
+	// too (0 means 1: two halves). More rounds interleave the two over
+	// the run, so that a machine whose speed drifts, or that stalls now
+	// and then, weighs on both alike.
+	Rounds    int
 	Admission AdmissionConfig
 	Keepalive KeepaliveConfig
 	// ServerPIDs, when not empty, are the processes of the target's
@@ -124,10 +131,11 @@ func (cfg *Config) applyDefaults() error {
 		if cfg.Rate <= 0 {
 			cfg.Rate = DefaultProbeRate
 		}
-		// The second half has the waiting callers; it must see waits run
-		// out more than once.
-		if cfg.Duration < 4*cfg.Wait {
-			return fmt.Errorf("timeouts needs a run of at least 4 × the wait %v, half of it with waits running out: use --duration ≥ %v", cfg.Wait, 4*cfg.Wait)
+		cfg.Rounds = max(cfg.Rounds, 1)
+		// Every window with the waiting callers must see waits run out
+		// more than once.
+		if least := 4 * cfg.Wait * time.Duration(cfg.Rounds); cfg.Duration < least {
+			return fmt.Errorf("timeouts needs a run of at least 4 × the wait %v per round, half of each round with waits running out: use --duration ≥ %v", cfg.Wait, least)
 		}
 	case Uncontended:
 		if cfg.Keys <= 0 {
@@ -266,11 +274,8 @@ type run struct {
 	lag       Histogram // of the open loop's arrivals
 	start     time.Time
 	end       time.Time
-	// reconnects are the timeouts workload's readings of the client's
-	// reconnect count: at the start, when the waiting callers start, at
-	// the end.
-	reconnects [3]uint64
-	keepalive  *keepaliveRun
+	waits     timeoutsRun // the timeouts workload's
+	keepalive *keepaliveRun
 }
 
 // Series of the admission and timeouts workloads: one per phase and
@@ -283,8 +288,9 @@ const (
 	streams        = 2
 )
 
-// timeoutsPhases are the timeouts workload's halves: the baseline, with
-// the probes alone, and the one with the waiting callers too.
+// timeoutsPhases are the phases the timeouts and keepalive workloads
+// record the probes in: the baseline, with the probes alone, and the one
+// with the load they measure too.
 const timeoutsPhases = 2
 
 func (r *run) execute(ctx context.Context) (*Result, error) {
@@ -578,34 +584,91 @@ func (r *run) admission(ctx context.Context, probes, pressure []Caller, blocker 
 	return nil
 }
 
+// timeoutsRun is what the timeouts workload measures beside the
+// recorder's series.
+type timeoutsRun struct {
+	// loaded is set while the waiting callers run, from the start of
+	// their window until the last of their cycles has ended: the probes
+	// scheduled meanwhile are the loaded phase's.
+	loaded atomic.Bool
+	// The client's reconnects and the time spent with the waiting
+	// callers running; set when the workload returns.
+	baselineReconnects, loadedReconnects uint64
+	loadedTime                           time.Duration
+	firstLoaded                          time.Duration // since the start
+}
+
 // timeouts runs the timeouts workload. A probe stream of uncontended
-// cycles at Config.Rate runs throughout; in the second half Callers
-// waiting callers queue for Keys hot keys with Config.Wait, each holding
-// its grant Config.Hold, so that most of their waits run out while the
-// probes share the same client. The first half, probes alone, is the
-// baseline the probes' latency is compared with.
+// cycles at Config.Rate runs throughout. The run is Config.Rounds rounds,
+// each a window of probes alone, the baseline the probes' latency is
+// compared with, then a window in which Callers waiting callers queue for
+// Keys hot keys with Config.Wait too, each holding its grant Config.Hold,
+// so that most of their waits run out while the probes share the same
+// client. A loaded window lasts until the waiting callers' last cycles
+// have ended, up to a wait and a hold past its end.
 func (r *run) timeouts(ctx context.Context, probes, waiting []Caller) {
 	reconnects := r.reconnectCount()
-	r.reconnects[0] = reconnects()
-	r.probeHalves(ctx, probes, func() {
-		r.reconnects[1] = reconnects()
-		var callers sync.WaitGroup
-		for i, c := range waiting {
-			worker := len(probes) + i
-			callers.Go(func() {
-				rng := r.newRand(worker)
-				for range maxCallerCycles {
-					now := time.Now()
-					if !now.Before(r.end) || ctx.Err() != nil {
-						return
-					}
-					r.cycle(ctx, c, worker, streams+pressureStream, r.pickKey(rng), r.cfg.Wait, r.cfg.Hold, now)
-				}
-			})
+	first := reconnects()
+	window := r.cfg.Duration / time.Duration(2*r.cfg.Rounds)
+	t := &r.waits
+	t.firstLoaded = window
+	var wg sync.WaitGroup
+	probeArrivals := make(chan arrival, len(probes))
+	for i, c := range probes {
+		wg.Go(func() {
+			rng := r.newRand(i)
+			for arr := range probeArrivals {
+				r.cycle(ctx, c, i, streams*arr.phase+probeStream, r.probeKey(rng), 0, 0, arr.at)
+			}
+		})
+	}
+	wg.Go(func() {
+		timer := time.NewTimer(time.Hour)
+		defer timer.Stop()
+		for round := range r.cfg.Rounds {
+			from := r.start.Add(time.Duration(2*round+1) * window)
+			timer.Reset(time.Until(from))
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				return
+			}
+			before, began := reconnects(), time.Now()
+			t.loaded.Store(true)
+			r.waitingWindow(ctx, len(probes), waiting, from.Add(window))
+			t.loaded.Store(false)
+			t.loadedReconnects += reconnects() - before
+			t.loadedTime += time.Since(began)
 		}
-		callers.Wait()
 	})
-	r.reconnects[2] = reconnects()
+	r.schedule(ctx, func(time.Duration) (float64, int, time.Duration) {
+		if t.loaded.Load() {
+			return r.cfg.Rate, 1, r.cfg.Duration
+		}
+		return r.cfg.Rate, 0, r.cfg.Duration
+	}, probeArrivals, &r.lag)
+	wg.Wait()
+	t.baselineReconnects = reconnects() - first - t.loadedReconnects
+}
+
+// waitingWindow runs the timeouts workload's waiting callers back to back
+// until until, and returns when the last of their cycles has ended.
+func (r *run) waitingWindow(ctx context.Context, firstWorker int, waiting []Caller, until time.Time) {
+	var callers sync.WaitGroup
+	for i, c := range waiting {
+		worker := firstWorker + i
+		callers.Go(func() {
+			rng := r.newRand(worker)
+			for range maxCallerCycles {
+				now := time.Now()
+				if !now.Before(until) || ctx.Err() != nil {
+					return
+				}
+				r.cycle(ctx, c, worker, streams+pressureStream, r.pickKey(rng), r.cfg.Wait, r.cfg.Hold, now)
+			}
+		})
+	}
+	callers.Wait()
 }
 
 // probeHalves runs the probe stream of the workloads measured in two

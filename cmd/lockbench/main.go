@@ -92,6 +92,7 @@ type options struct {
 	keys       int
 	wait       time.Duration
 	hold       time.Duration
+	rounds     int
 	target     bench.TargetOptions
 	admission  bench.AdmissionConfig
 	keepalive  bench.KeepaliveConfig
@@ -119,6 +120,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.keys, "keys", 0, fmt.Sprintf("key space (0: %d for uncontended and the admission probes, %d hot keys for contended, %d hot key for timeouts, whose probes draw from %[1]d)", bench.DefaultUncontendedKeys, bench.DefaultContendedKeys, bench.DefaultTimeoutsKeys))
 	fs.DurationVar(&o.wait, "wait", 0, fmt.Sprintf("how long a contended or timeouts acquire may wait (0: %v contended, %v timeouts)", bench.DefaultWait, bench.DefaultTimeoutsWait))
 	fs.DurationVar(&o.hold, "hold", 0, fmt.Sprintf("time a lock is held before its release (timeouts: the waiting callers' hold, 0 meaning %v)", bench.DefaultTimeoutsHold))
+	fs.IntVar(&o.rounds, "rounds", 1, "timeouts: windows of probes alone alternating with as many windows of waiting callers (1: two halves); --duration must be at least 4 × --wait per round")
 	fs.DurationVar(&o.target.Lease, "lease", 30*time.Second, "lease of every lock")
 	fs.BoolVar(&o.target.Raw, "raw", false, "drive lockd with bare protocol frames instead of the official client")
 	fs.StringVar(&o.target.Tenant, "tenant", "", "lockd tenant, with --secret-file when the server requires auth")
@@ -303,6 +305,7 @@ func runOne(ctx context.Context, o *options, target string, serverPIDs []int, wo
 		Keys:          o.keys,
 		Wait:          o.wait,
 		Hold:          o.hold,
+		Rounds:        o.rounds,
 		Admission:     o.admission,
 		Keepalive:     o.keepalive,
 		ServerPIDs:    serverPIDs,
