@@ -14,16 +14,8 @@ import (
 // confirmed, the probes run in both halves, and the cost per renewal is
 // reported, the server's too since this process is the server.
 func TestKeepaliveWorkloadThroughTheClient(t *testing.T) {
-	spec := startServer(t, 0)
-	cfg := Config{Workload: Keepalive, Callers: 8, Rate: 500, Duration: 2 * time.Second,
-		Keepalive: KeepaliveConfig{Holders: 16, Every: 50 * time.Millisecond}, ServerPIDs: []int{os.Getpid()}}
-	res, err := Run(context.Background(), spec, testTargetOptions, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := Check([]*Result{res}); err != nil {
-		t.Fatal(err)
-	}
+	res := runChecked(t, Config{Workload: Keepalive, Callers: 8, Rate: 500, Duration: 2 * time.Second,
+		Keepalive: KeepaliveConfig{Holders: 16, Every: 50 * time.Millisecond}, ServerPIDs: []int{os.Getpid()}})
 	k := res.Keepalive
 	if k == nil || k.Holders != 16 || k.EveryS != 0.05 || k.LoadedStartS != 1 {
 		t.Fatalf("keepalive result: %+v", k)

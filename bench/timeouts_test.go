@@ -16,15 +16,7 @@ import (
 // callers holding one hot key 200 ms each queue 3.2 s deep, so most of
 // their 1 s waits run out, while the probes share the client.
 func TestTimeoutsWorkloadThroughTheClient(t *testing.T) {
-	spec := startServer(t, 0)
-	cfg := Config{Workload: Timeouts, Callers: 16, Hold: 200 * time.Millisecond, Rate: 500, Duration: 4 * time.Second}
-	res, err := Run(context.Background(), spec, testTargetOptions, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := Check([]*Result{res}); err != nil {
-		t.Fatal(err)
-	}
+	res := runChecked(t, Config{Workload: Timeouts, Callers: 16, Hold: 200 * time.Millisecond, Rate: 500, Duration: 4 * time.Second})
 	to := res.Timeouts
 	if to == nil || to.WaitS != 1 || to.HoldS != 0.2 || to.HotKeys != 1 || to.LoadedStartS != 2 {
 		t.Fatalf("timeouts result: %+v", to)
@@ -107,15 +99,7 @@ func TestTimeoutsWorkloadInBareFrames(t *testing.T) {
 // lasts until its waiting callers' last cycles end, at most a wait and a
 // hold past the window.
 func TestTimeoutsWorkloadInRounds(t *testing.T) {
-	spec := startServer(t, 0)
-	cfg := Config{Workload: Timeouts, Callers: 16, Hold: 200 * time.Millisecond, Rate: 500, Duration: 8 * time.Second, Rounds: 2}
-	res, err := Run(context.Background(), spec, testTargetOptions, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := Check([]*Result{res}); err != nil {
-		t.Fatal(err)
-	}
+	res := runChecked(t, Config{Workload: Timeouts, Callers: 16, Hold: 200 * time.Millisecond, Rate: 500, Duration: 8 * time.Second, Rounds: 2})
 	to := res.Timeouts
 	if to.Rounds != 2 || to.LoadedStartS != 2 {
 		t.Fatalf("rounds %d, first loaded window at %vs; want 2 rounds, at 2s", to.Rounds, to.LoadedStartS)

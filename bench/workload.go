@@ -612,17 +612,13 @@ func (r *run) timeouts(ctx context.Context, probes, waiting []Caller) {
 	window := r.cfg.Duration / time.Duration(2*r.cfg.Rounds)
 	t := &r.waits
 	t.firstLoaded = window
-	var wg sync.WaitGroup
-	probeArrivals := make(chan arrival, len(probes))
-	for i, c := range probes {
-		wg.Go(func() {
-			rng := r.newRand(i)
-			for arr := range probeArrivals {
-				r.cycle(ctx, c, i, streams*arr.phase+probeStream, r.probeKey(rng), 0, 0, arr.at)
-			}
-		})
+	loadedPhase := func(time.Duration) int {
+		if t.loaded.Load() {
+			return 1
+		}
+		return 0
 	}
-	wg.Go(func() {
+	r.probePhases(ctx, probes, loadedPhase, func() {
 		timer := time.NewTimer(time.Hour)
 		defer timer.Stop()
 		for round := range r.cfg.Rounds {
@@ -641,13 +637,6 @@ func (r *run) timeouts(ctx context.Context, probes, waiting []Caller) {
 			t.loadedTime += time.Since(began)
 		}
 	})
-	r.schedule(ctx, func(time.Duration) (float64, int, time.Duration) {
-		if t.loaded.Load() {
-			return r.cfg.Rate, 1, r.cfg.Duration
-		}
-		return r.cfg.Rate, 0, r.cfg.Duration
-	}, probeArrivals, &r.lag)
-	wg.Wait()
 	t.baselineReconnects = reconnects() - first - t.loadedReconnects
 }
 
@@ -672,12 +661,35 @@ func (r *run) waitingWindow(ctx context.Context, firstWorker int, waiting []Call
 }
 
 // probeHalves runs the probe stream of the workloads measured in two
-// halves (timeouts, keepalive): uncontended cycles at Config.Rate
-// throughout, recorded as phase 0 before the half and phase 1 after it,
-// while atHalf, started at the half unless ctx ends first, adds the load
-// whose cost the second half shows. It returns when both are done.
+// halves (keepalive): phase 0 before the half and phase 1 after it, while
+// atHalf, started at the half unless ctx ends first, adds the load whose
+// cost the second half shows. It returns when both are done.
 func (r *run) probeHalves(ctx context.Context, probes []Caller, atHalf func()) {
 	half := r.cfg.Duration / timeoutsPhases
+	halfOf := func(at time.Duration) int {
+		if at < half {
+			return 0
+		}
+		return 1
+	}
+	r.probePhases(ctx, probes, halfOf, func() {
+		start := time.NewTimer(time.Until(r.start.Add(half)))
+		defer start.Stop()
+		select {
+		case <-start.C:
+		case <-ctx.Done():
+			return
+		}
+		atHalf()
+	})
+}
+
+// probePhases runs the probe stream of the workloads measured in phases
+// (timeouts, keepalive): uncontended cycles at Config.Rate throughout,
+// each recorded in the phase phaseAt gives its scheduled instant, while
+// load, on a goroutine of its own, adds the load whose cost the phase 1
+// probes show. It returns when both are done.
+func (r *run) probePhases(ctx context.Context, probes []Caller, phaseAt func(at time.Duration) int, load func()) {
 	var wg sync.WaitGroup
 	probeArrivals := make(chan arrival, len(probes))
 	for i, c := range probes {
@@ -688,21 +700,9 @@ func (r *run) probeHalves(ctx context.Context, probes []Caller, atHalf func()) {
 			}
 		})
 	}
-	wg.Go(func() {
-		start := time.NewTimer(time.Until(r.start.Add(half)))
-		defer start.Stop()
-		select {
-		case <-start.C:
-		case <-ctx.Done():
-			return
-		}
-		atHalf()
-	})
+	wg.Go(load)
 	r.schedule(ctx, func(at time.Duration) (float64, int, time.Duration) {
-		if at < half {
-			return r.cfg.Rate, 0, half
-		}
-		return r.cfg.Rate, 1, r.cfg.Duration
+		return r.cfg.Rate, phaseAt(at), r.cfg.Duration
 	}, probeArrivals, &r.lag)
 	wg.Wait()
 }

@@ -36,6 +36,20 @@ func checkSane(t *testing.T, res *Result) {
 	}
 }
 
+// runChecked runs cfg through the official client against a fresh
+// in-process server and fails the test unless Check passes the result.
+func runChecked(t *testing.T, cfg Config) *Result {
+	t.Helper()
+	res, err := Run(context.Background(), startServer(t, 0), testTargetOptions, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Check([]*Result{res}); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
 func TestWorkloadsAgainstAnInProcessServer(t *testing.T) {
 	spec := startServer(t, 0)
 	for _, tc := range []struct {
