@@ -46,8 +46,9 @@ Workloads: uncontended (wait 0 on random keys), contended (hot keys,
 --wait 5s), admission (lockd only: fill the in-flight gate, probe it),
 timeouts (--callers callers queue for --keys 1 hot key, holding it --hold
 50ms, with --wait 1s, so most waits run out, while uncontended probes at
---rate 1000/s share the client; the first half of the run is the probes'
-baseline; outcomes by kind: A, T, W own indeterminate, I collateral, and
+--rate 1000/s share the client; --rounds windows of probes alone, their
+baseline, alternate with as many windows of waiting callers (1: two
+halves); outcomes by kind: A, T, W own indeterminate, I collateral, and
 the client's reconnects), keepalive (lockd client only: uncontended probes
 at --rate 1000/s throughout; in the second half --keepalive-holders 64
 callers, each holding a lock, also renew it every --keepalive-every 100ms
