@@ -195,7 +195,7 @@ func (g *group) cancel(key string, id uint64) {
 func (n *Node) Flush() {
 	for _, g := range n.groups {
 		if g.dirty.Load() {
-			g.propose()
+			g.proposeFromLoop()
 		}
 	}
 }

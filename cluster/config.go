@@ -49,16 +49,12 @@ const (
 	DefaultMaxInMemLogSize    = 8 << 20
 	DefaultProposeTimeout     = 2 * time.Second
 	// expiryHousekeeping bounds how long the expiry driver sleeps: it
-	// wakes at its next lease deadline, when a grant is applied and when a
-	// group's leader changes, and at least this often for what is judged
-	// by elapsed time (silent peers, leader placement, orphan rechecks).
-	// Its earlier fixed 10 ms tick was half of an idle cluster's CPU.
+	// wakes at its next lease deadline and when a group's leader changes,
+	// and at least this often for what is judged by elapsed time (silent
+	// peers, leader placement, orphan rechecks, and leases applied since,
+	// which last at least a second). Its earlier fixed 10 ms tick was half
+	// of an idle cluster's CPU.
 	expiryHousekeeping = 250 * time.Millisecond
-	// expiryMinGap keeps the driver's passes apart when grants apply
-	// thousands of times a second: a lease is stamped at most this late
-	// after its apply, and the driver runs no more often than its earlier
-	// fixed tick.
-	expiryMinGap = 10 * time.Millisecond
 	// expireRetry re-arms a due lease whose expire proposal may be lost.
 	expireRetry  = 500 * time.Millisecond
 	deploymentID = 0x6c6f636b64 // "lockd"

@@ -33,29 +33,18 @@ func (l leaderListener) LeaderUpdated(raftio.LeaderInfo) { l.n.expiryDue() }
 // still names the key's current token. A replica that becomes leader
 // rebuilds its heap from the replicated table, keeping what it knew. The
 // driver sleeps until the earliest of its leader's next deadline, a wake-up
-// (expiryDue, no sooner than expiryMinGap after the last pass) and
-// expiryHousekeeping.
+// (expiryDue) and expiryHousekeeping.
 func (n *Node) expiryLoop(ctx context.Context) {
 	wake := time.NewTimer(0)
 	defer wake.Stop()
 	var due []expiry
-	var lastPass time.Time
-	nextPass := time.Now() // when wake fires
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-wake.C:
 		case <-n.wakeExpiry:
-			if soonest := lastPass.Add(expiryMinGap); time.Now().Before(soonest) {
-				if soonest.Before(nextPass) {
-					nextPass = soonest
-					wake.Reset(time.Until(soonest))
-				}
-				continue
-			}
 		}
-		lastPass = time.Now()
 		sleep := expiryHousekeeping
 		gatherOn := uint64(0) // group 0's leader, where idle groups gather
 		for i, g := range n.groups {
@@ -79,7 +68,7 @@ func (n *Node) expiryLoop(ctx context.Context) {
 				g.leaderSince = now
 			}
 			f.mu.Lock()
-			f.stampFresh(now)
+			f.compactHeap()
 			if leader && !g.wasLeader {
 				f.rebuild(now)
 			}
@@ -133,9 +122,7 @@ func (n *Node) expiryLoop(ctx context.Context) {
 			clear(due)
 			g.propose()
 		}
-		sleep = max(sleep, 0)
-		nextPass = lastPass.Add(sleep)
-		wake.Reset(sleep)
+		wake.Reset(max(sleep, 0))
 	}
 }
 

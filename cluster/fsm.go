@@ -29,9 +29,12 @@ type fsm struct {
 	keysRefused atomic.Uint64
 
 	// node-local, under mu:
-	fresh []expiry // grants and renewals applied since the expiry driver last ran
-	heap  engine.DeadlineHeap[expiry]
-	load  map[uint64]uint64 // acquires and releases applied per proposing node, for leader placement
+	heap engine.DeadlineHeap[expiry]
+	load map[uint64]uint64 // acquires and releases applied per proposing node, for leader placement
+
+	// clock stamps the leases applied (the node's clock; tests pass
+	// their own).
+	clock func() time.Duration
 
 	// used by Update and RecoverFromSnapshot only, which dragonboat calls
 	// one at a time:
@@ -40,7 +43,7 @@ type fsm struct {
 }
 
 func newFSM(g *group, firstToken uint64) *fsm {
-	return &fsm{g: g, state: newReplicated(firstToken), load: make(map[uint64]uint64)}
+	return &fsm{g: g, state: newReplicated(firstToken), load: make(map[uint64]uint64), clock: g.n.clock}
 }
 
 // Update applies one batch. Malformed batches are skipped whole (they
@@ -62,19 +65,25 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 		}
 		f.state.apply(&f.cmd, &f.out)
 	}
-	f.takeLeases()
-	stamp := len(f.fresh) > 0
-	f.mu.Unlock()
-	if stamp {
-		f.g.n.expiryDue()
+	if len(f.out.leases) > 0 {
+		f.takeLeases(f.clock())
 	}
+	f.mu.Unlock()
+	f.g.appliedOwn(e.Cmd)
 	f.deliver()
 	return sm.Result{Value: uint64(count)}, nil
 }
 
-// takeLeases moves the leases applied into the expiry driver's queue.
-func (f *fsm) takeLeases() {
-	f.fresh = append(f.fresh, f.out.leases...)
+// takeLeases gives the grants and renewals just applied their deadline,
+// now + lease on this replica's clock, read after the apply, so that no
+// replica ends a lease before the client's own bound (send instant +
+// waited + lease). The expiry driver is not woken: a lease lasts at least
+// a second, so it ends after the driver's next pass (expiryHousekeeping),
+// and a wake-up per batch was one context switch per commit on every node.
+func (f *fsm) takeLeases(now time.Duration) {
+	for _, e := range f.out.leases {
+		f.heap.Push(now+e.lease, e)
+	}
 	clear(f.out.leases)
 	f.out.leases = f.out.leases[:0]
 }
@@ -126,9 +135,9 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 		return err
 	}
 	self := f.g.n.cfg.NodeID
-	var fresh []expiry
+	f.mu.Lock()
 	for k, l := range state.locks {
-		fresh = append(fresh, expiry{key: k, token: l.Token, renewals: l.renewals, lease: seconds(l.lease)})
+		f.out.leases = append(f.out.leases, expiry{key: k, token: l.Token, renewals: l.renewals, lease: seconds(l.lease)})
 		if l.node == self {
 			// Before its queue: a retried duplicate of the holder's own
 			// request may wait behind it.
@@ -140,10 +149,9 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 			}
 		}
 	}
-	f.mu.Lock()
 	f.state = state
 	f.heap = f.heap[:0]
-	f.fresh = fresh
+	f.takeLeases(f.clock())
 	f.restored.Add(1)
 	f.mu.Unlock()
 	f.g.n.expiryDue()
@@ -160,7 +168,7 @@ type expiry struct {
 	key      string
 	token    uint64
 	renewals uint32
-	lease    time.Duration // for fresh entries, before they are pushed
+	lease    time.Duration // for entries not yet in the heap
 }
 
 // takeLoad returns and resets the per-node command counts since the last
@@ -211,17 +219,8 @@ func (f *fsm) valid(e expiry) bool {
 	return l != nil && l.Token == e.token && l.renewals == e.renewals
 }
 
-// stampFresh gives the grants and renewals applied since the last call
-// their deadline:
-// now + lease on this replica's clock, read after the apply, so no replica
-// ends a lease before the client's own bound (send instant + waited +
-// lease). Stale heap entries are compacted when they outnumber live locks.
-func (f *fsm) stampFresh(now time.Duration) {
-	for _, e := range f.fresh {
-		f.heap.Push(now+e.lease, e)
-	}
-	clear(f.fresh)
-	f.fresh = f.fresh[:0]
+// compactHeap drops stale heap entries when they outnumber live locks.
+func (f *fsm) compactHeap() {
 	if len(f.heap) > 64 && len(f.heap) > 2*len(f.state.locks) {
 		f.heap.Retain(func(d engine.Deadline[expiry]) bool { return f.valid(d.Item) })
 	}

@@ -22,6 +22,7 @@ func detachedFSM() *fsm { return detachedFSMWithKeys(1 << 20) }
 func detachedFSMWithKeys(maxKeys int) *fsm {
 	g := &group{n: &Node{cfg: Config{NodeID: 99}}, maxKeys: maxKeys}
 	f := newFSM(g, 1)
+	f.clock = func() time.Duration { return 100 }
 	g.fsm.Store(f)
 	return f
 }
@@ -158,8 +159,8 @@ func TestFSMDeterministicAndSnapshot(t *testing.T) {
 	if !reflect.DeepEqual(stateOf(a), stateOf(c)) {
 		t.Fatalf("snapshot restore differs:\n%+v\n%+v", stateOf(a), stateOf(c))
 	}
-	if len(c.fresh) != len(c.state.locks) {
-		t.Fatalf("restored locks not handed to the expiry heap: %d of %d", len(c.fresh), len(c.state.locks))
+	if len(c.heap) != len(c.state.locks) {
+		t.Fatalf("restored locks not handed to the expiry heap: %d of %d", len(c.heap), len(c.state.locks))
 	}
 	// Continuing after the restore stays in step.
 	for i, cmd := range randomBatches(8, 200) {
@@ -217,7 +218,6 @@ func TestExpiryHeapValidatedByToken(t *testing.T) {
 	b = appendAcquire(b, 1, 2, 20, 0, 1<<20, "t", []byte("b"))
 	putHeader(b, 1, 2)
 	f.Update(sm.Entry{Cmd: b})
-	f.stampFresh(100)
 	if len(f.heap) != 2 || f.heap[0].At != 100+10e9 {
 		t.Fatalf("heap %+v", f.heap)
 	}

@@ -28,10 +28,12 @@ func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 	ask := func(owner uint64) uint64 { return n.registerUngated(owner, rec) } // a KEEP's request, as Node.Keep makes it
 	key := []byte("k")
 	k := lockKey([]byte("t"), key)
+	now := time.Duration(100)
+	f.clock = func() time.Duration { return now }
 	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 10, 0, 1<<20, "t", key) })
 	token := f.state.locks[k].Token
-	f.stampFresh(100)
 
+	now = 100 + 5e9
 	applyOne(t, f, 2, func(b []byte) []byte { return appendKeep(b, 1, ask(1), token, 0, 30, "t", key) })
 	if got := rec.wait(t, 1, time.Second); got != (engine.Result{Outcome: engine.Renewed, Token: token}) {
 		t.Fatalf("KEEP of the current token: %+v", got)
@@ -39,7 +41,6 @@ func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 	if l := f.state.locks[k]; l.Token != token || l.lease != 30 || l.renewals != 1 {
 		t.Fatalf("renewed lock %+v", *l)
 	}
-	f.stampFresh(100 + 5e9)
 	if due := f.due(100+10e9, 5e8, nil); len(due) != 0 {
 		t.Fatalf("the replaced lease's end reported due: %+v", due)
 	}
@@ -105,10 +106,10 @@ func TestFSMKeepAppliedTwiceRenewsOnce(t *testing.T) {
 			t.Fatalf("owner %d: %+v", owner, got)
 		}
 	}
-	fresh := len(f.fresh)
+	deadlines := len(f.heap)
 	applyOne(t, f, 4, short(first)) // the first KEEP's batch, applied again
-	if l := f.state.locks[k]; l.lease != 60 || l.renewals != 2 || len(f.fresh) != fresh {
-		t.Fatalf("a duplicate KEEP changed the lock: %+v, %d fresh entries (was %d)", *l, len(f.fresh), fresh)
+	if l := f.state.locks[k]; l.lease != 60 || l.renewals != 2 || len(f.heap) != deadlines {
+		t.Fatalf("a duplicate KEEP changed the lock: %+v, %d expiry entries (was %d)", *l, len(f.heap), deadlines)
 	}
 	g.mu.Lock()
 	queued := g.count
@@ -135,12 +136,13 @@ func TestFSMKeepAppliedTwiceRenewsOnce(t *testing.T) {
 // longer one of the lease it replaced: a KEEP may shorten a lease.
 func TestRebuildKeepsTheRenewedDeadline(t *testing.T) {
 	f := detachedFSM()
+	now := time.Duration(100)
+	f.clock = func() time.Duration { return now }
 	key := []byte("k")
 	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 60, 0, 1<<20, "t", key) })
 	token := f.state.locks[lockKey([]byte("t"), key)].Token
-	f.stampFresh(100)
+	now = 100 + 1e9
 	applyOne(t, f, 2, func(b []byte) []byte { return appendKeep(b, 2, 0, token, 0, 5, "t", key) })
-	f.stampFresh(100 + 1e9)
 	f.rebuild(100 + 2e9)
 	if len(f.heap) != 1 || f.heap[0].At != 100+1e9+5e9 || f.heap[0].Item.renewals != 1 {
 		t.Fatalf("rebuilt heap %+v", f.heap)

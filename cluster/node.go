@@ -49,8 +49,8 @@ type Node struct {
 	reg     map[uint64]*pending
 	timers  engine.DeadlineHeap[*pending] // stale once done or re-armed
 	wakeReg chan struct{}
-	// wakeExpiry wakes the expiry driver before its timer: a grant was
-	// applied, or a group's leader changed.
+	// wakeExpiry wakes the expiry driver before its timer: a group's
+	// leader changed, or a snapshot was restored.
 	wakeExpiry chan struct{}
 
 	inflight *engine.AdmissionGate

@@ -5,8 +5,10 @@ package cluster
 // re-sends.
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,6 +49,11 @@ type group struct {
 	// wait; freed signals a slot coming back.
 	slots chan struct{}
 	freed chan struct{}
+	// out holds the proposals whose slots are held (under mu): the apply
+	// of one frees its slot at once (appliedOwn), not when its watcher
+	// hears of the result, after the answers it carried were delivered
+	// and the next requests may have found no slot free.
+	out []*bytebufferpool.ByteBuffer
 
 	wasLeader bool            // expiry driver only
 	forgotten map[uint64]bool // expiry driver only: peers whose waiters this leader dropped
@@ -93,18 +100,94 @@ func (g *group) take() *bytebufferpool.ByteBuffer {
 	b := proposalBuffers.Get()
 	b.B, g.buf = g.buf, append(b.B[:0], make([]byte, headerLen)...)
 	g.count = 0
+	g.out = append(g.out, b)
 	return b
 }
 
 // done ends proposal b: its buffer goes back to the pool, and its slot
-// too, which the proposer is told of.
+// too, unless its apply freed it already.
 func (g *group) done(b *bytebufferpool.ByteBuffer) {
+	g.mu.Lock()
+	i := slices.Index(g.out, b)
+	if i >= 0 {
+		g.out = slices.Delete(g.out, i, i+1)
+	}
+	g.mu.Unlock()
 	proposalBuffers.Put(b)
+	if i >= 0 {
+		g.freeSlot()
+	}
+}
+
+// appliedOwn frees the slot of the proposal of this node whose bytes cmd
+// are, if any: it has applied, whatever its watcher hears later (a retry
+// of it then goes out without a slot, and changes nothing).
+func (g *group) appliedOwn(cmd []byte) {
+	g.mu.Lock()
+	i := slices.IndexFunc(g.out, func(b *bytebufferpool.ByteBuffer) bool { return bytes.Equal(b.B, cmd) })
+	if i >= 0 {
+		g.out = slices.Delete(g.out, i, i+1)
+	}
+	g.mu.Unlock()
+	if i >= 0 {
+		g.freeSlot()
+	}
+}
+
+// freeSlot gives a proposal slot back; the proposer is told when commands
+// wait for it. When none wait, the next event loop to flush finds the
+// slot free and proposes itself (proposeFromLoop).
+func (g *group) freeSlot() {
 	<-g.slots
+	if g.pending() == 0 {
+		return
+	}
 	select {
 	case g.freed <- struct{}{}:
 	default:
 	}
+}
+
+// proposeFromLoop proposes what the event loops gathered for g from the
+// calling loop itself when no proposal of g is out and g has a leader:
+// handing each commit to the proposer goroutine cost a wake-up on its
+// path, a context switch on this machine. Otherwise the proposer decides
+// (the next batch gathers behind the one out; no leader means retries),
+// and so it does for an attempt refused here, on a goroutine of its own,
+// since a loop must not wait.
+func (g *group) proposeFromLoop() {
+	if g.n.ctx.Err() != nil {
+		return // closing: the proposer has stopped too
+	}
+	select {
+	case g.slots <- struct{}{}:
+	default:
+		g.propose()
+		return
+	}
+	if len(g.slots) > 1 || g.n.Leader(g.idx) == 0 {
+		<-g.slots
+		g.propose()
+		return
+	}
+	b := g.take()
+	if b == nil {
+		<-g.slots
+		return
+	}
+	n := g.n
+	deadline := time.Now().Add(n.cfg.ProposeTimeout)
+	if g.proposeOnce(n.ctx, b, deadline) == nil {
+		return
+	}
+	n.stats.proposeRetries.Add(1)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		if !g.send(n.ctx, b, deadline) {
+			g.done(b)
+		}
+	}()
 }
 
 // proposeLoop turns whatever accumulated since the last proposal into the
@@ -183,20 +266,8 @@ func (g *group) send(ctx context.Context, b *bytebufferpool.ByteBuffer, deadline
 			}
 			continue
 		}
-		leaderChanged := *g.newLeader.Load()
-		// dragonboat refuses a timeout under one tick (one RTT): a batch
-		// close to its deadline still gets a whole attempt. Its requests
-		// are answered by their own deadlines all the same, and what
-		// applies later is handled as any late outcome.
-		attempt := max(min(left, n.cfg.AttemptTimeout), 2*n.cfg.RTT)
-		rs, err := n.nh.Propose(n.nh.GetNoOPSession(g.shardID), b.B, attempt)
+		err := g.proposeOnce(ctx, b, deadline)
 		if err == nil {
-			n.stats.proposals.Add(1)
-			n.stats.commands.Add(uint64(binaryCount(b.B)))
-			// Added from a goroutine the node's WaitGroup already counts
-			// (the proposer or a watcher), so Close cannot miss it.
-			n.wg.Add(1)
-			go func() { defer n.wg.Done(); g.watch(ctx, rs, leaderChanged, b, deadline) }()
 			return true
 		}
 		if !dragonboat.IsTempError(err) {
@@ -210,6 +281,30 @@ func (g *group) send(ctx context.Context, b *bytebufferpool.ByteBuffer, deadline
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// proposeOnce makes one attempt at proposing b; when dragonboat takes it,
+// a watcher owns b and its slot from then on.
+func (g *group) proposeOnce(ctx context.Context, b *bytebufferpool.ByteBuffer, deadline time.Time) error {
+	n := g.n
+	leaderChanged := *g.newLeader.Load()
+	// dragonboat refuses a timeout under one tick (one RTT): a batch
+	// close to its deadline still gets a whole attempt. Its requests are
+	// answered by their own deadlines all the same, and what applies later
+	// is handled as any late outcome.
+	attempt := max(min(time.Until(deadline), n.cfg.AttemptTimeout), 2*n.cfg.RTT)
+	rs, err := n.nh.Propose(n.nh.GetNoOPSession(g.shardID), b.B, attempt)
+	if err != nil {
+		return err
+	}
+	n.stats.proposals.Add(1)
+	n.stats.commands.Add(uint64(binaryCount(b.B)))
+	// Added from a goroutine the node's WaitGroup already counts (the
+	// proposer or a watcher), or from an event loop, which the server
+	// stops before Close; so Close cannot miss it.
+	n.wg.Add(1)
+	go func() { defer n.wg.Done(); g.watch(ctx, rs, leaderChanged, b, deadline) }()
+	return nil
 }
 
 func binaryCount(b []byte) uint32 { return binary.BigEndian.Uint32(b[9:]) }

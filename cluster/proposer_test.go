@@ -3,7 +3,10 @@ package cluster
 import (
 	"bytes"
 	"testing"
+	"time"
 
+	sm "github.com/lni/dragonboat/v4/statemachine"
+	"github.com/lockd/lockd/engine"
 	"github.com/valyala/bytebufferpool"
 )
 
@@ -60,5 +63,75 @@ func BenchmarkProposalBatches(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		g.done(g.gather(32, "bench/key"))
+	}
+}
+
+// slotProbe is a waiter that records how many proposal slots its group
+// held when its answer came.
+type slotProbe struct {
+	g    *group
+	held chan int
+}
+
+func (s slotProbe) Resolve(uint64, engine.Result) { s.held <- len(s.g.slots) }
+
+// The apply of a node's own proposal frees its slot before the answers it
+// carries go out: a client that gets its grant and sends its release at
+// once finds the slot free, and its event loop proposes the release
+// itself. The watcher that ends the proposal later frees nothing twice.
+func TestAppliedProposalFreesItsSlotBeforeAnswering(t *testing.T) {
+	n, g, f := localNode()
+	g.slots, g.freed, g.buf = make(chan struct{}, proposalsInFlight), make(chan struct{}, 1), make([]byte, headerLen, 4096)
+	probe := slotProbe{g: g, held: make(chan int, 1)}
+	p := &pending{id: n.nextID(), w: probe, owner: 1, start: n.clock(), deadline: n.clock() + time.Minute}
+	n.register(p)
+	g.mu.Lock()
+	g.buf = appendAcquire(g.buf, n.cfg.NodeID, p.id, 10, 0, 1<<20, "t", []byte("k"))
+	g.count++
+	g.mu.Unlock()
+	g.slots <- struct{}{}
+	b := g.take()
+
+	if _, err := f.Update(sm.Entry{Index: 1, Cmd: bytes.Clone(b.B)}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case held := <-probe.held:
+		if held != 0 {
+			t.Fatalf("the answer went out with %d slots held; want the applied proposal's slot freed first", held)
+		}
+	default:
+		t.Fatal("the acquire was not answered by its apply")
+	}
+	g.slots <- struct{}{} // the next proposal's
+	g.done(b)             // the first proposal's watcher hears of it
+	if len(g.slots) != 1 {
+		t.Fatalf("%d slots held after the watcher ended the applied proposal, want the next proposal's 1", len(g.slots))
+	}
+}
+
+// An event loop's flush proposes its commands itself when no proposal of
+// the group is out, rather than waking the group's proposer goroutine (a
+// context switch on every commit's path): the proposal has gone to Raft
+// by the time Flush returns.
+func TestFlushProposesFromTheLoopWhenNoProposalIsOut(t *testing.T) {
+	tc := newTestCluster(t, 1, nil)
+	n := tc.node(1)
+	rec := newRecorder()
+	if r := acquire(t, n, rec, 1, "warm", 30*time.Second, 0); r.Outcome != engine.Granted {
+		t.Fatalf("first acquire: %+v", r)
+	}
+	g := n.groups[n.GroupOf("default", []byte("k"))]
+	waitUntil(t, 10*time.Second, "no proposal of the group out", func() bool { return len(g.slots) == 0 })
+	before := n.stats.proposals.Load()
+	if r, _ := n.Acquire(n.Namespace("default"), []byte("k"), 2, 30*time.Second, 0, rec); r.Outcome != engine.Queued {
+		t.Fatalf("acquire: %+v", r)
+	}
+	n.Flush()
+	if got := n.stats.proposals.Load(); got != before+1 {
+		t.Fatalf("%d proposals made by the time Flush returned, want 1", got-before)
+	}
+	if r := rec.wait(t, 2, 10*time.Second); r.Outcome != engine.Granted {
+		t.Fatalf("acquire: %+v", r)
 	}
 }
