@@ -132,7 +132,7 @@ func (l *commitLazyLogDB) SaveRaftState(updates []pb.Update, worker uint64) erro
 	// in fdatasync with the senders queued behind it, and the entries
 	// reached the followers only after the leader's own sync had started
 	// (a median 280 µs after the request was read; 86 µs with this yield,
-	// docs/cluster.md, Performance). Yielding lets the senders write
+	// docs/cluster.md, Raft log). Yielding lets the senders write
 	// first.
 	runtime.Gosched()
 	err := l.ILogDB.SaveRaftState(kept, worker)

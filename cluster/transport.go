@@ -10,6 +10,7 @@ import (
 	"hash/crc32"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -345,11 +346,33 @@ type frameConn struct {
 func (c *frameConn) Close() { c.conn.Close() }
 
 func (c *frameConn) SendMessageBatch(mb pb.MessageBatch) error {
+	if onlyNotices(mb) {
+		// A leader's step worker that commits an entry readies the apply
+		// worker, whose answers clients wait for, and then the senders of
+		// the commit notices; the latest readied runs first, so the
+		// notices' writes went ahead of the apply (a median 266 µs from
+		// the acknowledgement to the apply in traces at one caller; 112
+		// µs with this yield, docs/cluster.md, Performance).
+		runtime.Gosched()
+	}
 	err := c.send(frameMessages, &mb, mb.SizeUpperLimit())
 	if err == nil && c.framesSent != nil {
 		c.framesSent.Add(1)
 	}
 	return err
+}
+
+// onlyNotices reports whether a batch carries nothing a peer needs in
+// order to commit: replicate messages without entries (a new commit
+// index) and heartbeats.
+func onlyNotices(mb pb.MessageBatch) bool {
+	for i := range mb.Requests {
+		m := &mb.Requests[i]
+		if !(m.Type == pb.Replicate && len(m.Entries) == 0 || m.Type == pb.Heartbeat) {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *frameConn) SendChunk(chunk pb.Chunk) error {

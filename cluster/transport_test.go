@@ -195,3 +195,29 @@ func (c flipLastBit) Write(b []byte) (int, error) {
 	d[len(d)-1] ^= 1
 	return c.Conn.Write(d)
 }
+
+// Only batches that no peer needs in order to commit may give way to the
+// apply: commit notices (replicate messages without entries) and
+// heartbeats. Entries and acknowledgements go out at once.
+func TestOnlyNoticesGiveWay(t *testing.T) {
+	notice := pb.Message{Type: pb.Replicate, Commit: 7}
+	entries := pb.Message{Type: pb.Replicate, Entries: []pb.Entry{{Index: 8}}}
+	for _, c := range []struct {
+		name string
+		msgs []pb.Message
+		want bool
+	}{
+		{"commit notice", []pb.Message{notice}, true},
+		{"heartbeats", []pb.Message{{Type: pb.Heartbeat}, {Type: pb.Heartbeat}}, true},
+		{"notice and heartbeat", []pb.Message{notice, {Type: pb.Heartbeat}}, true},
+		{"entries", []pb.Message{entries}, false},
+		{"notice and entries", []pb.Message{notice, entries}, false},
+		{"acknowledgement", []pb.Message{{Type: pb.ReplicateResp}}, false},
+		{"heartbeat answer", []pb.Message{{Type: pb.HeartbeatResp}}, false},
+		{"vote", []pb.Message{{Type: pb.RequestVote}}, false},
+	} {
+		if got := onlyNotices(pb.MessageBatch{Requests: c.msgs}); got != c.want {
+			t.Errorf("%s: onlyNotices = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
