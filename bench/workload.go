@@ -548,15 +548,7 @@ func (r *run) admission(ctx context.Context, probes, pressure []Caller, blocker 
 	}
 
 	var wg sync.WaitGroup
-	probeArrivals := make(chan arrival, len(probes))
-	for i, c := range probes {
-		wg.Go(func() {
-			rng := r.newRand(i)
-			for arr := range probeArrivals {
-				r.cycle(ctx, c, i, streams*arr.phase+probeStream, r.pickKey(rng), 0, r.cfg.Hold, arr.at)
-			}
-		})
-	}
+	probeArrivals := r.startProbes(ctx, &wg, probes, r.pickKey, r.cfg.Hold)
 	pressureArrivals := make(chan arrival, len(pressure))
 	for i, c := range pressure {
 		worker := len(probes) + i
@@ -684,6 +676,22 @@ func (r *run) probeHalves(ctx context.Context, probes []Caller, atHalf func()) {
 	})
 }
 
+// startProbes starts, in wg, one goroutine per probe caller that runs an
+// uncontended cycle for each arrival on the channel it returns, on a key
+// from pick held for hold, until the channel is closed.
+func (r *run) startProbes(ctx context.Context, wg *sync.WaitGroup, probes []Caller, pick func(*mrand.Rand) string, hold time.Duration) chan arrival {
+	arrivals := make(chan arrival, len(probes))
+	for i, c := range probes {
+		wg.Go(func() {
+			rng := r.newRand(i)
+			for arr := range arrivals {
+				r.cycle(ctx, c, i, streams*arr.phase+probeStream, pick(rng), 0, hold, arr.at)
+			}
+		})
+	}
+	return arrivals
+}
+
 // probePhases runs the probe stream of the workloads measured in phases
 // (timeouts, keepalive): uncontended cycles at Config.Rate throughout,
 // each recorded in the phase phaseAt gives its scheduled instant, while
@@ -691,15 +699,7 @@ func (r *run) probeHalves(ctx context.Context, probes []Caller, atHalf func()) {
 // probes show. It returns when both are done.
 func (r *run) probePhases(ctx context.Context, probes []Caller, phaseAt func(at time.Duration) int, load func()) {
 	var wg sync.WaitGroup
-	probeArrivals := make(chan arrival, len(probes))
-	for i, c := range probes {
-		wg.Go(func() {
-			rng := r.newRand(i)
-			for arr := range probeArrivals {
-				r.cycle(ctx, c, i, streams*arr.phase+probeStream, r.probeKey(rng), 0, 0, arr.at)
-			}
-		})
-	}
+	probeArrivals := r.startProbes(ctx, &wg, probes, r.probeKey, 0)
 	wg.Go(load)
 	r.schedule(ctx, func(at time.Duration) (float64, int, time.Duration) {
 		return r.cfg.Rate, phaseAt(at), r.cfg.Duration

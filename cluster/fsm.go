@@ -154,7 +154,6 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 	f.takeLeases(f.clock())
 	f.restored.Add(1)
 	f.mu.Unlock()
-	f.g.n.expiryDue()
 	f.deliver()
 	return nil
 }

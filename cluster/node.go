@@ -50,7 +50,7 @@ type Node struct {
 	timers  engine.DeadlineHeap[*pending] // stale once done or re-armed
 	wakeReg chan struct{}
 	// wakeExpiry wakes the expiry driver before its timer: a group's
-	// leader changed, or a snapshot was restored.
+	// leader changed.
 	wakeExpiry chan struct{}
 
 	inflight *engine.AdmissionGate
