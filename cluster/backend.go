@@ -239,7 +239,7 @@ func (n *Node) Stats() engine.Stats {
 // ClusterStats are counters for benchmarks and tests.
 type ClusterStats struct {
 	Proposals, Commands, ProposeRetries, ProposeFailures, Unavailable, OrphanReleases, Expires, LeaderTransfers uint64
-	RaftFramesSent                                                                                              uint64
+	RaftFramesSent, RaftStreamsOpened                                                                           uint64
 }
 
 // ClusterStats returns the node's Raft-side counters.
@@ -249,6 +249,6 @@ func (n *Node) ClusterStats() ClusterStats {
 		Proposals: s.proposals.Load(), Commands: s.commands.Load(), ProposeRetries: s.proposeRetries.Load(),
 		ProposeFailures: s.proposeFailures.Load(), Unavailable: s.unavailable.Load(),
 		OrphanReleases: s.orphanReleases.Load(), Expires: s.expires.Load(), LeaderTransfers: s.leaderTransfers.Load(),
-		RaftFramesSent: s.raftFramesSent.Load(),
+		RaftFramesSent: s.raftFramesSent.Load(), RaftStreamsOpened: s.raftStreams.Load(),
 	}
 }

@@ -46,7 +46,6 @@ const (
 	DefaultHeartbeatRTT       = 1
 	DefaultSnapshotEntries    = 10000
 	DefaultCompactionOverhead = 2000
-	DefaultMaxInMemLogSize    = 8 << 20
 	DefaultProposeTimeout     = 2 * time.Second
 	// expiryHousekeeping bounds how long the expiry driver sleeps: it
 	// wakes at its next lease deadline and when a group's leader changes,
@@ -83,7 +82,6 @@ type Config struct {
 	HeartbeatRTT       uint64        // heartbeat interval in RTTs (default 1)
 	SnapshotEntries    uint64        // snapshot every N applied entries per group
 	CompactionOverhead uint64        // entries kept after a snapshot
-	MaxInMemLogSize    uint64        // per group; over it proposals get ErrSystemBusy
 	// ProposeTimeout bounds how long a request waits for its group to
 	// commit it before the answer is E unavailable (default 2 s).
 	ProposeTimeout time.Duration
@@ -157,9 +155,6 @@ func (c *Config) applyDefaults() error {
 	}
 	if c.CompactionOverhead == 0 {
 		c.CompactionOverhead = DefaultCompactionOverhead
-	}
-	if c.MaxInMemLogSize == 0 {
-		c.MaxInMemLogSize = DefaultMaxInMemLogSize
 	}
 	if c.ProposeTimeout <= 0 {
 		c.ProposeTimeout = DefaultProposeTimeout

@@ -28,6 +28,7 @@ var clusterCounters = []struct {
 	{counterDesc("lockd_cluster_expires_total", "Lease expiries proposed by this node as a group leader."), func(s ClusterStats) uint64 { return s.Expires }},
 	{counterDesc("lockd_cluster_leader_transfers_total", "Leader transfers this node asked for, as a group leader, toward the node proposing most."), func(s ClusterStats) uint64 { return s.LeaderTransfers }},
 	{counterDesc("lockd_cluster_raft_frames_sent_total", "Raft message frames this node wrote to its peers, one network hop each."), func(s ClusterStats) uint64 { return s.RaftFramesSent }},
+	{counterDesc("lockd_cluster_raft_connections_opened_total", "Raft message connections this node dialed to its peers, redials included: one per peer while the links hold."), func(s ClusterStats) uint64 { return s.RaftStreamsOpened }},
 }
 
 func counterDesc(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, nil) }

@@ -63,7 +63,7 @@ func TestClusterMetrics(t *testing.T) {
 	if f := families["lockd_cluster_raft_frames_sent_total"]; f == nil || f.GetMetric()[0].GetCounter().GetValue() < 1 {
 		t.Errorf("lockd_cluster_raft_frames_sent_total: %v, want the commit's frames", f)
 	}
-	for _, name := range []string{"lockd_keys", "lockd_tokens_issued_total", "lockd_cluster_leader_transfers_total", "go_goroutines"} {
+	for _, name := range []string{"lockd_keys", "lockd_tokens_issued_total", "lockd_cluster_leader_transfers_total", "lockd_cluster_raft_connections_opened_total", "go_goroutines"} {
 		if families[name] == nil {
 			t.Errorf("/metrics has no %s", name)
 		}

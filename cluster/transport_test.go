@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"reflect"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/lni/dragonboat/v4/config"
 	pb "github.com/lni/dragonboat/v4/raftpb"
+	"github.com/lockd/lockd/engine"
 )
 
 // startTransport listens on a free loopback port and forwards what it
@@ -218,6 +220,38 @@ func TestOnlyNoticesGiveWay(t *testing.T) {
 	} {
 		if got := onlyNotices(pb.MessageBatch{Requests: c.msgs}); got != c.want {
 			t.Errorf("%s: onlyNotices = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestGroupsShareOneRaftStreamPerPeer: a node sends the messages of all
+// its groups bound for a peer on one connection, so that one frame carries
+// every group's heartbeats and entries for that peer. Every node proposes
+// in each of the four groups, so with three nodes some node leads two
+// groups and every node sends to a leader in several groups; each node
+// still dials each peer once.
+func TestGroupsShareOneRaftStreamPerPeer(t *testing.T) {
+	tc := newTestCluster(t, 3, nil)
+	groups := tc.cfgs[0].Groups
+	rec := newRecorder()
+	owner := uint64(0)
+	for id := uint64(1); id <= 3; id++ {
+		for g := range groups {
+			owner++
+			key := keyInGroup(fmt.Sprintf("streams/%d", id), g, groups)
+			r := acquire(t, tc.node(id), rec, owner, key, 30*time.Second, 0)
+			if r.Outcome != engine.Granted {
+				t.Fatalf("node %d, group %d: acquire %v", id, g, r)
+			}
+			owner++
+			if r := release(t, tc.node(id), rec, owner, key, r.Token); r.Outcome != engine.Released {
+				t.Fatalf("node %d, group %d: release %v", id, g, r)
+			}
+		}
+	}
+	for id := uint64(1); id <= 3; id++ {
+		if got := tc.node(id).ClusterStats().RaftStreamsOpened; got < 1 || got > 2 {
+			t.Errorf("node %d dialed %d Raft message connections, want one to each peer it sends to (1 or 2)", id, got)
 		}
 	}
 }
