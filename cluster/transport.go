@@ -83,8 +83,9 @@ var dragonboatStreams uint64
 // one wake-up. With a stream per group, three groups led by one node sent
 // three frames per peer where one would do, at every heartbeat and under
 // load alike: measured at 1024 callers, 1.25x and 1.47x the lock cycles/s
-// of one stream per group (paired runs, docs/cluster.md, Performance). A
-// group's messages still keep their order: they share one queue.
+// of dragonboat's four streams per peer (paired runs, docs/cluster.md,
+// Performance). A group's messages still keep their order: they share one
+// queue.
 func init() { dragonboatStreams = 1 }
 
 // raftTransportFactory plugs the transport into a NodeHost. With tls
