@@ -33,7 +33,7 @@
 #
 # Knobs (environment): DURATION, CALLERS, CONNS, COST_DURATION (the
 # one-caller cost run, default 5s), LOCKD_GROUPS (Raft groups of
-# the lockd cluster; not GROUPS, which bash reserves), LOCKD_FLAGS (more
+# the lockd cluster, default lockd's own; not GROUPS, which bash reserves), LOCKD_FLAGS (more
 # flags for every lockd node, space-separated), OUT (results
 # directory), BIN (binaries directory), and the ports LOCKD_CLIENT_PORTS,
 # LOCKD_ADMIN_PORTS, LOCKD_RAFT_PORTS, ETCD_CLIENT_PORTS, ETCD_PEER_PORTS
@@ -44,7 +44,10 @@ cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
 CALLERS=${CALLERS:-1,64,256,1024}
 CONNS=${CONNS:-8}
-LOCKD_GROUPS=${LOCKD_GROUPS:-3}
+group_flags=()
+if [[ -n ${LOCKD_GROUPS:-} ]]; then
+	group_flags=(--groups "$LOCKD_GROUPS")
+fi
 read -r -a lockd_flags <<<"${LOCKD_FLAGS:-}"
 OUT=${OUT:-lockbench-cluster-report}
 BIN=${BIN:-bin}
@@ -78,17 +81,21 @@ wait_for() {
 # view.
 groups_gathered() {
 	local leaders
-	leaders=$(curl -fs "http://127.0.0.1:$1/metrics" | sed -n 's/^lockd_cluster_group_leader{group="[0-9]*"} //p' | sort -u) || return 1
+	leaders=$(group_leaders "$1" | sort -u) || return 1
 	[[ $(wc -l <<<"$leaders") == 1 && $leaders != 0 ]]
+}
+
+# group_leaders PORT: the leader of each lockd group in node PORT's view (0:
+# none known), one line per group.
+group_leaders() {
+	curl -fs "http://127.0.0.1:$1/metrics" | sed -n 's/^lockd_cluster_group_leader{group="[0-9]*"} //p'
 }
 
 # groups_led PORT: every lockd group has a leader in node PORT's view.
 groups_led() {
-	local metrics
-	metrics=$(curl -fs "http://127.0.0.1:$1/metrics") || return 1
-	for g in $(seq "$LOCKD_GROUPS"); do
-		grep -Eq "^lockd_cluster_group_leader\{group=\"$g\"\} [1-9]" <<<"$metrics" || return 1
-	done
+	local leaders
+	leaders=$(group_leaders "$1") || return 1
+	[[ -n $leaders ]] && ! grep -qx 0 <<<"$leaders"
 }
 
 install_missing etcd=etcd-server curl=curl
@@ -103,7 +110,7 @@ lockd_pids=() etcd_pids=()
 for i in 0 1 2; do
 	n=$((i + 1))
 	"$BIN/lockd" serve --cluster --node-id "$n" --raft-addr "127.0.0.1:${lockd_raft[i]}" --peers "$lockd_peers" \
-		--data-dir "$work/lockd$n" --groups "$LOCKD_GROUPS" --node-name "node-$n" \
+		--data-dir "$work/lockd$n" "${group_flags[@]}" --node-name "node-$n" \
 		--listen "127.0.0.1:${lockd_client[i]}" --admin "127.0.0.1:${lockd_admin[i]}" --log-level warn \
 		"${lockd_flags[@]}" >"$work/lockd$n.log" 2>&1 &
 	pids+=($!) lockd_pids+=($!)
@@ -122,11 +129,12 @@ for i in 0 1 2; do
 		curl -fs -o /dev/null "http://127.0.0.1:${etcd_client[i]}/health"
 done
 for i in 0 1 2; do
-	wait_for "lockd node $((i + 1)) does not see a leader for each of its $LOCKD_GROUPS groups" groups_led "${lockd_admin[i]}"
+	wait_for "lockd node $((i + 1)) does not see a leader for each of its groups" groups_led "${lockd_admin[i]}"
 done
+lockd_groups=$(group_leaders "${lockd_admin[0]}" | wc -l)
 
 mkdir -p "$OUT"
-echo "== $(nproc) CPUs, $(go version | cut -d' ' -f3), etcd $(etcd --version | sed -n 's/etcd Version: //p'), lockd $LOCKD_GROUPS groups, data on $(stat -f -c %T "$work") ($work), fsync on"
+echo "== $(nproc) CPUs, $(go version | cut -d' ' -f3), etcd $(etcd --version | sed -n 's/etcd Version: //p'), lockd Raft groups: $lockd_groups, data on $(stat -f -c %T "$work") ($work), fsync on"
 echo "== 3-node lockd cluster vs 3-node etcd cluster (concurrency.Mutex), clients on node 1 of each"
 lockd_group=$(
 	IFS=+

@@ -19,14 +19,20 @@ import (
 
 // Defaults of Config.
 const (
-	// DefaultGroups is 3: every group's leader pays a fixed cost per Raft
+	// DefaultGroups is 1. Every group's leader pays a fixed cost per Raft
 	// proposal (an entry, a fsync'd step on every replica, ~7 transport
 	// messages) and batches only what its own node queued for that
 	// group, so more groups mean smaller batches and more proposals for
-	// the same load. Measured with fsync on (docs/cluster.md,
-	// Performance): 16 groups gave about half the lock cycles/s of 3 at
-	// 64 and 256 callers, and 1.8x the idle CPU (ticks, heartbeats).
-	DefaultGroups = 3
+	// the same load; and a node steps and applies all its groups on one
+	// step worker and one apply worker (ExecShards, ApplyShards), so more
+	// groups buy it no parallelism. Measured with fsync on
+	// (docs/cluster.md, Performance): 16 groups gave about half the lock
+	// cycles/s of 3 at 64 and 256 callers and 1.8x the idle CPU; one
+	// group gave 1.16x the cycles/s of 3 at 1024 callers with a quarter
+	// less server CPU per cycle. What more groups do buy is leaders on
+	// several nodes when clients spread evenly over the nodes (Leader
+	// placement), which spreads the leaders' work.
+	DefaultGroups = 1
 	// DefaultRTT, DefaultElectionRTT and DefaultHeartbeatRTT size what an
 	// idle cluster costs against how soon it notices a dead leader.
 	// dragonboat ticks every group on every node once per RTT and a
@@ -70,7 +76,7 @@ type Config struct {
 	RaftAddr string            // this node's Raft address; must equal Peers[NodeID]
 	Peers    map[uint64]string // the groups' first members, itself included: 3 or 5 (see Join)
 	DataDir  string            // NodeHost directory; the same dir on restart rejoins
-	Groups   int               // Raft groups, fixed at bootstrap (default 3)
+	Groups   int               // Raft groups, fixed at bootstrap; 0: the data dir's, DefaultGroups for a new one
 	// Join starts a node new to a running cluster: its groups start
 	// empty and wait until a member adds it (Node.AddMember), and Peers
 	// needs only its own entry. A restart, joined or not, takes the
@@ -132,9 +138,6 @@ type Config struct {
 }
 
 func (c *Config) applyDefaults() error {
-	if c.Groups <= 0 {
-		c.Groups = DefaultGroups
-	}
 	if c.RTT <= 0 {
 		c.RTT = DefaultRTT
 	}

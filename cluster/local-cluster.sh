@@ -7,12 +7,12 @@
 #
 # State lives in $LOCKD_CLUSTER_DIR (default .lockd-cluster/): running the
 # script again restarts the same cluster with its locks and tokens. Remove
-# the directory to start from scratch. LOCKD_GROUPS (default 3) is fixed when a
-# data dir is first used.
+# the directory to start from scratch. LOCKD_GROUPS (default: lockd's, or the
+# count a data dir was first used with) is fixed when a data dir is first used.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${LOCKD_CLUSTER_DIR:-.lockd-cluster}
-NGROUPS=${LOCKD_GROUPS:-3}
+NGROUPS=${LOCKD_GROUPS:-0}
 GO=${GO:-go}
 mkdir -p bin "$DIR"
 "$GO" build -o bin/lockd ./cmd/lockd

@@ -33,6 +33,24 @@ func TestCheckMetaRefusesAnotherIdentity(t *testing.T) {
 	}
 }
 
+// Without --groups a new data dir gets DefaultGroups, and a restart keeps
+// the count its dir was bootstrapped with, whatever the default is now.
+func TestCheckMetaTakesTheDirsGroupCount(t *testing.T) {
+	fresh := Config{NodeID: 1, DataDir: t.TempDir(), Logger: testLogger()}
+	if err := checkMeta(&fresh); err != nil || fresh.Groups != DefaultGroups {
+		t.Fatalf("new dir without --groups: %d groups, %v; want %d", fresh.Groups, err, DefaultGroups)
+	}
+	dir := t.TempDir()
+	boot := Config{NodeID: 2, DataDir: dir, Groups: DefaultGroups + 2, Logger: testLogger()}
+	if err := checkMeta(&boot); err != nil {
+		t.Fatal(err)
+	}
+	restart := Config{NodeID: 2, DataDir: dir, Logger: testLogger()}
+	if err := checkMeta(&restart); err != nil || restart.Groups != boot.Groups {
+		t.Fatalf("restart without --groups: %d groups, %v; want the dir's %d", restart.Groups, err, boot.Groups)
+	}
+}
+
 // A node whose --groups differs from its peers' would place keys in other
 // groups than they do; it must fail closed (unavailable), never grant a
 // key the others hold.

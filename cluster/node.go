@@ -97,18 +97,27 @@ type meta struct {
 	Groups int    `json:"groups"`
 }
 
+// checkMeta ties a data dir to the node id and group count it was
+// bootstrapped with. A Groups of 0 takes the dir's count (DefaultGroups
+// for a new dir), so a restart needs no --groups and a later change of
+// the default cannot strand a cluster bootstrapped before it.
 func checkMeta(cfg *Config) error {
 	if cfg.FS != nil {
+		if cfg.Groups <= 0 {
+			cfg.Groups = DefaultGroups
+		}
 		return nil
 	}
 	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
 		return fmt.Errorf("cluster: data dir: %w", err)
 	}
 	path := filepath.Join(cfg.DataDir, metaFile)
-	want := meta{NodeID: cfg.NodeID, Groups: cfg.Groups}
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
-		b, _ = json.Marshal(want)
+		if cfg.Groups <= 0 {
+			cfg.Groups = DefaultGroups
+		}
+		b, _ = json.Marshal(meta{NodeID: cfg.NodeID, Groups: cfg.Groups})
 		return os.WriteFile(path, b, 0o640)
 	}
 	if err != nil {
@@ -118,7 +127,10 @@ func checkMeta(cfg *Config) error {
 	if err := json.Unmarshal(b, &have); err != nil {
 		return fmt.Errorf("cluster: %s: %w", path, err)
 	}
-	if have != want {
+	if cfg.Groups <= 0 {
+		cfg.Groups = have.Groups
+	}
+	if have != (meta{NodeID: cfg.NodeID, Groups: cfg.Groups}) {
 		return fmt.Errorf("cluster: %s was bootstrapped as node %d with %d groups; --node-id %d --groups %d cannot reuse it",
 			cfg.DataDir, have.NodeID, have.Groups, cfg.NodeID, cfg.Groups)
 	}

@@ -16,7 +16,8 @@ import (
 
 // startClusterNode starts a one-node cluster behind a lockd server with
 // the membership endpoint mounted, as lockd serve --cluster does, and
-// returns its admin address and raft address.
+// returns its admin address and raft address. Three groups, so that the
+// table lists a node leading several.
 func startClusterNode(t *testing.T) (admin, raft string) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -25,7 +26,7 @@ func startClusterNode(t *testing.T) (admin, raft string) {
 	}
 	raft = ln.Addr().String()
 	ln.Close()
-	node, err := cluster.Start(cluster.Config{NodeID: 1, Peers: map[uint64]string{1: raft}, DataDir: t.TempDir()})
+	node, err := cluster.Start(cluster.Config{NodeID: 1, Peers: map[uint64]string{1: raft}, DataDir: t.TempDir(), Groups: 3})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -230,7 +230,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.StringVar(&peers, "peers", "", "cluster: every node as id=host:port, comma-separated (3 or 5 nodes); with --join, this node's entry is enough")
 	fs.BoolVar(&cc.Join, "join", false, "cluster: this node is new to a running cluster: start empty and wait until a member adds it (lockctl cluster add)")
 	fs.StringVar(&cfg.DataDir, "data-dir", server.DefaultDataDir, "single mode: keeps the fencing-token mark, so tokens grow across restarts ('' runs volatile); cluster: the Raft log and snapshots, restarting with it rejoins; cluster mode needs it given explicitly")
-	fs.IntVar(&cc.Groups, "groups", cluster.DefaultGroups, "cluster: Raft groups, fixed at bootstrap")
+	fs.IntVar(&cc.Groups, "groups", 0, fmt.Sprintf("cluster: Raft groups, fixed at bootstrap (0: the data dir's count, %d for a new one; a node joining a cluster needs the cluster's)", cluster.DefaultGroups))
 	fs.IntVar(&rttMs, "rtt-ms", int(cluster.DefaultRTT/time.Millisecond), "cluster: Raft tick in ms (election timeout is 4-8 ticks, heartbeat every tick)")
 	fs.BoolVar(&cc.FixedLeaders, "fixed-leaders", false, "cluster: never move a group's leadership, neither to the node proposing most of its requests nor, idle, to group 0's leader")
 	fs.StringVar(&o.raftTLS[0], "raft-tls-cert", "", "cluster: PEM certificate of this node for mutual TLS between nodes, naming the host of its Raft address; with --raft-tls-key and --raft-tls-ca")
