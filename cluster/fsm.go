@@ -70,6 +70,7 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 	}
 	f.mu.Unlock()
 	f.g.appliedOwn(e.Cmd)
+	f.g.n.anchor.noteApplied()
 	f.deliver()
 	return sm.Result{Value: uint64(count)}, nil
 }

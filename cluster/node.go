@@ -66,6 +66,7 @@ type Node struct {
 
 	shutting atomic.Bool
 	stats    nodeStats
+	anchor   *monitorAnchor // nil unless Config.MonitorAnchor
 
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -167,6 +168,9 @@ func Start(cfg Config) (*Node, error) {
 		quotas:     engine.NewTenantQuotas(cfg.TenantLimits),
 	}
 	n.liveness.init(cfg.NodeID, cfg.Peers)
+	if cfg.MonitorAnchor {
+		n.anchor = newMonitorAnchor()
+	}
 	var seed [8]byte
 	if _, err := rand.Read(seed[:]); err != nil {
 		return nil, err
@@ -262,6 +266,10 @@ func Start(cfg Config) (*Node, error) {
 	n.wg.Add(2)
 	go func() { defer n.wg.Done(); n.expiryLoop(n.ctx) }()
 	go func() { defer n.wg.Done(); n.timerLoop(n.ctx) }()
+	if n.anchor != nil {
+		n.wg.Add(1)
+		go func() { defer n.wg.Done(); n.anchor.run(n.ctx) }()
+	}
 	for _, g := range n.groups {
 		g.propose()
 	}

@@ -107,7 +107,7 @@ func serve(opts serveOptions, level zerolog.Level) error {
 
 	_, gomaxprocsSet := os.LookupEnv("GOMAXPROCS")
 	var procs int
-	cfg.Loops, procs = processorsFor(opts, gomaxprocsSet)
+	cfg.Loops, procs, opts.clusterCfg.MonitorAnchor = processorsFor(opts, gomaxprocsSet)
 	if procs != runtime.GOMAXPROCS(0) {
 		// Only when it changes: setting it at all stops the runtime from
 		// following a change of the container's CPU limit.
@@ -150,8 +150,9 @@ func serve(opts serveOptions, level zerolog.Level) error {
 }
 
 // processorsFor returns the event loops and the Go processors (P) a
-// server runs with, given the flags and whether the GOMAXPROCS environment
-// variable set the process's GOMAXPROCS.
+// server runs with, and whether a cluster node runs its monitor anchor,
+// given the flags and whether the GOMAXPROCS environment variable set the
+// process's GOMAXPROCS.
 //
 // Single mode serving only the plain port runs as many Ps as loops. Every
 // loop that finds nothing more to read calls runtime.Gosched inside gnet,
@@ -162,18 +163,25 @@ func serve(opts serveOptions, level zerolog.Level) error {
 // timers, the admin endpoint — gets a P back from the loop's blocking wait
 // through the runtime's monitor thread. Cluster mode (Raft's goroutines)
 // and the TLS port (a goroutine per connection) keep every P: their
-// goroutines need Ps of their own. An explicit GOMAXPROCS is the
-// operator's and is kept as given.
-func processorsFor(o serveOptions, gomaxprocsSet bool) (loops, gomaxprocs int) {
+// goroutines need Ps of their own; a cluster node adds one for its
+// monitor anchor (cluster.Config.MonitorAnchor). An explicit GOMAXPROCS is
+// the operator's and is kept as given, without an anchor, which would take
+// one of those Ps.
+func processorsFor(o serveOptions, gomaxprocsSet bool) (loops, gomaxprocs int, anchor bool) {
 	procs := runtime.GOMAXPROCS(0)
 	loops = o.server.Loops
 	if loops <= 0 {
 		loops = server.DefaultLoops()
 	}
-	if o.cluster || o.server.TLSListen != "" || gomaxprocsSet || loops >= procs {
-		return loops, procs
+	switch {
+	case gomaxprocsSet:
+		return loops, procs, false
+	case o.cluster:
+		return loops, procs + 1, true
+	case o.server.TLSListen != "" || loops >= procs:
+		return loops, procs, false
 	}
-	return loops, loops
+	return loops, loops, false
 }
 
 // serveOptions is everything `lockd serve` reads from flags.

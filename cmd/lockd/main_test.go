@@ -113,33 +113,37 @@ func TestServeAndSIGTERM(t *testing.T) {
 
 // Single mode on the plain port runs as many Go processors as event loops,
 // so that a loop's Gosched finds no idle P to wake; whatever needs its own
-// goroutines keeps every P, and so does an operator's GOMAXPROCS.
+// goroutines keeps every P, and so does an operator's GOMAXPROCS. A cluster
+// node adds a P for its monitor anchor, unless GOMAXPROCS is given.
 func TestProcessorsFollowTheLoops(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	clusterArgs := []string{"--cluster", "--node-id", "1", "--peers", "1=127.0.0.1:1,2=127.0.0.1:2,3=127.0.0.1:3", "--data-dir", "d"}
 	for _, tc := range []struct {
 		name          string
 		args          []string
 		procs         int
 		gomaxprocsSet bool
 		loops, want   int
+		anchor        bool
 	}{
-		{"two cores", nil, 2, false, 1, 1},
-		{"sixteen cores", nil, 16, false, 15, 15},
-		{"one core", nil, 1, false, 1, 1},
-		{"loops given", []string{"--loops", "2"}, 4, false, 2, 2},
-		{"more loops than processors", []string{"--loops", "6"}, 4, false, 6, 4},
-		{"GOMAXPROCS given", nil, 2, true, 1, 2},
-		{"TLS port", []string{"--tls-listen", "127.0.0.1:0", "--tls-cert", "c", "--tls-key", "k"}, 2, false, 1, 2},
-		{"cluster node", []string{"--cluster", "--node-id", "1", "--peers", "1=127.0.0.1:1,2=127.0.0.1:2,3=127.0.0.1:3", "--data-dir", "d"}, 2, false, 1, 2},
+		{"two cores", nil, 2, false, 1, 1, false},
+		{"sixteen cores", nil, 16, false, 15, 15, false},
+		{"one core", nil, 1, false, 1, 1, false},
+		{"loops given", []string{"--loops", "2"}, 4, false, 2, 2, false},
+		{"more loops than processors", []string{"--loops", "6"}, 4, false, 6, 4, false},
+		{"GOMAXPROCS given", nil, 2, true, 1, 2, false},
+		{"TLS port", []string{"--tls-listen", "127.0.0.1:0", "--tls-cert", "c", "--tls-key", "k"}, 2, false, 1, 2, false},
+		{"cluster node", clusterArgs, 2, false, 1, 3, true},
+		{"cluster node, GOMAXPROCS given", clusterArgs, 2, true, 1, 2, false},
 	} {
 		o, err := parseServeOptions(tc.args, func(string) (string, bool) { return "", false })
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
 		runtime.GOMAXPROCS(tc.procs)
-		loops, procs := processorsFor(o, tc.gomaxprocsSet)
-		if loops != tc.loops || procs != tc.want {
-			t.Errorf("%s: %d loops on %d processors, want %d on %d", tc.name, loops, procs, tc.loops, tc.want)
+		loops, procs, anchor := processorsFor(o, tc.gomaxprocsSet)
+		if loops != tc.loops || procs != tc.want || anchor != tc.anchor {
+			t.Errorf("%s: %d loops on %d processors, anchor %v; want %d on %d, anchor %v", tc.name, loops, procs, anchor, tc.loops, tc.want, tc.anchor)
 		}
 	}
 }

@@ -1,0 +1,98 @@
+package cluster
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/lockd/lockd/engine"
+)
+
+// waitParked waits, by polling the flag the anchor sets before it blocks,
+// until the anchor is parked.
+func waitParked(t *testing.T, a *monitorAnchor) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !a.parked.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("the anchor never parked")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// Parked, the anchor holds nothing; the first applied entry starts its
+// holds, which go on for as long as entries keep coming and stop after one
+// quiet period; cancelling its context ends it.
+func TestMonitorAnchorHoldsWhileEntriesApply(t *testing.T) {
+	a := newMonitorAnchor()
+	held := make(chan struct{})
+	proceed := make(chan struct{})
+	holds := 0
+	a.hold = func(d time.Duration) {
+		if d != anchorHold {
+			t.Errorf("held %v, want %v", d, anchorHold)
+		}
+		holds++
+		held <- struct{}{}
+		<-proceed
+	}
+	expectHold := func(what string) {
+		t.Helper()
+		select {
+		case <-held:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no hold %s", what)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	returned := make(chan struct{})
+	go func() { a.run(ctx); close(returned) }()
+	waitParked(t, a)
+
+	perPeriod := int(anchorQuiet / anchorHold)
+	a.noteApplied()
+	for i := range 2 * perPeriod {
+		expectHold("while entries apply")
+		if i == 0 {
+			a.noteApplied() // the first period saw an entry: a second one follows
+		}
+		proceed <- struct{}{}
+	}
+	waitParked(t, a)
+	if holds != 2*perPeriod {
+		t.Fatalf("%d holds before parking, want %d (two periods)", holds, 2*perPeriod)
+	}
+
+	a.noteApplied()
+	expectHold("after the next entry")
+	cancel()
+	proceed <- struct{}{}
+	for range perPeriod - 1 {
+		expectHold("for the rest of the period")
+		proceed <- struct{}{}
+	}
+	select {
+	case <-returned:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the anchor did not return after its context ended")
+	}
+}
+
+// With Config.MonitorAnchor every node's anchor sees the entries its
+// replica applies, and Close stops it (the package's goleak check).
+func TestMonitorAnchorSeesEveryReplicasApplies(t *testing.T) {
+	tc := newTestCluster(t, 3, func(c *Config) { c.MonitorAnchor = true })
+	if r := acquire(t, tc.node(1), newRecorder(), 1, "k", 10*time.Second, 0); r.Outcome != engine.Granted {
+		t.Fatalf("acquire: %+v", r)
+	}
+	for i := uint64(1); i <= 3; i++ {
+		deadline := time.Now().Add(10 * time.Second)
+		for tc.node(i).anchor.applied.Load() == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("node %d's anchor saw no applied entry", i)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
