@@ -85,12 +85,12 @@ func (a *monitorAnchor) run(ctx context.Context) {
 			last := a.applied.Load()
 			for range anchorQuiet / anchorHold {
 				a.hold(anchorHold)
+				if ctx.Err() != nil {
+					return
+				}
 				// Whatever became runnable on this P meanwhile runs now,
 				// not after the next hold.
 				runtime.Gosched()
-			}
-			if ctx.Err() != nil {
-				return
 			}
 			if a.applied.Load() == last {
 				break

@@ -23,7 +23,8 @@ func waitParked(t *testing.T, a *monitorAnchor) {
 
 // Parked, the anchor holds nothing; the first applied entry starts its
 // holds, which go on for as long as entries keep coming and stop after one
-// quiet period; cancelling its context ends it.
+// quiet period; cancelling its context ends it after the hold under way,
+// so a node's Close does not wait out a period.
 func TestMonitorAnchorHoldsWhileEntriesApply(t *testing.T) {
 	a := newMonitorAnchor()
 	held := make(chan struct{})
@@ -68,14 +69,10 @@ func TestMonitorAnchorHoldsWhileEntriesApply(t *testing.T) {
 	expectHold("after the next entry")
 	cancel()
 	proceed <- struct{}{}
-	for range perPeriod - 1 {
-		expectHold("for the rest of the period")
-		proceed <- struct{}{}
-	}
 	select {
 	case <-returned:
 	case <-time.After(10 * time.Second):
-		t.Fatal("the anchor did not return after its context ended")
+		t.Fatal("the anchor held on after its context ended")
 	}
 }
 
