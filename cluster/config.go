@@ -185,6 +185,8 @@ func (c *Config) applyDefaults() error {
 		c.MaxInflight = engine.DefaultMaxInflight
 	}
 	switch {
+	case c.Groups < 0:
+		return fmt.Errorf("cluster: --groups %d: want >= 1, or 0 for the data dir's count", c.Groups)
 	case c.NodeID == 0:
 		return errors.New("cluster: --node-id must be >= 1")
 	case len(c.Peers) < 1:

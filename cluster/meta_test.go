@@ -3,6 +3,7 @@ package cluster
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,6 +49,19 @@ func TestCheckMetaTakesTheDirsGroupCount(t *testing.T) {
 	restart := Config{NodeID: 2, DataDir: dir, Logger: testLogger()}
 	if err := checkMeta(&restart); err != nil || restart.Groups != boot.Groups {
 		t.Fatalf("restart without --groups: %d groups, %v; want the dir's %d", restart.Groups, err, boot.Groups)
+	}
+}
+
+// A negative group count is refused with its flag's name, not taken as
+// the default.
+func TestNegativeGroupCountIsRefused(t *testing.T) {
+	n, err := Start(Config{NodeID: 1, Peers: map[uint64]string{1: "127.0.0.1:1"}, DataDir: t.TempDir(), Groups: -1, Logger: testLogger()})
+	if err == nil {
+		n.Close()
+		t.Fatal("--groups -1 started a node")
+	}
+	if !strings.Contains(err.Error(), "--groups -1") {
+		t.Fatalf("--groups -1: %v, want an error naming the flag", err)
 	}
 }
 

@@ -103,35 +103,37 @@ type meta struct {
 // for a new dir), so a restart needs no --groups and a later change of
 // the default cannot strand a cluster bootstrapped before it.
 func checkMeta(cfg *Config) error {
-	if cfg.FS != nil {
-		if cfg.Groups <= 0 {
-			cfg.Groups = DefaultGroups
-		}
-		return nil
-	}
-	if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
-		return fmt.Errorf("cluster: data dir: %w", err)
-	}
+	var have *meta // nil: a new data dir, or files kept in cfg.FS
 	path := filepath.Join(cfg.DataDir, metaFile)
-	b, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		if cfg.Groups <= 0 {
-			cfg.Groups = DefaultGroups
+	if cfg.FS == nil {
+		if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+			return fmt.Errorf("cluster: data dir: %w", err)
 		}
-		b, _ = json.Marshal(meta{NodeID: cfg.NodeID, Groups: cfg.Groups})
+		b, err := os.ReadFile(path)
+		switch {
+		case err == nil:
+			have = new(meta)
+			if err := json.Unmarshal(b, have); err != nil {
+				return fmt.Errorf("cluster: %s: %w", path, err)
+			}
+		case !errors.Is(err, os.ErrNotExist):
+			return fmt.Errorf("cluster: %w", err)
+		}
+	}
+	if cfg.Groups == 0 {
+		cfg.Groups = DefaultGroups
+		if have != nil {
+			cfg.Groups = have.Groups
+		}
+	}
+	want := meta{NodeID: cfg.NodeID, Groups: cfg.Groups}
+	switch {
+	case cfg.FS != nil:
+		return nil
+	case have == nil:
+		b, _ := json.Marshal(want)
 		return os.WriteFile(path, b, 0o640)
-	}
-	if err != nil {
-		return fmt.Errorf("cluster: %w", err)
-	}
-	var have meta
-	if err := json.Unmarshal(b, &have); err != nil {
-		return fmt.Errorf("cluster: %s: %w", path, err)
-	}
-	if cfg.Groups <= 0 {
-		cfg.Groups = have.Groups
-	}
-	if have != (meta{NodeID: cfg.NodeID, Groups: cfg.Groups}) {
+	case *have != want:
 		return fmt.Errorf("cluster: %s was bootstrapped as node %d with %d groups; --node-id %d --groups %d cannot reuse it",
 			cfg.DataDir, have.NodeID, have.Groups, cfg.NodeID, cfg.Groups)
 	}
