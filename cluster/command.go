@@ -33,6 +33,12 @@ import (
 //	             by a group leader for a node it has not heard from
 //	cmdCancel:   node u64 | id u64: node's queued waiter id left (its
 //	             connection closed); no answer, a lock is not touched
+//	cmdEpoch:    term u64 | node u64 (tenant and key empty): node leads the
+//	             group from Raft term on; grants applied from here carry
+//	             the term as their epoch (claims.go)
+//	cmdRevoke:   node u64 | token u64 | term u64: the leader of epoch term
+//	             takes back the grant token, made in that epoch to a request
+//	             of node, which node never claimed (node fell silent)
 //
 // A lease end names the renewal it ends, so that the end of a lease that a
 // KEEP has since renewed frees nothing: a KEEP and the expire of the lease
@@ -54,6 +60,8 @@ const (
 	cmdExpire   = 'E'
 	cmdForget   = 'F'
 	cmdCancel   = 'C'
+	cmdEpoch    = 'P'
+	cmdRevoke   = 'V'
 )
 
 var errBadBatch = errors.New("cluster: malformed proposal")
@@ -68,6 +76,7 @@ type command struct {
 	keyLimit uint32
 	// keepFirst and keepLast are cmdForget's range of ids to keep.
 	keepFirst, keepLast uint64
+	term                uint64 // cmdEpoch, cmdRevoke
 	tenant              []byte
 	key                 []byte
 }
@@ -122,6 +131,21 @@ func appendCancel(dst []byte, node, id uint64, tenant string, key []byte) []byte
 	return appendText(dst, tenant, key)
 }
 
+func appendEpoch(dst []byte, term, node uint64) []byte {
+	dst = append(dst, cmdEpoch)
+	dst = binary.BigEndian.AppendUint64(dst, term)
+	dst = binary.BigEndian.AppendUint64(dst, node)
+	return appendText(dst, "", nil)
+}
+
+func appendRevoke(dst []byte, node, token, term uint64, tenant string, key []byte) []byte {
+	dst = append(dst, cmdRevoke)
+	dst = binary.BigEndian.AppendUint64(dst, node)
+	dst = binary.BigEndian.AppendUint64(dst, token)
+	dst = binary.BigEndian.AppendUint64(dst, term)
+	return appendText(dst, tenant, key)
+}
+
 func appendLeaseEnd(dst []byte, token uint64, renewals uint32, tenant string, key []byte) []byte {
 	dst = append(dst, cmdLeaseEnd)
 	dst = binary.BigEndian.AppendUint64(dst, token)
@@ -166,6 +190,10 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 		need = 8 + 8 + 8
 	case cmdCancel:
 		need = 8 + 8
+	case cmdEpoch:
+		need = 8 + 8
+	case cmdRevoke:
+		need = 8 + 8 + 8
 	default:
 		return nil, errBadBatch
 	}
@@ -202,6 +230,13 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 	case cmdCancel:
 		c.node = binary.BigEndian.Uint64(b)
 		c.id = binary.BigEndian.Uint64(b[8:])
+	case cmdEpoch:
+		c.term = binary.BigEndian.Uint64(b)
+		c.node = binary.BigEndian.Uint64(b[8:])
+	case cmdRevoke:
+		c.node = binary.BigEndian.Uint64(b)
+		c.token = binary.BigEndian.Uint64(b[8:])
+		c.term = binary.BigEndian.Uint64(b[16:])
 	}
 	b = b[need:]
 	var ok bool

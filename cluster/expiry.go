@@ -29,15 +29,15 @@ func (l leaderListener) LeaderUpdated(raftio.LeaderInfo) { l.n.expiryDue() }
 
 // expiryLoop drives lease expiry. Every replica keeps a deadline heap per
 // group (grants are stamped with this process's clock after they apply);
-// only the leader acts on it, proposing an expire for each due entry that
-// still names the key's current token. A replica that becomes leader
-// rebuilds its heap from the replicated table, keeping what it knew. The
-// driver sleeps until the earliest of its leader's next deadline, a wake-up
-// (expiryDue) and expiryHousekeeping.
+// only the leader acts on it, proposing a lease end for each due entry
+// that still names the key's current token. The loop only reads the clock
+// and each group's leader, hands them to the group's step (expiryStep,
+// where every decision is made) and carries out what the step asks for.
+// It sleeps until the earliest wake-up a step asked for, a wake-up
+// (expiryDue: a leader change) and expiryHousekeeping.
 func (n *Node) expiryLoop(ctx context.Context) {
 	wake := time.NewTimer(0)
 	defer wake.Stop()
-	var due []expiry
 	for {
 		select {
 		case <-ctx.Done():
@@ -48,82 +48,144 @@ func (n *Node) expiryLoop(ctx context.Context) {
 		sleep := expiryHousekeeping
 		gatherOn := uint64(0) // group 0's leader, where idle groups gather
 		for i, g := range n.groups {
-			f := g.fsm.Load()
-			if f == nil {
+			if g.fsm.Load() == nil {
 				continue
 			}
-			leaderID := n.Leader(i)
+			view := n.leaderView(i)
 			if i == 0 {
-				gatherOn = leaderID
+				gatherOn = view.leader
 			}
-			if leaderID != 0 && leaderID != g.leaderSeen {
-				if g.leaderSeen != 0 {
-					close(*g.newLeader.Swap(new(make(chan struct{}))))
-				}
-				g.prevLeader, g.leaderSeen = g.leaderSeen, leaderID
+			step := g.expiryStep(n.clock(), view, gatherOn)
+			sleep = min(sleep, step.wake)
+			if step.moveTo != 0 {
+				n.moveLeader(g, step.moveTo)
 			}
-			leader := leaderID == n.cfg.NodeID
-			now := n.clock()
-			if leader && !g.wasLeader {
-				g.leaderSince = now
-			}
-			f.mu.Lock()
-			f.compactHeap()
-			if leader && !g.wasLeader {
-				f.rebuild(now)
-			}
-			if leader {
-				due = f.due(now, expireRetry, due[:0])
-				if at, ok := f.heap.Next(); ok {
-					sleep = min(sleep, at-now)
-				}
-			}
-			if g.placement.due(now) {
-				busiest, own := f.takeLoad(n.cfg.NodeID)
-				if !n.cfg.FixedLeaders {
-					gather := uint64(0)
-					if i != 0 && gatherOn != n.cfg.NodeID && len(f.state.locks) == 0 {
-						gather = gatherOn
-					}
-					if to := g.placement.observe(now, leader, busiest, own, gather); to != 0 {
-						g.placement.schedule(to, now+time.Duration(n.cfg.HeartbeatRTT)*n.cfg.RTT)
-					}
-				}
-			}
-			moveTo, wait := g.placement.handOver(now, leader)
-			if wait > 0 {
-				sleep = min(sleep, wait)
-			}
-			f.mu.Unlock()
-			g.wasLeader = leader
-			if moveTo != 0 {
-				n.moveLeader(g, moveTo)
-			}
-			g.recheckOrphans(now, f)
-			if leader {
-				g.forgetSilentPeers(now)
-			}
-			if !g.pastRunsForgotten.Load() && now-g.forgetSentAt > n.cfg.ProposeTimeout {
-				g.forgetSentAt = now
-				g.forgetPastRuns()
+			if step.propose {
 				g.propose()
 			}
-			if len(due) == 0 {
-				continue
-			}
-			g.mu.Lock()
-			for _, e := range due {
-				tenant, key := splitLockKey(e.key)
-				g.buf = appendLeaseEnd(g.buf, e.token, e.renewals, tenant, key)
-				g.count++
-			}
-			g.mu.Unlock()
-			n.stats.expires.Add(uint64(len(due)))
-			clear(due)
-			g.propose()
+			g.judgeParked(true)
 		}
+		n.askClaims(true) // claims whose verdict did not come, or whose leader changed
 		wake.Reset(max(sleep, 0))
 	}
+}
+
+// leaderView is a node's view of one group's leadership: the leader (0
+// when unknown) and its Raft term.
+type leaderView struct{ leader, term uint64 }
+
+func (n *Node) leaderView(idx int) leaderView {
+	id, term, ok, err := n.nh.GetLeaderID(n.groups[idx].shardID)
+	if err != nil || !ok {
+		return leaderView{}
+	}
+	return leaderView{leader: id, term: term}
+}
+
+// expiryStep is what one pass of the expiry driver decided for a group:
+// the commands it queued in the group's batch are proposed when propose
+// is set.
+type expiryStep struct {
+	wake    time.Duration // the group wants the next pass within this
+	moveTo  uint64        // ask for the leadership to pass to this node
+	propose bool
+}
+
+// expiryStep makes one pass's decisions for g at now, given its leader as
+// this node sees it and the node idle groups gather on: leader-change
+// tracking, the lease ends due on this leader's heap, the epoch
+// announcement, placement, orphan rechecks, the silent peers' waiters
+// and unclaimed grants, and the forget of this node's earlier runs. It
+// reads no clock and asks dragonboat nothing, so tests drive it on a fake
+// clock without a NodeHost.
+func (g *group) expiryStep(now time.Duration, view leaderView, gatherOn uint64) expiryStep {
+	n := g.n
+	step := expiryStep{wake: expiryHousekeeping}
+	g.noteLeader(view.leader)
+	leader := view.leader == n.cfg.NodeID
+	becameLeader := leader && !g.wasLeader
+	if becameLeader {
+		g.leaderSince = now
+	}
+	f := g.fsm.Load()
+	f.mu.Lock()
+	f.compactHeap()
+	if becameLeader {
+		f.rebuild(now)
+	}
+	g.due = g.due[:0]
+	if leader {
+		g.due = f.due(now, expireRetry, g.due)
+		if at, ok := f.heap.Next(); ok {
+			step.wake = min(step.wake, at-now)
+		}
+	}
+	announce := leader && f.state.epoch < view.term
+	if g.placement.due(now) {
+		busiest, own := f.takeLoad(n.cfg.NodeID)
+		if !n.cfg.FixedLeaders {
+			gather := uint64(0)
+			if g.idx != 0 && gatherOn != n.cfg.NodeID && len(f.state.locks) == 0 {
+				gather = gatherOn
+			}
+			if to := g.placement.observe(now, leader, busiest, own, gather); to != 0 {
+				g.placement.schedule(to, now+time.Duration(n.cfg.HeartbeatRTT)*n.cfg.RTT)
+			}
+		}
+	}
+	moveTo, wait := g.placement.handOver(now, leader)
+	if wait > 0 {
+		step.wake = min(step.wake, wait)
+	}
+	f.mu.Unlock()
+	g.wasLeader = leader
+	step.moveTo = moveTo
+	if announce && (becameLeader || now-g.epochSentAt > n.cfg.ProposeTimeout) {
+		g.epochSentAt = now
+		g.queue(func(b []byte) []byte { return appendEpoch(b, view.term, n.cfg.NodeID) })
+		step.propose = true
+	}
+	g.recheckOrphans(now, f)
+	if leader && g.forgetSilentPeers(now) {
+		step.propose = true
+	}
+	if !g.pastRunsForgotten.Load() && now-g.forgetSentAt > n.cfg.ProposeTimeout {
+		g.forgetSentAt = now
+		g.forgetPastRuns()
+		step.propose = true
+	}
+	if len(g.due) > 0 {
+		for _, e := range g.due {
+			tenant, key := splitLockKey(e.key)
+			g.queue(func(b []byte) []byte { return appendLeaseEnd(b, e.token, e.renewals, tenant, key) })
+		}
+		n.stats.expires.Add(uint64(len(g.due)))
+		clear(g.due)
+		step.propose = true
+	}
+	return step
+}
+
+// noteLeader tracks g's leader as the driver sees it: a change releases
+// the proposals in flight to go out again at once (watch), and the leader
+// before it is remembered for the silent-peer rule.
+func (g *group) noteLeader(leaderID uint64) {
+	if leaderID == 0 || leaderID == g.leaderSeen {
+		return
+	}
+	if g.leaderSeen != 0 {
+		close(*g.newLeader.Swap(new(make(chan struct{}))))
+	}
+	g.prevLeader, g.leaderSeen = g.leaderSeen, leaderID
+}
+
+// queue appends one command, built by add, to g's next batch.
+func (g *group) queue(add func([]byte) []byte) {
+	g.mu.Lock()
+	g.buf = add(g.buf)
+	g.count++
+	g.mu.Unlock()
+	g.dirty.Store(true)
 }
 
 // moveLeader asks for group g's leadership to pass to node to. Raft only
@@ -140,9 +202,12 @@ func (n *Node) moveLeader(g *group, to uint64) {
 
 // forgetSilentPeers is run by g's leader: a peer it has heard nothing from
 // for ForgetAfter is taken for dead, and its queued waiters are dropped
-// from the group (cmdForget), once until it is heard from again. A peer
-// that was only slow loses its waits, answered E unavailable, never a
-// lock: the drop only decides who is next in a queue.
+// from the group (cmdForget), once until it is heard from again; its
+// grants not claimed yet are taken back (cmdRevoke, claims.go) for as
+// long as it stays silent. A peer that was only slow loses its waits and
+// its unclaimed grants, answered E unavailable, never a lock it was
+// given: a revoked grant was never delivered. It reports whether it
+// queued commands.
 //
 // Two peers are judged differently. The group's previous leader is taken
 // for dead after one election timeout: that silence is what made this
@@ -152,7 +217,7 @@ func (n *Node) moveLeader(g *group, to uint64) {
 // the earliest: followers do not talk to each other, and the first pass
 // as leader can run before the other voters' answers to its election
 // arrive.
-func (g *group) forgetSilentPeers(now time.Duration) {
+func (g *group) forgetSilentPeers(now time.Duration) (queued bool) {
 	n := g.n
 	electionTimeout := time.Duration(n.cfg.ElectionRTT) * n.cfg.RTT
 	for peer, heard := range n.liveness.snapshot() {
@@ -162,15 +227,23 @@ func (g *group) forgetSilentPeers(now time.Duration) {
 		} else {
 			last = max(last, g.leaderSince)
 		}
-		switch silent := now-last > limit; {
-		case !silent:
+		if now-last <= limit {
 			delete(g.forgotten, peer)
-		case !g.forgotten[peer]:
+			continue
+		}
+		if !g.forgotten[peer] {
 			g.forgotten[peer] = true
 			n.log.Info().Uint64("group", g.shardID).Uint64("peer", peer).Msg("dropping the queued waiters of a silent node")
 			g.queueForget(peer)
+			queued = true
+		}
+		// Every pass while it stays silent: a grant to one of its
+		// requests may apply after the forget (its proposal was in flight).
+		if g.revokeUnclaimed(peer) {
+			queued = true
 		}
 	}
+	return queued
 }
 
 // forgetPastRuns queues the forget of the waiters of this node's earlier

@@ -29,8 +29,10 @@ type fsm struct {
 	keysRefused atomic.Uint64
 
 	// node-local, under mu:
-	heap engine.DeadlineHeap[expiry]
-	load map[uint64]uint64 // acquires and releases applied per proposing node, for leader placement
+	heap    engine.DeadlineHeap[expiry]
+	load    map[uint64]uint64 // acquires and releases applied per proposing node, for leader placement
+	applied uint64            // index of the last entry applied
+	book    claimBook         // claims on this epoch's grants, while this replica leads it (claims.go)
 
 	// clock stamps the leases applied (the node's clock; tests pass
 	// their own).
@@ -46,15 +48,18 @@ func newFSM(g *group, firstToken uint64) *fsm {
 	return &fsm{g: g, state: newReplicated(firstToken), load: make(map[uint64]uint64), clock: g.n.clock}
 }
 
-// Update applies one batch. Malformed batches are skipped whole (they
-// cannot come from this code); Update never fails, since a failed Update
+// Update applies one batch. A batch whose header is malformed is skipped;
+// one with a malformed command applies the commands before it. Neither
+// can come from this code. Update never fails, since a failed Update
 // stops the replica.
 func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
+	f.mu.Lock()
+	f.applied = e.Index
 	now, count, b, err := readHeader(e.Cmd)
 	if err != nil {
+		f.mu.Unlock()
 		return sm.Result{}, nil
 	}
-	f.mu.Lock()
 	f.state.now = max(f.state.now, time.Duration(now))
 	for range count {
 		if b, err = readCommand(b, &f.cmd); err != nil {
@@ -68,10 +73,12 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 	if len(f.out.leases) > 0 {
 		f.takeLeases(f.clock())
 	}
+	f.book.noteGrants(&f.state, f.g.n.cfg.NodeID, f.out.answers)
 	f.mu.Unlock()
 	f.g.appliedOwn(e.Cmd)
 	f.g.n.anchor.noteApplied()
-	f.deliver()
+	f.deliver(e.Index)
+	f.g.appliedClaims()
 	return sm.Result{Value: uint64(count)}, nil
 }
 
@@ -89,14 +96,14 @@ func (f *fsm) takeLeases(now time.Duration) {
 	f.out.leases = f.out.leases[:0]
 }
 
-// deliver hands the answers of what was applied to the node, outside the
-// state machine's lock.
-func (f *fsm) deliver() {
+// deliver hands the answers of what the entry at index applied to the
+// node, outside the state machine's lock.
+func (f *fsm) deliver(index uint64) {
 	for _, a := range f.out.answers {
 		if a.kind == answerDirect && a.r.Outcome == engine.Busy {
 			f.keysRefused.Add(1)
 		}
-		f.g.deliver(a)
+		f.g.deliver(a, index)
 	}
 	clear(f.out.answers)
 	f.out.answers = f.out.answers[:0]
@@ -109,12 +116,18 @@ func (f *fsm) Lookup(q any) (any, error) {
 	if !ok {
 		return nil, errors.New("cluster: lookup wants a lock key")
 	}
+	return f.tokenOf(k), nil
+}
+
+// tokenOf is the current token of a lock key as of the last command
+// applied, 0 when free.
+func (f *fsm) tokenOf(k string) uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if l := f.state.locks[k]; l != nil {
-		return l.Token, nil
+		return l.Token
 	}
-	return uint64(0), nil
+	return 0
 }
 
 // SaveSnapshot writes the replicated state. IStateMachine snapshots block
@@ -155,7 +168,8 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 	f.takeLeases(f.clock())
 	f.restored.Add(1)
 	f.mu.Unlock()
-	f.deliver()
+	f.deliver(0)
+	f.g.appliedClaims()
 	return nil
 }
 

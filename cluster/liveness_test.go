@@ -136,6 +136,7 @@ func TestForgetSilentPeersRule(t *testing.T) {
 			n.liveness.heard(2, tc.heard2)
 			n.liveness.heard(3, tc.heard3)
 			g := &group{n: n, kick: make(chan struct{}, 1), forgotten: map[uint64]bool{}, prevLeader: 2, leaderSince: leaderSince}
+			g.fsm.Store(newFSM(g, 1))
 			g.forgetSilentPeers(tc.now)
 			var got []uint64
 			for _, peer := range []uint64{2, 3} {
@@ -150,5 +151,46 @@ func TestForgetSilentPeersRule(t *testing.T) {
 				t.Fatalf("%d forget commands queued for %d forgotten peers", g.count, len(got))
 			}
 		})
+	}
+}
+
+// A grant that reaches a dead node's waiter — the lock freed before the
+// group's leader took the node for dead and dropped its waiters — is
+// never claimed, so the leader takes it back once the node is silent for
+// ForgetAfter, and the next waiter, on a live node, gets the lock then,
+// not a lease later.
+func TestDeadNodesUndeliveredGrantIsTakenBack(t *testing.T) {
+	const forgetAfter = 2 * time.Second
+	tc := newTestCluster(t, 3, func(c *Config) { c.FixedLeaders = true; c.ForgetAfter = forgetAfter })
+	rec := newRecorder()
+	key := "undelivered"
+	leader := tc.leaderOf(key)
+	dead, live := 1+leader%3, 1+(leader+1)%3
+	holder := acquire(t, tc.node(leader), rec, 1, key, time.Hour, 0)
+	if holder.Outcome != engine.Granted {
+		t.Fatal(holder)
+	}
+	startAcquire(t, tc.node(dead), rec, 2, key, time.Hour, time.Minute)
+	waitUntil(t, 10*time.Second, "the doomed waiter queued", func() bool { return queueLen(tc.node(leader), key) == 1 })
+	startAcquire(t, tc.node(live), rec, 3, key, time.Hour, time.Minute)
+	waitUntil(t, 10*time.Second, "the live waiter queued", func() bool { return queueLen(tc.node(leader), key) == 2 })
+
+	tc.stop(dead)
+	stopped := time.Now()
+	if r := release(t, tc.node(leader), rec, 4, key, holder.Token); r.Outcome != engine.Released {
+		t.Fatalf("release: %+v", r)
+	}
+	if time.Since(stopped) >= forgetAfter {
+		t.Skip("the release applied after the dead node was forgotten: nothing to take back on this run")
+	}
+	r := rec.wait(t, 3, 20*time.Second)
+	if r.Outcome != engine.Granted || r.Token <= holder.Token+1 {
+		t.Fatalf("the live waiter: %+v; want the lock after the dead waiter's grant (token above %d)", r, holder.Token+1)
+	}
+	if n := tc.node(leader).stats.revokes.Load(); n != 1 {
+		t.Fatalf("leader revoked %d grants, want 1", n)
+	}
+	if _, answered := rec.peek(2); answered {
+		t.Fatal("the dead node's waiter was answered")
 	}
 }

@@ -101,6 +101,18 @@ func (l *peerLiveness) heard(peer uint64, now time.Duration) {
 	l.peers.Store(&m)
 }
 
+// freshest is the peer heard from most recently, if within maxSilence of
+// now; 0 when none is.
+func (l *peerLiveness) freshest(now, maxSilence time.Duration) uint64 {
+	best, bestAt := uint64(0), now-maxSilence
+	for peer, at := range l.snapshot() {
+		if t := time.Duration(at.Load()); t > bestAt || t == bestAt && best == 0 {
+			best, bestAt = peer, t
+		}
+	}
+	return best
+}
+
 // snapshot is the peers and their last heard instants, read-only.
 func (l *peerLiveness) snapshot() map[uint64]*atomic.Int64 { return *l.peers.Load() }
 

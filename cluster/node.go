@@ -5,12 +5,18 @@
 // gnet server speaks the same wire protocol in both modes. It owns the
 // replication, the replicated time and state, and this node's requests;
 // it writes no lock rule of its own and never touches sockets of the
-// client protocol. Files by responsibility: node.go (start, stop, data
-// dir), config.go, backend.go, registry.go, proposer.go, state.go (the
-// replicated state), fsm.go (the dragonboat adapter), expiry.go and
-// placement.go, orphans.go, transport.go, logdb.go (the Raft log store),
-// metrics.go, inspect.go (the read-only lock inspection). docs/cluster.md
-// describes the design.
+// client protocol. Files by responsibility: node.go (start, stop, drain,
+// data dir), config.go, backend.go (the engine.Backend side), registry.go
+// (this node's requests and their answers), proposer.go (group commit),
+// command.go (the log's command format), state.go (the replicated
+// state), fsm.go (the dragonboat adapter), claims.go (grant claims and
+// the revokes of a dead node's undelivered grants), expiry.go (the
+// lease-expiry driver) and placement.go, orphans.go, membership.go and
+// members_http.go (online membership changes), transport.go, peerlink.go
+// (the claims' connections) and raft_tls.go (the Raft port), logdb.go
+// (the Raft log store), logger.go (dragonboat's logs), monitor.go (the
+// runtime monitor anchor), metrics.go, inspect.go (the read-only lock
+// inspection). docs/cluster.md describes the design.
 package cluster
 
 import (
@@ -49,6 +55,14 @@ type Node struct {
 	reg     map[uint64]*pending
 	timers  engine.DeadlineHeap[*pending] // stale once done or re-armed
 	wakeReg chan struct{}
+	// claiming are the requests holding a grant for its claim (claims.go),
+	// by id; toAsk those held since the last askClaims, askSpare its
+	// spare storage. Under regMu.
+	claiming        map[uint64]*pending
+	toAsk, askSpare []*pending
+	// parkedClaims counts peers' claims parked in this node's groups.
+	parkedClaims atomic.Int64
+	links        peerLinks
 	// wakeExpiry wakes the expiry driver before its timer: a group's
 	// leader changed.
 	wakeExpiry chan struct{}
@@ -83,6 +97,7 @@ type nodeStats struct {
 	orphanReleases  atomic.Uint64
 	abandoned       atomic.Uint64 // grants nobody takes, handed to the orphan releases
 	expires         atomic.Uint64
+	revokes         atomic.Uint64 // grants of silent nodes taken back
 	leaderTransfers atomic.Uint64
 	raftFramesSent  atomic.Uint64 // Raft message frames written to peers
 	raftStreams     atomic.Uint64 // Raft message connections dialed, redials included
@@ -163,6 +178,7 @@ func Start(cfg Config) (*Node, error) {
 		log:        cfg.Logger,
 		start:      time.Now(),
 		reg:        make(map[uint64]*pending),
+		claiming:   make(map[uint64]*pending),
 		wakeReg:    make(chan struct{}, 1),
 		wakeExpiry: make(chan struct{}, 1),
 		inflight:   engine.NewAdmissionGate(cfg.MaxInflight),
@@ -170,6 +186,7 @@ func Start(cfg Config) (*Node, error) {
 		quotas:     engine.NewTenantQuotas(cfg.TenantLimits),
 	}
 	n.liveness.init(cfg.NodeID, cfg.Peers)
+	n.links.n = n
 	if cfg.MonitorAnchor {
 		n.anchor = newMonitorAnchor()
 	}
@@ -201,9 +218,14 @@ func Start(cfg Config) (*Node, error) {
 	// 1024 callers (docs/cluster.md, Timing).
 	nhc.Expert.Engine.ApplyShards = 1
 	nhc.RaftEventListener = leaderListener{n}
-	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS, heard: n.heardFrom, framesSent: &n.stats.raftFramesSent, streamsOpened: &n.stats.raftStreams}
+	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS, heard: n.heardFrom, framesSent: &n.stats.raftFramesSent, streamsOpened: &n.stats.raftStreams,
+		onPeer: n.onPeerFrame}
+	// Before the NodeHost: replicas replaying their logs may already
+	// reach the claims' links, whose goroutines end with it.
+	n.ctx, n.cancel = context.WithCancel(context.Background())
 	nh, err := dragonboat.NewNodeHost(nhc)
 	if err != nil {
+		n.cancel()
 		return nil, fmt.Errorf("cluster: start NodeHost: %w", err)
 	}
 	n.nh = nh
@@ -256,11 +278,12 @@ func Start(cfg Config) (*Node, error) {
 			return f
 		}
 		if err := nh.StartReplica(initial, join, create, rc); err != nil {
+			n.cancel()
+			n.wg.Wait()
 			nh.Close()
 			return nil, fmt.Errorf("cluster: start group %d: %w", g.shardID, err)
 		}
 	}
-	n.ctx, n.cancel = context.WithCancel(context.Background())
 	for _, g := range n.groups {
 		n.wg.Add(1)
 		go func() { defer n.wg.Done(); g.proposeLoop(n.ctx) }()
@@ -339,8 +362,7 @@ func (n *Node) Token(tenant string, key []byte) uint64 {
 	if f == nil {
 		return 0
 	}
-	v, _ := f.Lookup(lockKey([]byte(tenant), key))
-	return v.(uint64)
+	return f.tokenOf(lockKey([]byte(tenant), key))
 }
 
 func (n *Node) clock() time.Duration { return time.Since(n.start) }
@@ -361,21 +383,59 @@ func (n *Node) ownRun(id uint64) bool {
 	return v >= n.idFirst && v <= n.idBase.Load()
 }
 
-// Shutdown answers every queued or pending acquire ShuttingDown. Locks
-// stay in the cluster; pending releases and keeps are still answered.
+// Shutdown starts the node's drain: it first hands the leadership of the
+// groups it leads to a live peer (handOverLeadership), so that the
+// cluster does not wait out an election when it stops, then answers its
+// queued waiters ShuttingDown and drops them from their queues: they were
+// never granted. An acquire still on its way through Raft gets its real
+// answer (a grant, T, or E unavailable), or ShuttingDown if it applies as
+// queued; releases and keeps are answered as usual. Locks stay in the
+// cluster.
 func (n *Node) Shutdown() {
+	n.handOverLeadership()
 	var done []*pending
 	n.regMu.Lock()
 	n.shutting.Store(true)
 	for _, p := range n.reg {
-		if !p.ungated && n.finishLocked(p) {
+		if p.queued && n.finishLocked(p) {
 			done = append(done, p)
 		}
 	}
 	n.regMu.Unlock()
 	for _, p := range done {
+		p.group.cancel(p.key, p.id)
 		p.w.Resolve(p.owner, engine.Result{Outcome: engine.ShuttingDown})
 	}
+}
+
+// handOverLeadership asks for every group this node leads to pass to the
+// peer heard from most recently, and waits until none is led here any
+// more or handOverTimeout passed (a transfer Raft gives up leaves this
+// node leader until it stops; its peers then elect after the election
+// timeout, as after a crash).
+func (n *Node) handOverLeadership() {
+	deadline := time.Now().Add(n.handOverTimeout())
+	for {
+		asked := 0
+		for i, g := range n.groups {
+			if n.Leader(i) != n.cfg.NodeID {
+				continue
+			}
+			if to := n.liveness.freshest(n.clock(), n.cfg.ForgetAfter); to != 0 {
+				n.moveLeader(g, to)
+				asked++
+			}
+		}
+		if asked == 0 || time.Now().After(deadline) {
+			return // nothing led here, or no live peer to take it
+		}
+		time.Sleep(n.cfg.RTT)
+	}
+}
+
+// handOverTimeout bounds a drain's hand-over: two election timeouts.
+func (n *Node) handOverTimeout() time.Duration {
+	return 2 * time.Duration(n.cfg.ElectionRTT) * n.cfg.RTT
 }
 
 // Run returns when ctx is done: the node's goroutines run from Start to

@@ -41,8 +41,11 @@ type group struct {
 	// their proposal was given up (recheckOrphans).
 	orphans   []expiry
 	releasing []orphanCheck
-	dirty     atomic.Bool
-	kick      chan struct{}
+	// parked are peers' claims this replica could not judge yet
+	// (claims.go).
+	parked []parkedClaim
+	dirty  atomic.Bool
+	kick   chan struct{}
 	// slots bounds this node's proposals in flight for the group: while
 	// they are all out, new commands gather into the next batch. A second
 	// proposal only goes out beside the first when pipelineMin commands
@@ -55,8 +58,12 @@ type group struct {
 	// and the next requests may have found no slot free.
 	out []*bytebufferpool.ByteBuffer
 
-	wasLeader bool            // expiry driver only
-	forgotten map[uint64]bool // expiry driver only: peers whose waiters this leader dropped
+	wasLeader bool     // expiry driver only
+	due       []expiry // expiry driver only: the lease ends of one pass
+	// epochSentAt is when this node last proposed its epoch as the
+	// group's leader (expiry driver only).
+	epochSentAt time.Duration
+	forgotten   map[uint64]bool // expiry driver only: peers whose waiters this leader dropped
 	// pastRunsForgotten is set once this run's forget of its earlier
 	// runs' waiters has applied; until then the expiry driver proposes it
 	// again every propose timeout (a proposal can be given up while the

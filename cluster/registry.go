@@ -29,6 +29,9 @@ type pending struct {
 	// waiter abandons.
 	group *group
 	key   string
+	// claim is the grant this request holds until the group's epoch
+	// leader accepts the claim on it (claims.go); nil otherwise.
+	claim *grantClaim
 }
 
 // staleKeep is called by g's state machine for a KEEP that named an older
@@ -86,18 +89,6 @@ func (n *Node) register(p *pending) bool {
 	return true
 }
 
-// claim retires the request registered as id and returns it, or nil if
-// none is (answered, cancelled, or not of this node's current run).
-func (n *Node) claim(id uint64) *pending {
-	n.regMu.Lock()
-	defer n.regMu.Unlock()
-	p := n.reg[id]
-	if p != nil {
-		n.finishLocked(p)
-	}
-	return p
-}
-
 // finishLocked retires p, giving back its gates; false if it was already.
 func (n *Node) finishLocked(p *pending) bool {
 	if p.done {
@@ -105,6 +96,9 @@ func (n *Node) finishLocked(p *pending) bool {
 	}
 	p.done = true
 	delete(n.reg, p.id)
+	if p.claim != nil {
+		n.dropClaimLocked(p)
+	}
 	if !p.ungated {
 		n.inflight.Leave()
 		p.quota.LeaveInflight()
@@ -176,15 +170,15 @@ func (n *Node) timerLoop(ctx context.Context) {
 // deliver routes one answer of g's state machine, given after Update
 // released the state machine's lock; only the node that owns the request
 // acts on it.
-func (g *group) deliver(a answer) {
+func (g *group) deliver(a answer, index uint64) {
 	switch a.kind {
 	case answerDirect:
-		g.result(a.key, a.node, a.id, a.r)
+		g.result(a.key, a.node, a.id, a.r, index)
 	case answerHandOff:
 		if a.r.Outcome == engine.Granted {
-			g.granted(a.key, a.node, a.id, a.r)
+			g.granted(a.key, a.node, a.id, a.r, index)
 		} else {
-			g.result(a.key, a.node, a.id, a.r)
+			g.result(a.key, a.node, a.id, a.r, index)
 		}
 	case answerStaleKeep:
 		g.staleKeep(a)
@@ -194,31 +188,35 @@ func (g *group) deliver(a answer) {
 		}
 	case answerRestored:
 		if a.r.Outcome == engine.Granted {
-			g.restoredGrant(a.id, a.r.Token)
+			g.restoredGrant(a.key, a.id, a.r.Token)
 		} else {
-			g.result(a.key, a.node, a.id, a.r)
+			g.result(a.key, a.node, a.id, a.r, index)
 		}
+	case answerRevoked:
+		g.revoked(a.node, a.id, a.r.Token)
 	}
 }
 
 // result is the answer to a request of this node's (or of the waiter a
-// handoff passed); a grant nobody waits for any more is released.
-func (g *group) result(key string, node, id uint64, r engine.Result) {
+// handoff passed), made by the entry at index; a grant nobody waits for
+// any more is released, and one still waited for is held for its claim.
+func (g *group) result(key string, node, id uint64, r engine.Result, index uint64) {
 	n := g.n
 	if node != n.cfg.NodeID || id == 0 {
 		return
 	}
 	n.regMu.Lock()
 	p := n.reg[id]
-	if p == nil {
+	if p == nil || p.claim != nil {
 		n.regMu.Unlock()
-		if !n.ownRun(id) {
+		if p == nil && !n.ownRun(id) {
 			return
 		}
 		// Answered already (unavailable, cancelled before it applied, or a
 		// duplicate of a retried proposal, which may apply after its
-		// request's cancel): nobody will use this grant, or wait in this
-		// queue entry, so the grant is released and the entry cancelled.
+		// request's cancel or beside its first grant): nobody will use
+		// this grant, or wait in this queue entry, so the grant is
+		// released and the entry cancelled.
 		switch r.Outcome {
 		case engine.Granted:
 			g.orphan(key, r.Token)
@@ -230,6 +228,13 @@ func (g *group) result(key string, node, id uint64, r engine.Result) {
 	if r.Outcome == engine.Queued {
 		if p.queued { // a retried proposal applied twice; its grant will be released
 			n.regMu.Unlock()
+			return
+		}
+		if n.shutting.Load() { // draining: it would wait for nobody
+			n.finishLocked(p)
+			n.regMu.Unlock()
+			g.cancel(key, id)
+			p.w.Resolve(p.owner, engine.Result{Outcome: engine.ShuttingDown})
 			return
 		}
 		if !n.admitWaiter(p.quota) {
@@ -249,44 +254,52 @@ func (g *group) result(key string, node, id uint64, r engine.Result) {
 		}
 		return
 	}
-	n.finishLocked(p)
-	n.regMu.Unlock()
 	if r.Outcome == engine.Granted {
 		r.Waited = 0 // an immediate grant: the lease starts at apply, after receipt
+		n.holdForClaimLocked(p, g, key, r, index)
+		n.regMu.Unlock()
+		return
 	}
+	n.finishLocked(p)
+	n.regMu.Unlock()
 	p.w.Resolve(p.owner, r)
 }
 
 // granted is called by g's state machine when a queued waiter gets the
-// lock. The owning node delivers it, or releases it when the waiter is
-// gone (timed out here, cancelled, answered unavailable, or from a
-// previous run of this node).
-func (g *group) granted(key string, node, id uint64, r engine.Result) {
+// lock, in the entry at index. The owning node holds it for its claim
+// (waited_ms is bounded when it is delivered: deliverable), or releases
+// it when the waiter is gone (timed out here, cancelled, answered
+// unavailable, or from a previous run of this node).
+func (g *group) granted(key string, node, id uint64, r engine.Result, index uint64) {
 	n := g.n
 	if node != n.cfg.NodeID {
 		return
 	}
-	p := n.claim(id)
-	if p == nil {
-		if n.ownRun(id) {
-			g.orphan(key, r.Token)
+	n.regMu.Lock()
+	p := n.reg[id]
+	if p == nil || p.claim != nil {
+		n.regMu.Unlock()
+		if p != nil || n.ownRun(id) {
+			g.orphan(key, r.Token) // a waiter gone, or a duplicate's grant
 		}
 		return
 	}
-	// waited_ms must not overstate the wait: take the smaller of the
-	// replicated estimate and this node's own elapsed time.
-	r.Waited = max(0, min(r.Waited, n.clock()-p.start))
-	p.w.Resolve(p.owner, r)
+	n.holdForClaimLocked(p, g, key, r, index)
+	n.regMu.Unlock()
 }
 
-// restoredGrant delivers a grant this node learnt of only from a snapshot
-// (it had fallen behind its group), if request id still waits for it. A
-// request no longer registered may have been answered with this very
-// grant before the node fell behind, so that lock is left to its lease,
-// never released here. Waited is 0: the client's validity bound then ends
-// at its send instant + lease, before the lease ends on any replica.
-func (g *group) restoredGrant(id, token uint64) {
-	if p := g.n.claim(id); p != nil {
-		p.w.Resolve(p.owner, engine.Result{Outcome: engine.Granted, Token: token})
+// restoredGrant holds a grant this node learnt of only from a snapshot
+// (it had fallen behind its group) for its claim, if request id still
+// waits for it. A request no longer registered may have been answered
+// with this very grant before the node fell behind, so that lock is left
+// to its lease, never released here. Waited is 0: the client's validity
+// bound then ends at its send instant + lease, before the lease ends on
+// any replica.
+func (g *group) restoredGrant(key string, id, token uint64) {
+	n := g.n
+	n.regMu.Lock()
+	if p := n.reg[id]; p != nil && p.claim == nil {
+		n.holdForClaimLocked(p, g, key, engine.Result{Outcome: engine.Granted, Token: token}, 0)
 	}
+	n.regMu.Unlock()
 }

@@ -12,12 +12,14 @@ import (
 )
 
 // localNode is node 1's request side without a NodeHost: enough to
-// register requests and receive its state machine's hand-offs.
+// register requests and receive its state machine's hand-offs. Node 1
+// leads the group's epoch, so it settles its own claims.
 func localNode() (*Node, *group, *fsm) {
 	n := &Node{
 		cfg:      Config{NodeID: 1, ProposeTimeout: time.Minute},
 		start:    time.Now(),
 		reg:      make(map[uint64]*pending),
+		claiming: make(map[uint64]*pending),
 		wakeReg:  make(chan struct{}, 1),
 		inflight: engine.NewAdmissionGate(100),
 		waiters:  engine.NewAdmissionGate(100),
@@ -26,6 +28,7 @@ func localNode() (*Node, *group, *fsm) {
 	n.idFirst = 1001
 	g := &group{n: n, maxKeys: 1 << 20, kick: make(chan struct{}, 1)}
 	f := newFSM(g, 1)
+	f.state.epoch, f.state.epochLeader = 1, 1
 	g.fsm.Store(f)
 	return n, g, f
 }
@@ -47,14 +50,16 @@ func TestSnapshotDeliversGrantsOfWaitingRequests(t *testing.T) {
 	queued := request(2, 30*time.Second)
 	answered := n.nextID() // answered before the node fell behind: no longer registered
 
-	// The group's history, applied by an up-to-date replica.
+	// The group's history, applied by an up-to-date replica: node 1
+	// leads the group's epoch.
 	upToDate := detachedFSM()
 	b := make([]byte, headerLen)
+	b = appendEpoch(b, 1, 1)
 	b = appendAcquire(b, 1, answered, 30, 0, 1<<20, "t", []byte("a"))
 	b = appendAcquire(b, 1, waiting.id, 30, 0, 1<<20, "t", []byte("b"))
 	b = appendAcquire(b, 2, 77, 30, 0, 1<<20, "t", []byte("c"))
 	b = appendAcquire(b, 1, queued.id, 30, int64(30*time.Second), 1<<20, "t", []byte("c"))
-	putHeader(b, 1, 4)
+	putHeader(b, 1, 5)
 	if _, err := upToDate.Update(sm.Entry{Cmd: b}); err != nil {
 		t.Fatal(err)
 	}

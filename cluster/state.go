@@ -41,7 +41,10 @@ type lockState struct {
 	// names the renewal it extends, so that applied twice it renews once.
 	renewals uint32
 	node, id uint64
-	queue    []waitEntry
+	// epoch is the group's epoch when the token was issued: only that
+	// epoch's leader may take the grant back (cmdRevoke, claims.go).
+	epoch uint64
+	queue []waitEntry
 }
 
 // replicated is one group's replicated state: the same on every replica
@@ -52,6 +55,10 @@ type replicated struct {
 	tokens     engine.TokenCounter
 	keysClosed bool
 	queued     int // waitEntries in all queues
+	// epoch is the Raft term of the latest leader that announced itself
+	// (cmdEpoch), and epochLeader that leader: the one node that judges
+	// claims on this epoch's grants and may revoke them.
+	epoch, epochLeader uint64
 	// tenantKeys counts each tenant's keys (derived from locks), for the
 	// tenants' keys quotas.
 	tenantKeys map[string]int
@@ -80,6 +87,7 @@ const (
 	answerStaleKeep                       // a KEEP named an older renewal; its request may need it again
 	answerRestored                        // a grant or queue entry of this node's, found in a snapshot
 	answerForgotten                       // a forget applied: node, and id its keep_first
+	answerRevoked                         // a grant to node's request id was taken back (cmdRevoke)
 )
 
 // answer is one outcome of applying commands, for the node that owns id.
@@ -148,6 +156,12 @@ func (s *replicated) apply(c *command, out *applied) {
 		s.forget(c.node, c.keepFirst, c.keepLast, out)
 	case cmdCancel:
 		s.cancel(k, c.node, c.id)
+	case cmdEpoch:
+		if c.term > s.epoch {
+			s.epoch, s.epochLeader = c.term, c.node
+		}
+	case cmdRevoke:
+		s.revoke(k, c, out)
 	case cmdLeaseEnd, cmdExpire:
 		// The leader's timer saw the lease fall due; whether it has is the
 		// replicated clock's to say, so a renewed lease or a later token
@@ -211,6 +225,7 @@ func (s *replicated) granted(k string, l *lockState, node, id uint64, lease uint
 	l.lease = lease
 	l.renewals = 0
 	l.node, l.id = node, id
+	l.epoch = s.epoch
 	out.leases = append(out.leases, expiry{key: k, token: l.Token, lease: seconds(lease)})
 }
 
@@ -246,6 +261,20 @@ func (s *replicated) free(k string, l *lockState, out *applied) *lockState {
 		delete(s.tenantKeys, tenant)
 	}
 	return nil
+}
+
+// revoke takes back a grant its node never claimed: only the grant the
+// command names, made in the epoch whose leader proposed it, while that
+// epoch lasts. The leader proposes it only for grants it refused claims
+// on from then (claims.go), so no client holds the token, which is never
+// issued again; the lock goes to the next waiter as at a release.
+func (s *replicated) revoke(k string, c *command, out *applied) {
+	l := s.settle(k, out)
+	if l == nil || l.Token != c.token || l.node != c.node || l.epoch != c.term || s.epoch != c.term {
+		return
+	}
+	out.answer(answerRevoked, k, l.node, l.id, engine.Result{Outcome: engine.Unavailable, Token: l.Token})
+	s.free(k, l, out)
 }
 
 // forget drops node's queued waiters whose request id is outside [keepFirst,
@@ -303,11 +332,13 @@ func seconds(s uint16) time.Duration { return time.Duration(s) * time.Second }
 
 // snapshotVersion 2 added each lock's holder (node, id), version 3 its
 // renewals, version 4 its lease end on the replicated clock (in place of
-// the grant instant). Older snapshots, written by earlier builds, still
+// the grant instant), version 5 the group's epoch and each lock's (a
+// lock of an older snapshot has epoch 0: no leader may revoke it). Older
+// snapshots, written by earlier builds, still
 // restore — dragonboat stops the process when a snapshot cannot be read —
 // with no holder known, no renewals, and a lease ending a full lease after
 // the snapshot's time: never sooner than the lease it describes.
-const snapshotVersion = 4
+const snapshotVersion = 5
 
 // save writes the state; stop aborts a long save.
 func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
@@ -323,6 +354,8 @@ func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
 		b = append(b, 0)
 	}
 	b = binary.BigEndian.AppendUint64(b, uint64(len(s.locks)))
+	b = binary.BigEndian.AppendUint64(b, s.epoch)
+	b = binary.BigEndian.AppendUint64(b, s.epochLeader)
 	if _, err := bw.Write(b); err != nil {
 		return err
 	}
@@ -344,6 +377,7 @@ func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
 		b = binary.BigEndian.AppendUint64(b, l.node)
 		b = binary.BigEndian.AppendUint64(b, l.id)
 		b = binary.BigEndian.AppendUint32(b, l.renewals)
+		b = binary.BigEndian.AppendUint64(b, l.epoch)
 		b = binary.BigEndian.AppendUint32(b, uint32(len(l.queue)))
 		for _, q := range l.queue {
 			b = binary.BigEndian.AppendUint64(b, q.node)
@@ -380,14 +414,23 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 	}
 	nLocks := be.Uint64(hdr[26:])
 	const waitEntryLen = 8 + 8 + 8 + 8 + 2
-	holderLen, renewalsLen := 8+8, 4
+	holderLen, renewalsLen, epochLen := 8+8, 4, 8
 	if version == 1 {
 		holderLen = 0
 	}
 	if version < 3 {
 		renewalsLen = 0
 	}
-	var buf [8 + 2 + 8 + 16 + 4 + 4]byte
+	if version < 5 {
+		epochLen = 0
+	} else {
+		var epoch [16]byte
+		if _, err := io.ReadFull(br, epoch[:]); err != nil {
+			return replicated{}, err
+		}
+		s.epoch, s.epochLeader = be.Uint64(epoch[:]), be.Uint64(epoch[8:])
+	}
+	var buf [8 + 2 + 8 + 16 + 4 + 8 + 4]byte
 	for i := uint64(0); i < nLocks; i++ {
 		if i%4096 == 4095 {
 			select {
@@ -403,7 +446,7 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 		if _, err := io.ReadFull(br, kb); err != nil {
 			return replicated{}, err
 		}
-		if _, err := io.ReadFull(br, buf[:8+2+8+holderLen+renewalsLen+4]); err != nil {
+		if _, err := io.ReadFull(br, buf[:8+2+8+holderLen+renewalsLen+epochLen+4]); err != nil {
 			return replicated{}, err
 		}
 		l := &lockState{Lease: engine.Lease{Token: be.Uint64(buf[:])}, lease: be.Uint16(buf[8:])}
@@ -418,7 +461,10 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 		if renewalsLen > 0 {
 			l.renewals = be.Uint32(buf[18+holderLen:])
 		}
-		nq := int(be.Uint32(buf[18+holderLen+renewalsLen:]))
+		if epochLen > 0 {
+			l.epoch = be.Uint64(buf[18+holderLen+renewalsLen:])
+		}
+		nq := int(be.Uint32(buf[18+holderLen+renewalsLen+epochLen:]))
 		for range nq {
 			if _, err := io.ReadFull(br, buf[:waitEntryLen]); err != nil {
 				return replicated{}, err

@@ -37,8 +37,9 @@ import (
 //
 //	magic u16 (0x4c52, "LR") | kind u8 | length u32 | CRC-32C u32 of the payload | payload
 //
-// with kind 'M' (a raftpb.MessageBatch) or 'C' (a raftpb.Chunk of a
-// snapshot). The checksum is there because Raft does not check what an
+// with kind 'M' (a raftpb.MessageBatch), 'C' (a raftpb.Chunk of a
+// snapshot) or 'L' (lockd's own messages between nodes: grant claims and
+// their verdicts, claims.go). The checksum is there because Raft does not check what an
 // entry holds: one flipped bit that TCP's own checksum missed would be
 // stored and applied by one replica only, and its lock table would no
 // longer be the others'. A peer speaking anything else, or a frame that
@@ -49,6 +50,7 @@ const (
 	frameHeaderLen = 2 + 1 + 4 + 4
 	frameMessages  = 'M'
 	frameChunk     = 'C'
+	frameLockd     = 'L'
 	// maxFrame bounds what a peer can make this node allocate: dragonboat's
 	// largest message batch (64 MiB) and some room.
 	maxFrame = 72 << 20
@@ -64,8 +66,9 @@ const (
 )
 
 var (
-	errBadFrame   = errors.New("cluster: bad raft frame")
-	castagnoliCRC = crc32.MakeTable(crc32.Castagnoli)
+	errBadFrame    = errors.New("cluster: bad raft frame")
+	errUnknownPeer = errors.New("cluster: no Raft address known for the peer")
+	castagnoliCRC  = crc32.MakeTable(crc32.Castagnoli)
 )
 
 // dragonboatStreams is how many message streams dragonboat keeps to each
@@ -103,6 +106,8 @@ type raftTransportFactory struct {
 	// streamsOpened, when set, counts the message connections dialed,
 	// redials included: one per peer while the links hold.
 	streamsOpened *atomic.Uint64
+	// onPeer, when set, takes the frames of kind 'L' (claims.go).
+	onPeer func(body []byte, sink verdictSink)
 }
 
 func (f raftTransportFactory) Create(nhc config.NodeHostConfig, mh raftio.MessageHandler, ch raftio.ChunkHandler) raftio.ITransport {
@@ -115,7 +120,7 @@ func (f raftTransportFactory) Create(nhc config.NodeHostConfig, mh raftio.Messag
 			mh(mb)
 		}
 	}
-	return &raftTransport{addr: nhc.GetListenAddress(), log: f.log, tls: f.tls, onMessages: onMessages, onChunk: ch,
+	return &raftTransport{addr: nhc.GetListenAddress(), log: f.log, tls: f.tls, onMessages: onMessages, onChunk: ch, onPeer: f.onPeer,
 		framesSent: f.framesSent, streamsOpened: f.streamsOpened, conns: make(map[net.Conn]struct{}), done: make(chan struct{})}
 }
 
@@ -131,8 +136,9 @@ type raftTransport struct {
 	tls           *tls.Config // nil: plain TCP
 	onMessages    raftio.MessageHandler
 	onChunk       raftio.ChunkHandler
-	framesSent    *atomic.Uint64 // nil: not counted
-	streamsOpened *atomic.Uint64 // nil: not counted
+	onPeer        func(body []byte, sink verdictSink) // nil: 'L' frames are ignored
+	framesSent    *atomic.Uint64                      // nil: not counted
+	streamsOpened *atomic.Uint64                      // nil: not counted
 
 	mu     sync.Mutex
 	ln     net.Listener
@@ -214,6 +220,7 @@ func (t *raftTransport) serve(conn net.Conn) {
 	}
 	r := bufio.NewReaderSize(conn, 64<<10)
 	var payload []byte
+	var sink *servedSink
 	for {
 		kind, body, err := readFrame(r, payload)
 		if err != nil {
@@ -230,6 +237,13 @@ func (t *raftTransport) serve(conn net.Conn) {
 			var c pb.Chunk
 			if c.Unmarshal(body) != nil || !t.onChunk(c) {
 				return
+			}
+		case frameLockd:
+			if t.onPeer != nil {
+				if sink == nil {
+					sink = &servedSink{conn: conn}
+				}
+				t.onPeer(body, sink)
 			}
 		}
 		payload = body[:0] // Unmarshal copied what it keeps
@@ -258,7 +272,7 @@ func readFrame(r io.Reader, buf []byte) (kind byte, body []byte, err error) {
 		return 0, nil, err
 	}
 	kind, n := hdr[2], binary.BigEndian.Uint32(hdr[3:])
-	if binary.BigEndian.Uint16(hdr[:]) != frameMagic || (kind != frameMessages && kind != frameChunk) || n > maxFrame {
+	if binary.BigEndian.Uint16(hdr[:]) != frameMagic || (kind != frameMessages && kind != frameChunk && kind != frameLockd) || n > maxFrame {
 		return 0, nil, errBadFrame
 	}
 	if cap(buf) < int(n) {
@@ -293,13 +307,18 @@ func (t *raftTransport) Close() error {
 }
 
 func (t *raftTransport) dial(ctx context.Context, target string) (net.Conn, error) {
+	return dialRaft(ctx, t.tls, t.log, target)
+}
+
+// dialRaft connects to a peer's Raft port: mutual TLS when tlsCfg is set.
+func dialRaft(ctx context.Context, tlsCfg *tls.Config, log zerolog.Logger, target string) (net.Conn, error) {
 	d := net.Dialer{Timeout: raftDialTimeout}
 	conn, err := d.DialContext(ctx, "tcp", target)
 	if err != nil {
 		return nil, err
 	}
-	if t.tls != nil {
-		if conn, err = t.dialTLS(ctx, conn, target); err != nil {
+	if tlsCfg != nil {
+		if conn, err = dialTLS(ctx, tlsCfg, log, conn, target); err != nil {
 			return nil, err
 		}
 	}
@@ -309,20 +328,20 @@ func (t *raftTransport) dial(ctx context.Context, target string) (net.Conn, erro
 // dialTLS runs the client side of the handshake within raftDialTimeout:
 // the peer's certificate must carry target's host and verify against the
 // CA.
-func (t *raftTransport) dialTLS(ctx context.Context, conn net.Conn, target string) (net.Conn, error) {
+func dialTLS(ctx context.Context, tlsCfg *tls.Config, log zerolog.Logger, conn net.Conn, target string) (net.Conn, error) {
 	host, _, err := net.SplitHostPort(target)
 	if err != nil {
 		conn.Close()
 		return nil, err
 	}
-	cfg := t.tls.Clone()
+	cfg := tlsCfg.Clone()
 	cfg.ServerName = host
 	tc := tls.Client(conn, cfg)
 	ctx, cancel := context.WithTimeout(ctx, raftDialTimeout)
 	defer cancel()
 	if err := tc.HandshakeContext(ctx); err != nil {
 		conn.Close()
-		t.log.Warn().Err(err).Str("target", target).Msg("raft transport: TLS handshake with a peer failed")
+		log.Warn().Err(err).Str("target", target).Msg("raft transport: TLS handshake with a peer failed")
 		return nil, fmt.Errorf("raft transport: TLS with %s: %w", target, err)
 	}
 	return tc, nil
@@ -420,10 +439,7 @@ func (c *frameConn) send(kind byte, m pb.Marshaler, sizeLimit int) error {
 	b := c.buf[:frameHeaderLen+sizeLimit]
 	payload := pb.MustMarshalTo(m, b[frameHeaderLen:])
 	n := len(payload)
-	binary.BigEndian.PutUint16(b, frameMagic)
-	b[2] = kind
-	binary.BigEndian.PutUint32(b[3:], uint32(n))
-	binary.BigEndian.PutUint32(b[7:], crc32.Checksum(payload, castagnoliCRC))
+	putFrameHeader(b, kind, payload)
 	deadline := raftWriteTimeout + time.Duration(n)*time.Second/raftWriteMinRate
 	err := writeWithin(c.conn, b[:frameHeaderLen+n], deadline)
 	var ne net.Error
@@ -438,6 +454,14 @@ func (c *frameConn) send(kind byte, m pb.Marshaler, sizeLimit int) error {
 		c.buf = nil // do not pin a snapshot chunk's buffer
 	}
 	return err
+}
+
+// putFrameHeader fills the header of a frame of kind carrying payload.
+func putFrameHeader(b []byte, kind byte, payload []byte) {
+	binary.BigEndian.PutUint16(b, frameMagic)
+	b[2] = kind
+	binary.BigEndian.PutUint32(b[3:], uint32(len(payload)))
+	binary.BigEndian.PutUint32(b[7:], crc32.Checksum(payload, castagnoliCRC))
 }
 
 // writeWithin writes b to conn, giving up after d.

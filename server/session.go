@@ -66,10 +66,13 @@ type session struct {
 	// pending holds the owners of acquires in flight on this connection:
 	// reserved before the engine sees them, so a grant racing the return
 	// of Acquire still finds its entry.
-	pending     pendingTable
-	outbox      []resolution
-	closeOnWake bool
-	closed      bool
+	pending pendingTable
+	outbox  []resolution
+	// closeWhenIdle is set once a request was answered E shutting_down:
+	// the connection closes when nothing is in flight on it any more, so
+	// that every other request on it gets its own answer first.
+	closeWhenIdle bool
+	closed        bool
 }
 
 // resolution is a queued request's answer, left by a backend callback for
@@ -174,7 +177,7 @@ func (ss *session) process(buf []byte) (consumed int, closing bool) {
 	}
 	closing = ss.deliverResolutions(closing)
 	ss.flush()
-	if ss.gone || closing {
+	if ss.gone || closing || ss.drainedIdle() {
 		return consumed, true
 	}
 	if ss.tr.outboundBuffered() > ss.srv.cfg.MaxOutbound {
@@ -256,7 +259,10 @@ func (ss *session) handleFrame(req *codec.Request, fieldErr error) bool {
 	}
 	if ss.srv.draining.Load() {
 		ss.appendError(req.Owner, codec.ShuttingDown)
-		return true
+		ss.mu.Lock()
+		ss.markCloseWhenIdleLocked()
+		ss.mu.Unlock()
+		return false
 	}
 	if fieldErr != nil {
 		ss.appendError(req.Owner, fieldErr.(codec.Reason))
@@ -345,8 +351,8 @@ func secretOrDecoy(secret []byte, known bool) []byte {
 	return decoySecret
 }
 
-// acquire answers an ACQUIRE at once or leaves it queued; it reports
-// whether the answer closes the connection (the server is draining).
+// acquire answers an ACQUIRE at once or leaves it queued. It never closes
+// the connection itself: a shutting_down answer closes it once idle.
 func (ss *session) acquire(req *codec.Request) bool {
 	ss.mu.Lock()
 	if ss.pending.len() >= ss.srv.cfg.MaxConnInflight {
@@ -366,6 +372,9 @@ func (ss *session) acquire(req *codec.Request) bool {
 	switch _, stillQueued := ss.pending.get(req.Owner); {
 	case r.Outcome != engine.Queued:
 		ss.pending.remove(req.Owner)
+		if r.Outcome == engine.ShuttingDown {
+			ss.markCloseWhenIdleLocked()
+		}
 	case stillQueued:
 		ss.pending.put(req.Owner, queuedAcquire(w))
 	default:
@@ -382,7 +391,26 @@ func (ss *session) acquire(req *codec.Request) bool {
 		return false
 	}
 	ss.appendResult(opAcquire, req.Owner, r)
-	return r.Outcome == engine.ShuttingDown
+	return false
+}
+
+// markCloseWhenIdleLocked notes that the connection closes once nothing
+// is in flight on it (SPEC §9: shutting_down closes); Close waits for it.
+// Called with ss.mu held.
+func (ss *session) markCloseWhenIdleLocked() {
+	if !ss.closeWhenIdle {
+		ss.closeWhenIdle = true
+		ss.srv.pendingCloses.Add(1)
+	}
+}
+
+// drainedIdle reports whether a connection that answered shutting_down
+// has nothing in flight and nothing left to write: then it closes. Loop
+// only.
+func (ss *session) drainedIdle() bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.closeWhenIdle && ss.pending.len() == 0 && len(ss.outbox) == 0
 }
 
 // releaseAsync hands a RELEASE to a backend that answers it through
@@ -433,9 +461,8 @@ func (ss *session) Resolve(owner uint64, r engine.Result) {
 	}
 	wake := len(ss.outbox) == 0
 	ss.outbox = append(ss.outbox, res)
-	if r.Outcome == engine.ShuttingDown && !ss.closeOnWake {
-		ss.closeOnWake = true
-		ss.srv.pendingCloses.Add(1)
+	if r.Outcome == engine.ShuttingDown {
+		ss.markCloseWhenIdleLocked()
 	}
 	ss.mu.Unlock()
 	if wake && !ss.batch.handOff(ss) {
@@ -457,10 +484,9 @@ func (ss *session) deliverResolutions(closing bool) bool {
 	ss.mu.Lock()
 	resolved := ss.outbox
 	ss.outbox = ss.drained
-	closing = closing || ss.closeOnWake
 	ss.mu.Unlock()
 	for _, r := range resolved {
-		if closing && r.result.Outcome != engine.ShuttingDown {
+		if closing {
 			r.abandonIfGranted(ss.srv)
 			continue
 		}
@@ -501,7 +527,7 @@ func (ss *session) close(peerEnded bool) {
 			waits = append(waits, w)
 		}
 	})
-	if ss.closeOnWake {
+	if ss.closeWhenIdle {
 		ss.srv.pendingCloses.Add(-1)
 	}
 	ss.mu.Unlock()
@@ -596,12 +622,11 @@ func (ss *session) deliverHandOff() {
 	if ss.gone {
 		return // close abandoned its outbox
 	}
-	if ss.deliverResolutions(false) {
-		ss.flush()
-		ss.wake()
-		return
-	}
+	ss.deliverResolutions(false)
 	ss.flush()
+	if ss.drainedIdle() {
+		ss.wake()
+	}
 }
 
 // flush writes the batch. Its bytes are dropped when the connection is

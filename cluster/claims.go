@@ -1,0 +1,500 @@
+package cluster
+
+// This file owns grant claims: a node hands a grant to its client only
+// after the group's epoch leader has accepted its claim on it, and the
+// epoch leader takes back (cmdRevoke) the grants of a silent node that
+// were never claimed, so that a dead node's undelivered grants free their
+// keys within a failure-detection interval instead of a lease.
+//
+// Why it is safe (docs/cluster.md, Undelivered grants, has the argument
+// in full): every grant carries the epoch it was made in (cmdEpoch, the
+// Raft term of the leader that announced itself), and a revoke applies
+// only to a grant of the epoch it names while that epoch lasts. Only the
+// epoch's leader proposes revokes for it, only for grants it has refused
+// claims on from then, and it judges claims under the same lock. A grant
+// of an earlier epoch is taken as claimed by every later leader (it may
+// have been delivered), and no revoke of its epoch can apply any more.
+
+import (
+	"encoding/binary"
+	"time"
+
+	"github.com/lockd/lockd/engine"
+)
+
+// claimVerdict is an epoch leader's answer to a claim.
+type claimVerdict uint8
+
+const (
+	claimAccepted  claimVerdict = iota + 1 // deliver: the grant will not be revoked
+	claimRefused                           // never deliver: the grant is taken back or no longer current
+	claimNotLeader                         // ask the group's leader (again, later)
+	claimNotYet                            // this replica has not applied the grant or its own epoch yet
+)
+
+// claimBook is what an epoch leader knows of claims, node-local and kept
+// under its fsm's lock: the grants of its epoch to other nodes' requests
+// that no claim has reached yet, and those it took back.
+type claimBook struct {
+	epoch     uint64                       // the epoch the book is for; a new one clears it
+	unclaimed map[uint64]map[string]uint64 // node → lock key → token
+	revoking  map[string]uint64            // lock key → token taken back
+}
+
+// sync empties the book when the replica's epoch moved on.
+func (b *claimBook) sync(s *replicated) {
+	if b.epoch == s.epoch {
+		return
+	}
+	b.epoch = s.epoch
+	b.unclaimed = nil
+	b.revoking = nil
+}
+
+// noteGrants records, on the epoch's leader, the grants just applied to
+// other nodes' requests: each waits for its node's claim.
+func (b *claimBook) noteGrants(s *replicated, self uint64, answers []answer) {
+	if s.epochLeader != self {
+		return
+	}
+	b.sync(s)
+	for _, a := range answers {
+		if a.r.Outcome != engine.Granted || a.node == self || a.kind != answerDirect && a.kind != answerHandOff {
+			continue
+		}
+		if b.unclaimed == nil {
+			b.unclaimed = make(map[uint64]map[string]uint64)
+		}
+		m := b.unclaimed[a.node]
+		if m == nil {
+			m = make(map[string]uint64)
+			b.unclaimed[a.node] = m
+		}
+		m[a.key] = a.r.Token
+	}
+}
+
+// judgeClaim decides node's claim on the grant of token to its request id
+// on key, made by the entry at index. Called with the fsm's lock held.
+func (f *fsm) judgeClaim(key string, node, id, token, index uint64, raftLeader bool) claimVerdict {
+	s := &f.state
+	self := f.g.n.cfg.NodeID
+	switch {
+	case f.applied < index:
+		return claimNotYet
+	case s.epochLeader != self && raftLeader:
+		return claimNotYet // its own epoch announcement is on its way
+	case s.epochLeader != self:
+		return claimNotLeader
+	}
+	l := s.locks[key]
+	if l == nil || l.Token != token || l.node != node || l.id != id || l.Lapsed(s.now) {
+		return claimRefused
+	}
+	if l.epoch != s.epoch || node == self {
+		return claimAccepted // an earlier epoch's grant counts as claimed; a leader never revokes its own
+	}
+	f.book.sync(s)
+	if f.book.revoking[key] == token {
+		return claimRefused
+	}
+	if m := f.book.unclaimed[node]; m[key] == token {
+		delete(m, key)
+	}
+	return claimAccepted
+}
+
+// takeUnclaimed moves peer's unclaimed grants of this replica's epoch,
+// still current, to the revoked, and returns them: the leader proposes
+// their revokes and refuses claims on them from now on. Called with the
+// fsm's lock held.
+func (f *fsm) takeUnclaimed(peer uint64, out []expiry) []expiry {
+	s := &f.state
+	if s.epochLeader != f.g.n.cfg.NodeID {
+		return out
+	}
+	f.book.sync(s)
+	for k, token := range f.book.unclaimed[peer] {
+		if l := s.locks[k]; l != nil && l.Token == token && l.node == peer && l.epoch == s.epoch {
+			if f.book.revoking == nil {
+				f.book.revoking = make(map[string]uint64)
+			}
+			f.book.revoking[k] = token
+			out = append(out, expiry{key: k, token: token})
+		}
+	}
+	delete(f.book.unclaimed, peer)
+	if len(f.book.revoking) > 64 && len(f.book.revoking) > 2*len(s.locks) {
+		for k, token := range f.book.revoking {
+			if l := s.locks[k]; l == nil || l.Token != token {
+				delete(f.book.revoking, k)
+			}
+		}
+	}
+	return out
+}
+
+// revokeUnclaimed queues in g's batch the revokes of peer's unclaimed
+// grants; the expiry driver runs it while g's leader takes peer for dead.
+// It reports whether it queued any.
+func (g *group) revokeUnclaimed(peer uint64) bool {
+	f := g.fsm.Load()
+	f.mu.Lock()
+	taken := f.takeUnclaimed(peer, nil)
+	epoch := f.state.epoch
+	f.mu.Unlock()
+	if len(taken) == 0 {
+		return false
+	}
+	g.n.log.Info().Uint64("group", g.shardID).Uint64("peer", peer).Int("grants", len(taken)).
+		Msg("taking back grants a silent node never claimed")
+	g.n.stats.revokes.Add(uint64(len(taken)))
+	for _, e := range taken {
+		tenant, key := splitLockKey(e.key)
+		g.queue(func(b []byte) []byte { return appendRevoke(b, peer, e.token, epoch, tenant, key) })
+	}
+	return true
+}
+
+// grantClaim is a grant to one of this node's requests, held back until
+// the group's epoch leader accepts the claim on it.
+type grantClaim struct {
+	g       *group
+	key     string
+	r       engine.Result
+	index   uint64        // the entry that made the grant
+	askedOf uint64        // the leader last asked, 0 for none
+	askedAt time.Duration // when
+}
+
+// holdForClaimLocked holds the grant r to the live request p until its
+// claim is settled. Called with regMu held.
+func (n *Node) holdForClaimLocked(p *pending, g *group, key string, r engine.Result, index uint64) {
+	p.claim = &grantClaim{g: g, key: key, r: r, index: index}
+	n.claiming[p.id] = p
+	n.toAsk = append(n.toAsk, p)
+}
+
+// dropClaimLocked releases the grant a retiring request p held for its
+// claim: it was never delivered. Called with regMu held, from
+// finishLocked.
+func (n *Node) dropClaimLocked(p *pending) {
+	c := p.claim
+	p.claim = nil
+	delete(n.claiming, p.id)
+	c.g.orphan(c.key, c.r.Token)
+}
+
+// askClaims settles or sends the claims held since the last call, or with
+// all every claim not settled yet (the expiry driver's pass, and after a
+// leader change): judged here when this node leads the group's epoch,
+// sent to the group's leader otherwise, and again after claimRetry
+// without a verdict (the leader may have died with it, or the link
+// dropped it). Claims that find no leader ready wait for the next call.
+func (n *Node) askClaims(all bool) {
+	now := n.clock()
+	retry := n.claimRetry()
+	var settled []settledClaim
+	var asks map[uint64][]byte
+	leaders := make(map[*group]uint64, 1)
+	n.regMu.Lock()
+	held := n.toAsk
+	n.toAsk = n.askSpare[:0]
+	if all {
+		held = held[:0]
+		for _, p := range n.claiming {
+			held = append(held, p)
+		}
+	}
+	for _, p := range held {
+		c := p.claim
+		if c == nil {
+			continue // settled or retired since it was queued
+		}
+		f := c.g.fsm.Load()
+		f.mu.Lock()
+		v := claimNotLeader
+		if f.state.epochLeader == n.cfg.NodeID {
+			v = f.judgeClaim(c.key, n.cfg.NodeID, p.id, c.r.Token, c.index, true)
+		}
+		f.mu.Unlock()
+		if v == claimAccepted || v == claimRefused {
+			settled = append(settled, n.settleLocked(p, v))
+			continue
+		}
+		leader, ok := leaders[c.g]
+		if !ok {
+			leader = n.Leader(c.g.idx)
+			leaders[c.g] = leader
+		}
+		switch {
+		case leader == 0 || leader == n.cfg.NodeID:
+			// An election, or this node leads and its epoch is not applied
+			// yet: asked again after the next apply or leader change.
+			n.toAsk = append(n.toAsk, p)
+		case c.askedOf != leader || now-c.askedAt >= retry:
+			c.askedOf, c.askedAt = leader, now
+			if asks == nil {
+				asks = make(map[uint64][]byte)
+			}
+			asks[leader] = appendClaim(asks[leader], c.g.shardID, p.id, n.cfg.NodeID, c.r.Token, c.index, c.key)
+		}
+	}
+	clear(held)
+	n.askSpare = held[:0]
+	n.regMu.Unlock()
+	for leader, b := range asks {
+		n.links.send(leader, b)
+	}
+	n.finishSettled(settled)
+}
+
+// claimRetry is how long a claim waits for a verdict before it is asked
+// again.
+func (n *Node) claimRetry() time.Duration { return 2 * n.cfg.RTT }
+
+// settledClaim is a claim's outcome, carried out outside regMu.
+type settledClaim struct {
+	p       *pending
+	c       *grantClaim
+	verdict claimVerdict
+}
+
+// settleLocked retires the live request p whose claim was judged v.
+// Called with regMu held.
+func (n *Node) settleLocked(p *pending, v claimVerdict) settledClaim {
+	c := p.claim
+	p.claim = nil
+	delete(n.claiming, p.id)
+	n.finishLocked(p)
+	return settledClaim{p: p, c: c, verdict: v}
+}
+
+// finishSettled answers the requests of settled claims: the grant when
+// accepted; E unavailable when refused, a definitive non-acquisition,
+// since the grant is taken back (and released from here too, in case the
+// revoke's proposal is lost).
+func (n *Node) finishSettled(settled []settledClaim) {
+	for _, s := range settled {
+		if s.verdict == claimAccepted {
+			s.p.w.Resolve(s.p.owner, n.deliverable(s.p, s.c.r))
+			continue
+		}
+		s.c.g.orphan(s.c.key, s.c.r.Token)
+		n.stats.unavailable.Add(1)
+		s.p.w.Resolve(s.p.owner, engine.Result{Outcome: engine.Unavailable})
+	}
+}
+
+// deliverable is a grant as the client gets it: waited_ms no more than
+// this node's own elapsed time since receipt, so the client's validity
+// bound never ends after the lease on any replica.
+func (n *Node) deliverable(p *pending, r engine.Result) engine.Result {
+	r.Waited = max(0, min(r.Waited, n.clock()-p.start))
+	return r
+}
+
+// onVerdicts settles the claims an epoch leader answered.
+func (n *Node) onVerdicts(b []byte) {
+	var settled []settledClaim
+	again := false
+	n.regMu.Lock()
+	for len(b) >= verdictLen {
+		id, token, v := binary.BigEndian.Uint64(b[8:]), binary.BigEndian.Uint64(b[16:]), claimVerdict(b[24])
+		b = b[verdictLen:]
+		p := n.claiming[id]
+		if p == nil || p.claim.r.Token != token {
+			continue // settled already, or its request retired
+		}
+		switch v {
+		case claimAccepted, claimRefused:
+			settled = append(settled, n.settleLocked(p, v))
+		default:
+			p.claim.askedOf, again = 0, true
+		}
+	}
+	n.regMu.Unlock()
+	n.finishSettled(settled)
+	if again {
+		n.expiryDue() // its pass asks again, of the leader it then knows
+	}
+}
+
+// revoked settles the claim of this node's request id on token as
+// refused: the group took the grant back (this node was taken for dead).
+func (g *group) revoked(node, id, token uint64) {
+	n := g.n
+	if node != n.cfg.NodeID {
+		return
+	}
+	var settled []settledClaim
+	n.regMu.Lock()
+	if p := n.claiming[id]; p != nil && p.claim.r.Token == token {
+		settled = append(settled, n.settleLocked(p, claimRefused))
+	}
+	n.regMu.Unlock()
+	n.finishSettled(settled)
+}
+
+// verdictSink answers a peer's claims on the connection they came by.
+type verdictSink interface{ sendVerdicts(b []byte) }
+
+// onClaims judges the claims a peer sent, as its group's leader, and
+// answers them through sink: at once, or once this replica has applied
+// what it still lacks (judgeParked).
+func (n *Node) onClaims(b []byte, sink verdictSink) {
+	var out []byte
+	for len(b) >= claimFixedLen {
+		shard := binary.BigEndian.Uint64(b)
+		id, node := binary.BigEndian.Uint64(b[8:]), binary.BigEndian.Uint64(b[16:])
+		token, index := binary.BigEndian.Uint64(b[24:]), binary.BigEndian.Uint64(b[32:])
+		klen := int(binary.BigEndian.Uint16(b[40:]))
+		if len(b) < claimFixedLen+klen {
+			break
+		}
+		key := string(b[claimFixedLen : claimFixedLen+klen])
+		b = b[claimFixedLen+klen:]
+		v := claimNotLeader
+		if g := n.groupByShard(shard); g != nil {
+			v = g.judge(parkedClaim{key: key, node: node, id: id, token: token, index: index, sink: sink})
+		}
+		if v != claimNotYet {
+			out = appendVerdict(out, shard, id, token, v)
+		}
+	}
+	if len(out) > 0 {
+		sink.sendVerdicts(out)
+	}
+}
+
+// parkedClaim is a peer's claim this replica could not judge yet.
+type parkedClaim struct {
+	key                    string
+	node, id, token, index uint64
+	sink                   verdictSink
+	at                     time.Duration // when it was first parked
+}
+
+// judge judges c as g's leader, parking it while this replica is behind.
+func (g *group) judge(c parkedClaim) claimVerdict {
+	f := g.fsm.Load()
+	if f == nil {
+		return claimNotLeader
+	}
+	leader := g.n.Leader(g.idx) == g.n.cfg.NodeID
+	f.mu.Lock()
+	v := f.judgeClaim(c.key, c.node, c.id, c.token, c.index, leader)
+	f.mu.Unlock()
+	if v == claimNotYet {
+		if c.at == 0 {
+			c.at = g.n.clock()
+		}
+		g.mu.Lock()
+		g.parked = append(g.parked, c)
+		g.mu.Unlock()
+		g.n.parkedClaims.Add(1)
+	}
+	return v
+}
+
+// appliedClaims runs after every apply: parked peer claims are judged
+// again, and this node's newly held grants settled or asked for.
+func (g *group) appliedClaims() {
+	n := g.n
+	if n.parkedClaims.Load() > 0 {
+		g.judgeParked(false)
+	}
+	n.regMu.Lock()
+	ask := len(n.toAsk) > 0
+	n.regMu.Unlock()
+	if ask {
+		n.askClaims(false)
+	}
+}
+
+// judgeParked judges g's parked claims again; with expire, those parked
+// for longer than the propose timeout are answered "not leader", so that
+// a replica that stopped leading does not keep them.
+func (g *group) judgeParked(expire bool) {
+	n := g.n
+	g.mu.Lock()
+	parked := g.parked
+	g.parked = nil
+	g.mu.Unlock()
+	if len(parked) == 0 {
+		return
+	}
+	n.parkedClaims.Add(-int64(len(parked)))
+	now := n.clock()
+	answers := map[verdictSink][]byte{}
+	for _, c := range parked {
+		v := claimNotLeader
+		if !expire || now-c.at <= n.cfg.ProposeTimeout {
+			if v = g.judge(c); v == claimNotYet {
+				continue // parked again
+			}
+		}
+		answers[c.sink] = appendVerdict(answers[c.sink], g.shardID, c.id, c.token, v)
+	}
+	for sink, b := range answers {
+		sink.sendVerdicts(b)
+	}
+}
+
+// groupByShard is the group of a Raft shard id, nil if none.
+func (n *Node) groupByShard(shard uint64) *group {
+	for _, g := range n.groups {
+		if g.shardID == shard {
+			return g
+		}
+	}
+	return nil
+}
+
+// Claim and verdict encodings, inside a transport frame of kind 'L':
+//
+//	claims:   'c' | count × (shard u64 | id u64 | node u64 | token u64 | index u64 | key len u16 | key)
+//	verdicts: 'v' | count × (shard u64 | id u64 | token u64 | verdict u8)
+const (
+	claimFixedLen = 8 + 8 + 8 + 8 + 8 + 2
+	verdictLen    = 8 + 8 + 8 + 1
+	peerClaims    = 'c'
+	peerVerdicts  = 'v'
+)
+
+func appendClaim(b []byte, shard, id, node, token, index uint64, key string) []byte {
+	if len(b) == 0 {
+		b = append(b, peerClaims)
+	}
+	b = binary.BigEndian.AppendUint64(b, shard)
+	b = binary.BigEndian.AppendUint64(b, id)
+	b = binary.BigEndian.AppendUint64(b, node)
+	b = binary.BigEndian.AppendUint64(b, token)
+	b = binary.BigEndian.AppendUint64(b, index)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(key)))
+	return append(b, key...)
+}
+
+func appendVerdict(b []byte, shard, id, token uint64, v claimVerdict) []byte {
+	if len(b) == 0 {
+		b = append(b, peerVerdicts)
+	}
+	b = binary.BigEndian.AppendUint64(b, shard)
+	b = binary.BigEndian.AppendUint64(b, id)
+	b = binary.BigEndian.AppendUint64(b, token)
+	return append(b, byte(v))
+}
+
+// onPeerFrame dispatches a frame of kind 'L' from a peer: claims to
+// judge, answered through sink, or verdicts on this node's claims.
+func (n *Node) onPeerFrame(body []byte, sink verdictSink) {
+	if len(body) == 0 {
+		return
+	}
+	switch body[0] {
+	case peerClaims:
+		n.onClaims(body[1:], sink)
+	case peerVerdicts:
+		n.onVerdicts(body[1:])
+	}
+}

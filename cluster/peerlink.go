@@ -1,0 +1,178 @@
+package cluster
+
+// This file owns the node's own connections to its peers' Raft ports,
+// which carry grant claims to a group's leader and its verdicts back
+// (frames of kind 'L', claims.go); dragonboat's message streams are its
+// own and carry nothing else.
+
+import (
+	"bufio"
+	"context"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/lni/dragonboat/v4"
+)
+
+// peerLinks is one link per peer this node has sent claims to.
+type peerLinks struct {
+	n     *Node
+	mu    sync.Mutex
+	links map[uint64]*peerLink
+}
+
+// peerLink sends claims to one peer and reads its verdicts. A claim lost
+// with a broken connection is asked again by the expiry driver's pass
+// (askClaims), so the link only keeps what it has not written yet.
+type peerLink struct {
+	n    *Node
+	peer uint64
+	mu   sync.Mutex
+	out  []byte // claim entries not written yet, without the 'c'
+	wake chan struct{}
+}
+
+// send queues a claims message b ('c' | entries) for peer.
+func (ls *peerLinks) send(peer uint64, b []byte) {
+	ls.mu.Lock()
+	l := ls.links[peer]
+	if l == nil {
+		if ls.n.ctx.Err() != nil {
+			ls.mu.Unlock()
+			return
+		}
+		if ls.links == nil {
+			ls.links = make(map[uint64]*peerLink)
+		}
+		l = &peerLink{n: ls.n, peer: peer, wake: make(chan struct{}, 1)}
+		ls.links[peer] = l
+		ls.n.wg.Add(1)
+		go func() { defer ls.n.wg.Done(); l.run(ls.n.ctx) }()
+	}
+	ls.mu.Unlock()
+	l.mu.Lock()
+	l.out = append(l.out, b[1:]...)
+	l.mu.Unlock()
+	select {
+	case l.wake <- struct{}{}:
+	default:
+	}
+}
+
+// run writes what is queued, dialing when it has no connection; a
+// failed dial or write drops what it held (asked again later).
+func (l *peerLink) run(ctx context.Context) {
+	var conn net.Conn
+	var readerDone chan struct{}
+	defer func() {
+		if conn != nil {
+			conn.Close()
+			<-readerDone
+		}
+	}()
+	var frame []byte
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.wake:
+		}
+		l.mu.Lock()
+		frame = append(append(frame[:0], peerClaims), l.out...)
+		l.out = l.out[:0]
+		l.mu.Unlock()
+		if len(frame) == 1 {
+			continue
+		}
+		if conn == nil {
+			var err error
+			if conn, err = l.dial(ctx); err != nil {
+				l.n.log.Debug().Err(err).Uint64("peer", l.peer).Msg("claims link: dial failed")
+				conn = nil
+				continue
+			}
+			readerDone = make(chan struct{})
+			go func(c net.Conn) { defer close(readerDone); l.read(c) }(conn)
+		}
+		if err := writeFrame(conn, frameLockd, frame, raftWriteTimeout); err != nil {
+			conn.Close()
+			<-readerDone
+			conn = nil
+		}
+	}
+}
+
+func (l *peerLink) dial(ctx context.Context) (net.Conn, error) {
+	addr := l.n.peerAddr(l.peer)
+	if addr == "" {
+		return nil, errUnknownPeer
+	}
+	ctx, cancel := context.WithTimeout(ctx, raftDialTimeout)
+	defer cancel()
+	return dialRaft(ctx, l.n.cfg.RaftTLS, l.n.log, addr)
+}
+
+// read hands the verdicts the peer writes back to the node, until the
+// connection closes.
+func (l *peerLink) read(conn net.Conn) {
+	r := bufio.NewReaderSize(conn, 4096)
+	var buf []byte
+	for {
+		kind, body, err := readFrame(r, buf)
+		if err != nil {
+			return
+		}
+		if kind == frameLockd {
+			l.n.onPeerFrame(body, nil)
+		}
+		buf = body[:0]
+	}
+}
+
+// peerAddr is peer's Raft address: from --peers, or from the groups'
+// membership as this node last applied it (a node added later).
+func (n *Node) peerAddr(peer uint64) string {
+	if addr, ok := n.cfg.Peers[peer]; ok {
+		return addr
+	}
+	info := n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true})
+	if info == nil {
+		return ""
+	}
+	for _, s := range info.ShardInfoList {
+		if addr, ok := s.Replicas[peer]; ok {
+			return addr
+		}
+	}
+	return ""
+}
+
+// servedSink answers claims on the connection they came by (the
+// accepting side of a link). Its writes, from the transport's reader and
+// from the apply goroutine (parked claims), are serialized, and short:
+// a verdict is a few dozen bytes, and a peer that does not read them
+// within verdictWriteTimeout loses the connection (it asks again on a
+// new one) rather than stall this node's applies.
+type servedSink struct {
+	mu   sync.Mutex
+	conn net.Conn
+}
+
+const verdictWriteTimeout = 200 * time.Millisecond
+
+func (s *servedSink) sendVerdicts(b []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if writeFrame(s.conn, frameLockd, b, verdictWriteTimeout) != nil {
+		s.conn.Close()
+	}
+}
+
+// writeFrame writes one frame of kind with payload within timeout.
+func writeFrame(conn net.Conn, kind byte, payload []byte, timeout time.Duration) error {
+	b := make([]byte, frameHeaderLen+len(payload))
+	putFrameHeader(b, kind, payload)
+	copy(b[frameHeaderLen:], payload)
+	return writeWithin(conn, b, timeout)
+}
