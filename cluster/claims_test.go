@@ -19,8 +19,14 @@ type replica struct {
 }
 
 func newReplica(t *testing.T, self uint64) *replica {
-	g := &group{n: &Node{cfg: Config{NodeID: self}, log: zerolog.Nop(), claiming: map[uint64]*pending{}}, maxKeys: 1 << 20,
-		kick: make(chan struct{}, 1), forgotten: map[uint64]bool{}}
+	n := &Node{cfg: Config{NodeID: self, RTT: 100 * time.Millisecond, ElectionRTT: 4, HeartbeatRTT: 1,
+		ForgetAfter: 800 * time.Millisecond, ProposeTimeout: 2 * time.Second, FixedLeaders: true},
+		log: zerolog.Nop(), claiming: map[uint64]*pending{}}
+	n.liveness.init(self, map[uint64]string{1: "a", 2: "b", 3: "c"})
+	g := &group{n: n, maxKeys: 1 << 20, kick: make(chan struct{}, 1), forgotten: map[uint64]bool{}}
+	g.buf = make([]byte, headerLen)
+	g.newLeader.Store(new(make(chan struct{})))
+	g.pastRunsForgotten.Store(true)
 	f := newFSM(g, 1)
 	f.clock = func() time.Duration { return 0 }
 	g.fsm.Store(f)
@@ -239,3 +245,5 @@ func TestSnapshotKeepsEpochs(t *testing.T) {
 		t.Fatalf("restored token %d", got)
 	}
 }
+
+func (r *replica) n() *Node { return r.f.g.n }

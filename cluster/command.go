@@ -23,9 +23,15 @@ import (
 //
 //	cmdRelease:  node u64 | id u64 (0 = nobody waits for the answer) | token u64
 //	cmdKeep:     node u64 | id u64 (0 = nobody waits for the answer) | token u64 | renewals u32 | lease_s u16
-//	cmdLeaseEnd: token u64 | renewals u32 (proposed by the leader when the lease fell due)
-//	cmdExpire:   token u64 (the lease end of builds before KEEP; still applied
-//	             from their logs, as renewals 0)
+//	cmdLeaseEnd: (tenant and key only) proposed by the leader when a lease
+//	             fell due on its heap: the key is settled on the
+//	             replicated clock like before any command, which frees it
+//	             only if its lease has ended there
+//	cmdLeaseEndV1: token u64 | renewals u32, and
+//	cmdExpire:   token u64: the lease ends of earlier builds, still applied
+//	             from their logs, alike (their fields were never needed:
+//	             a lease a KEEP renewed since has not ended, and a later
+//	             token's neither)
 //	cmdForget:   node u64 | keep_first u64 | keep_last u64 (tenant and key empty):
 //	             drop node's queued waiters except those whose request id
 //	             (without its top bit) is within [keep_first, keep_last] —
@@ -40,10 +46,7 @@ import (
 //	             takes back the grant token, made in that epoch to a request
 //	             of node, which node never claimed (node fell silent)
 //
-// A lease end names the renewal it ends, so that the end of a lease that a
-// KEEP has since renewed frees nothing: a KEEP and the expire of the lease
-// it renews may be proposed at the same time, and Raft orders them. A KEEP
-// names the renewal it extends, as the proposer's replica last saw it, so
+// A KEEP names the renewal it extends, as the proposer's replica last saw it, so
 // that a retried proposal applied twice renews once: the second apply
 // finds a later renewal.
 //
@@ -53,15 +56,16 @@ const (
 	batchVersion = 1
 	headerLen    = 1 + 8 + 4
 
-	cmdAcquire  = 'A'
-	cmdRelease  = 'R'
-	cmdKeep     = 'K'
-	cmdLeaseEnd = 'L'
-	cmdExpire   = 'E'
-	cmdForget   = 'F'
-	cmdCancel   = 'C'
-	cmdEpoch    = 'P'
-	cmdRevoke   = 'V'
+	cmdAcquire    = 'A'
+	cmdRelease    = 'R'
+	cmdKeep       = 'K'
+	cmdLeaseEnd   = 'D'
+	cmdLeaseEndV1 = 'L'
+	cmdExpire     = 'E'
+	cmdForget     = 'F'
+	cmdCancel     = 'C'
+	cmdEpoch      = 'P'
+	cmdRevoke     = 'V'
 )
 
 var errBadBatch = errors.New("cluster: malformed proposal")
@@ -146,10 +150,8 @@ func appendRevoke(dst []byte, node, token, term uint64, tenant string, key []byt
 	return appendText(dst, tenant, key)
 }
 
-func appendLeaseEnd(dst []byte, token uint64, renewals uint32, tenant string, key []byte) []byte {
+func appendLeaseEnd(dst []byte, tenant string, key []byte) []byte {
 	dst = append(dst, cmdLeaseEnd)
-	dst = binary.BigEndian.AppendUint64(dst, token)
-	dst = binary.BigEndian.AppendUint32(dst, renewals)
 	return appendText(dst, tenant, key)
 }
 
@@ -183,6 +185,8 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 	case cmdKeep:
 		need = 8 + 8 + 8 + 4 + 2
 	case cmdLeaseEnd:
+		need = 0
+	case cmdLeaseEndV1:
 		need = 8 + 4
 	case cmdExpire:
 		need = 8
@@ -217,12 +221,11 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 		c.token = binary.BigEndian.Uint64(b[16:])
 		c.renewals = binary.BigEndian.Uint32(b[24:])
 		c.lease = binary.BigEndian.Uint16(b[28:])
-	case cmdLeaseEnd:
+	case cmdLeaseEndV1:
 		c.token = binary.BigEndian.Uint64(b)
 		c.renewals = binary.BigEndian.Uint32(b[8:])
 	case cmdExpire:
 		c.token = binary.BigEndian.Uint64(b)
-		c.renewals = 0
 	case cmdForget:
 		c.node = binary.BigEndian.Uint64(b)
 		c.keepFirst = binary.BigEndian.Uint64(b[8:])

@@ -157,7 +157,7 @@ func (g *group) expiryStep(now time.Duration, view leaderView, gatherOn uint64) 
 	if len(g.due) > 0 {
 		for _, e := range g.due {
 			tenant, key := splitLockKey(e.key)
-			g.queue(func(b []byte) []byte { return appendLeaseEnd(b, e.token, e.renewals, tenant, key) })
+			g.queue(func(b []byte) []byte { return appendLeaseEnd(b, tenant, key) })
 		}
 		n.stats.expires.Add(uint64(len(g.due)))
 		clear(g.due)

@@ -92,7 +92,11 @@ func randomBatches(seed uint64, n int) [][]byte {
 					b = appendCancel(b, r.node, r.id, "t", r.key)
 					break
 				}
-				b = appendLeaseEnd(b, uint64(rng.IntN(int(tok)+2)), uint32(rng.IntN(3)), "t", key)
+				if rng.IntN(2) == 0 {
+					b = appendLeaseEnd(b, "t", key)
+					break
+				}
+				b = appendOldLeaseEnd(b, uint64(rng.IntN(int(tok)+2)), uint32(rng.IntN(3)), "t", key)
 			default:
 				b = appendOldExpire(b, uint64(rng.IntN(int(tok)+2)), "t", key)
 			}
@@ -103,6 +107,14 @@ func randomBatches(seed uint64, n int) [][]byte {
 		out = append(out, b)
 	}
 	return out
+}
+
+// appendOldLeaseEnd is the lease end of builds before the fieldless one.
+func appendOldLeaseEnd(dst []byte, token uint64, renewals uint32, tenant string, key []byte) []byte {
+	dst = append(dst, cmdLeaseEndV1)
+	dst = binary.BigEndian.AppendUint64(dst, token)
+	dst = binary.BigEndian.AppendUint32(dst, renewals)
+	return appendText(dst, tenant, key)
 }
 
 // appendOldExpire is the lease end of builds before KEEP: token only.

@@ -46,7 +46,7 @@ func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 	}
 	// A lease end the leader proposed before the KEEP applied, and one
 	// logged by a build before KEEP, name the replaced lease.
-	applyOne(t, f, 3, func(b []byte) []byte { return appendLeaseEnd(b, token, 0, "t", key) })
+	applyOne(t, f, 3, func(b []byte) []byte { return appendLeaseEnd(b, "t", key) })
 	applyOne(t, f, 4, func(b []byte) []byte { return appendOldExpire(b, token, "t", key) })
 	if l := f.state.locks[k]; l == nil || l.Token != token {
 		t.Fatal("the replaced lease's end freed the renewed lock")
@@ -68,11 +68,11 @@ func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 	if len(due) != 1 || due[0].token != token || due[0].renewals != 1 {
 		t.Fatalf("renewed lease's end: %+v", due)
 	}
-	applyOne(t, f, 7, func(b []byte) []byte { return appendLeaseEnd(b, token, 1, "t", key) })
+	applyOne(t, f, 7, func(b []byte) []byte { return appendLeaseEnd(b, "t", key) })
 	if f.state.locks[k] == nil {
 		t.Fatal("a lease end applied before the renewed lease ran out on the group's clock freed the key")
 	}
-	applyOne(t, f, 2+30e9, func(b []byte) []byte { return appendLeaseEnd(b, token, 1, "t", key) })
+	applyOne(t, f, 2+30e9, func(b []byte) []byte { return appendLeaseEnd(b, "t", key) })
 	if f.state.locks[k] != nil {
 		t.Fatal("the renewed lease's end did not free the key")
 	}

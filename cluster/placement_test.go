@@ -181,7 +181,7 @@ func TestTakeLoadCountsProposers(t *testing.T) {
 	}
 	b = appendRelease(b, 3, 0, 1, "t", []byte{'a', 0})
 	b = appendRelease(b, 2, 7, 1, "t", []byte("x"))
-	b = appendLeaseEnd(b, 2, 0, "t", []byte{'a', 1})
+	b = appendLeaseEnd(b, "t", []byte{'a', 1})
 	putHeader(b, 1, 10)
 	if _, err := f.Update(sm.Entry{Cmd: b}); err != nil {
 		t.Fatal(err)

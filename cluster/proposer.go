@@ -246,9 +246,11 @@ func (g *group) proposeLoop(ctx context.Context) {
 // the group did not take it (busy, no leader yet, dropped) and when an
 // attempt timed out (e.g. it was forwarded to a leader that just died).
 // Retrying a proposal that may also have been applied is safe: every
-// command is idempotent in effect. A duplicate release or lease end names
-// a token (or renewal) that can never be current again, and so does a
-// duplicate keep, which therefore changes nothing; a duplicate acquire's second
+// command is idempotent in effect. A duplicate release or revoke names a
+// token that can never be current again, and a duplicate keep a renewal,
+// which therefore change nothing; a duplicate lease end settles its key
+// as any command does, and a duplicate epoch is not above the group's
+// epoch any more; a duplicate acquire's second
 // outcome finds its request already answered, and if it is a grant the
 // node releases it as an orphan. Same for a batch that applies after its
 // requests were answered E unavailable.

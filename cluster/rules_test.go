@@ -159,7 +159,7 @@ func (w *groupWrapper) Tick() {
 			continue
 		}
 		tenant, key := splitLockKey(e.key)
-		c := command{kind: cmdLeaseEnd, token: l.Token, renewals: l.renewals, tenant: []byte(tenant), key: key}
+		c := command{kind: cmdLeaseEnd, tenant: []byte(tenant), key: key}
 		w.apply(&c, 0)
 	}
 }

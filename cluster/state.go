@@ -162,7 +162,7 @@ func (s *replicated) apply(c *command, out *applied) {
 		}
 	case cmdRevoke:
 		s.revoke(k, c, out)
-	case cmdLeaseEnd, cmdExpire:
+	case cmdLeaseEnd, cmdLeaseEndV1, cmdExpire:
 		// The leader's timer saw the lease fall due; whether it has is the
 		// replicated clock's to say, so a renewed lease or a later token
 		// is left alone.

@@ -1,0 +1,116 @@
+package cluster
+
+import (
+	"testing"
+	"time"
+)
+
+// queued decodes the commands a group's next batch holds, by kind.
+func queued(t *testing.T, g *group) map[byte]int {
+	t.Helper()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	kinds := map[byte]int{}
+	b := g.buf[headerLen:]
+	for range g.count {
+		var c command
+		var err error
+		if b, err = readCommand(b, &c); err != nil {
+			t.Fatalf("the batch holds a malformed command: %v", err)
+		}
+		if c.kind == cmdLeaseEnd && len(c.key) == 0 {
+			t.Fatalf("a lease end naming no lock: %+v", c)
+		}
+		kinds[c.kind]++
+	}
+	return kinds
+}
+
+// The driver proposes a lease end only in a group this node leads, and
+// only for a lease that fell due on its heap; a group it does not lead
+// gets nothing, whatever another group's pass found due (the old loop
+// shared one slice across groups and proposed its zeroed entries in
+// every group after one it led: lease ends naming no lock, on every pass).
+func TestExpiryStepProposesLeaseEndsOnlyWhereItLeads(t *testing.T) {
+	led, notLed := newReplica(t, 1), newReplica(t, 1)
+	for _, r := range []*replica{led, notLed} {
+		r.apply(1, epoch(5, 1))
+		r.apply(1, acquireBy(1, 100, "k", 0)) // a 30 s lease on each heap
+	}
+	after := 31 * time.Second
+	steps := []struct {
+		r    *replica
+		view leaderView
+		want map[byte]int
+	}{
+		{led, leaderView{leader: 1, term: 5}, map[byte]int{cmdLeaseEnd: 1}},
+		{notLed, leaderView{leader: 2, term: 5}, map[byte]int{}},
+		{led, leaderView{leader: 1, term: 5}, map[byte]int{cmdLeaseEnd: 1}}, // nothing new: the one from before
+		{notLed, leaderView{leader: 2, term: 5}, map[byte]int{}},
+	}
+	for i, s := range steps {
+		step := s.r.f.g.expiryStep(after+time.Duration(i)*time.Millisecond, s.view, 1)
+		got := queued(t, s.r.f.g)
+		if len(got) != len(s.want) || got[cmdLeaseEnd] != s.want[cmdLeaseEnd] {
+			t.Fatalf("pass %d: queued %v, want %v", i, got, s.want)
+		}
+		if step.propose != (i == 0) {
+			t.Fatalf("pass %d: propose %v", i, step.propose)
+		}
+	}
+}
+
+// A node that becomes a group's Raft leader announces its epoch at once,
+// and again after the propose timeout until it has applied; a node whose
+// epoch applied announces nothing.
+func TestExpiryStepAnnouncesTheEpoch(t *testing.T) {
+	r := newReplica(t, 1)
+	r.apply(1, epoch(4, 2))
+	g := r.f.g
+	if step := g.expiryStep(time.Second, leaderView{leader: 1, term: 5}, 1); !step.propose || queued(t, g)[cmdEpoch] != 1 {
+		t.Fatalf("a new leader did not announce its epoch: %v", queued(t, g))
+	}
+	g.expiryStep(time.Second+time.Millisecond, leaderView{leader: 1, term: 5}, 1)
+	if n := queued(t, g)[cmdEpoch]; n != 1 {
+		t.Fatalf("announced %d times within the propose timeout", n)
+	}
+	g.expiryStep(4*time.Second, leaderView{leader: 1, term: 5}, 1)
+	if n := queued(t, g)[cmdEpoch]; n != 2 {
+		t.Fatalf("not announced again after the propose timeout: %d", n)
+	}
+	r.apply(2, epoch(5, 1))
+	g.take()
+	g.expiryStep(8*time.Second, leaderView{leader: 1, term: 5}, 1)
+	if n := queued(t, g)[cmdEpoch]; n != 0 {
+		t.Fatalf("announced again after it applied: %d", n)
+	}
+}
+
+// A peer silent for ForgetAfter loses its waiters (one forget) and its
+// unclaimed grants (a revoke each), and a grant to it that applies later,
+// while it stays silent, is taken back on the next pass.
+func TestExpiryStepTakesBackASilentPeersGrants(t *testing.T) {
+	r := newReplica(t, 1)
+	r.apply(1, epoch(5, 1))
+	r.apply(1, acquireBy(2, 100, "a", 0))
+	g := r.f.g
+	g.leaderSince, g.wasLeader, g.leaderSeen = 0, true, 1
+	view := leaderView{leader: 1, term: 5}
+	g.expiryStep(time.Second, view, 1) // node 2 and 3 last heard at 0: silent since
+	if got := queued(t, g); got[cmdForget] != 2 || got[cmdRevoke] != 1 {
+		t.Fatalf("first pass queued %v, want a forget for each silent peer and node 2's revoke", got)
+	}
+	g.take()
+	r.apply(2, acquireBy(2, 101, "b", 0)) // its proposal was still in flight
+	g.expiryStep(1250*time.Millisecond, view, 1)
+	if got := queued(t, g); got[cmdForget] != 0 || got[cmdRevoke] != 1 {
+		t.Fatalf("second pass queued %v, want only the later grant's revoke", got)
+	}
+	g.take()
+	r.n().liveness.heard(2, 1300*time.Millisecond)
+	r.apply(3, acquireBy(2, 102, "c", 0))
+	g.expiryStep(1400*time.Millisecond, view, 1)
+	if got := queued(t, g); got[cmdRevoke] != 0 {
+		t.Fatalf("a peer heard again lost a grant: %v", got)
+	}
+}
