@@ -88,9 +88,9 @@ func (n *Node) tenantKeys(tenant string) int {
 	return count
 }
 
-// AsyncRelease: releases and keeps are answered through the Waiter once
+// AsyncAnswers: releases and keeps are answered through the Waiter once
 // applied.
-func (n *Node) AsyncRelease() bool { return true }
+func (n *Node) AsyncAnswers() bool { return true }
 
 // Release proposes the release; the answer comes through w. A nil w is
 // the server releasing an orphaned grant: nobody is told.

@@ -288,7 +288,7 @@ func groupOf(tenant string, key []byte, groups int) int {
 	for i := 0; i < len(tenant); i++ {
 		h = (h ^ uint64(tenant[i])) * prime
 	}
-	h = (h ^ 0) * prime
+	h *= prime // the 0x00 separator: h ^ 0 is h
 	for _, c := range key {
 		h = (h ^ uint64(c)) * prime
 	}

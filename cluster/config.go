@@ -7,7 +7,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"sort"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -138,6 +138,12 @@ type Config struct {
 	// RaftTLS, when set, runs the Raft transport over mutual TLS
 	// (LoadRaftTLS); nil is plain TCP.
 	RaftTLS *tls.Config
+	// RaftListener, when set, is the bound Raft port (on RaftAddr) the
+	// transport serves, instead of listening itself: a caller that picks
+	// ports by listening on port 0 hands the listener over, so no other
+	// process can take the port in between. The node closes it when it
+	// stops (the caller does when Start fails).
+	RaftListener net.Listener
 
 	// FS, when set, keeps the NodeHost's files there (vfs.NewMem in tests).
 	FS     config.IFS
@@ -228,18 +234,4 @@ func ParsePeers(s string) (map[uint64]string, error) {
 		return nil, errors.New("cluster: no peers")
 	}
 	return peers, nil
-}
-
-// PeerList formats peers as the --peers flag does, sorted by id.
-func PeerList(peers map[uint64]string) string {
-	ids := make([]uint64, 0, len(peers))
-	for id := range peers {
-		ids = append(ids, id)
-	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	parts := make([]string, len(ids))
-	for i, id := range ids {
-		parts[i] = fmt.Sprintf("%d=%s", id, peers[id])
-	}
-	return strings.Join(parts, ",")
 }

@@ -46,18 +46,34 @@ type testCluster struct {
 	nodes []*Node // nil while stopped
 }
 
+// raftListeners binds n loopback Raft ports for in-process nodes, which
+// take the listeners over (Config.RaftListener).
+func raftListeners(t testing.TB, n int) []net.Listener {
+	t.Helper()
+	ls := make([]net.Listener, n)
+	for i := range ls {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls[i] = l
+	}
+	return ls
+}
+
 func newTestCluster(t testing.TB, n int, tweak func(*Config)) *testCluster {
 	t.Helper()
-	ports := freePorts(t, n)
+	listeners := raftListeners(t, n)
 	peers := make(map[uint64]string)
-	for i, p := range ports {
-		peers[uint64(i+1)] = fmt.Sprintf("127.0.0.1:%d", p)
+	for i, l := range listeners {
+		peers[uint64(i+1)] = l.Addr().String()
 	}
 	tc := &testCluster{t: t, nodes: make([]*Node, n)}
 	for i := range n {
 		cfg := Config{
 			NodeID:         uint64(i + 1),
 			Peers:          peers,
+			RaftListener:   listeners[i],
 			DataDir:        t.TempDir(),
 			Groups:         4,
 			RTT:            10 * time.Millisecond,
@@ -116,9 +132,11 @@ func (tc *testCluster) stop(id uint64) {
 	tc.nodes[id-1] = nil
 }
 
-// restart starts node id again on its data dir.
+// restart starts node id again on its data dir, listening on its Raft
+// address again (the first run closed its listener).
 func (tc *testCluster) restart(id uint64) *Node {
 	tc.t.Helper()
+	tc.cfgs[id-1].RaftListener = nil
 	n, err := Start(tc.cfgs[id-1])
 	if err != nil {
 		tc.t.Fatal(err)

@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -14,10 +13,10 @@ import (
 // join starts a new node id on a fresh data dir, waiting to be added.
 func (tc *testCluster) join(id uint64) *Node {
 	tc.t.Helper()
-	addr := fmt.Sprintf("127.0.0.1:%d", freePorts(tc.t, 1)[0])
+	ln := raftListeners(tc.t, 1)[0]
 	cfg := tc.cfgs[0]
-	cfg.NodeID, cfg.Join = id, true
-	cfg.Peers = map[uint64]string{id: addr}
+	cfg.NodeID, cfg.Join, cfg.RaftListener = id, true, ln
+	cfg.Peers = map[uint64]string{id: ln.Addr().String()}
 	cfg.RaftAddr, cfg.DataDir = "", tc.t.TempDir()
 	n, err := Start(cfg)
 	if err != nil {

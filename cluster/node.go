@@ -219,7 +219,7 @@ func Start(cfg Config) (*Node, error) {
 	nhc.Expert.Engine.ApplyShards = 1
 	nhc.RaftEventListener = leaderListener{n}
 	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS, heard: n.heardFrom, framesSent: &n.stats.raftFramesSent, streamsOpened: &n.stats.raftStreams,
-		onPeer: n.onPeerFrame}
+		onPeer: n.onPeerFrame, listener: cfg.RaftListener}
 	// Before the NodeHost: replicas replaying their logs may already
 	// reach the claims' links, whose goroutines end with it.
 	n.ctx, n.cancel = context.WithCancel(context.Background())

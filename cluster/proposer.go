@@ -79,7 +79,7 @@ type group struct {
 	newLeader atomic.Pointer[chan struct{}]
 }
 
-func (g *group) pending() uint32 {
+func (g *group) waitingCommands() uint32 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.count
@@ -146,7 +146,7 @@ func (g *group) appliedOwn(cmd []byte) {
 // slot free and proposes itself (proposeFromLoop).
 func (g *group) freeSlot() {
 	<-g.slots
-	if g.pending() == 0 {
+	if g.waitingCommands() == 0 {
 		return
 	}
 	select {
@@ -216,7 +216,7 @@ func (g *group) proposeLoop(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			}
-			if len(g.slots) > 1 && g.pending() < pipelineMin {
+			if len(g.slots) > 1 && g.waitingCommands() < pipelineMin {
 				// One proposal is out and few commands wait: let them
 				// gather until it completes (or more arrive).
 				<-g.slots

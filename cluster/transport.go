@@ -108,6 +108,8 @@ type raftTransportFactory struct {
 	streamsOpened *atomic.Uint64
 	// onPeer, when set, takes the frames of kind 'L' (claims.go).
 	onPeer func(body []byte, sink verdictSink)
+	// listener, when set, is the bound port to serve (Config.RaftListener).
+	listener net.Listener
 }
 
 func (f raftTransportFactory) Create(nhc config.NodeHostConfig, mh raftio.MessageHandler, ch raftio.ChunkHandler) raftio.ITransport {
@@ -120,7 +122,7 @@ func (f raftTransportFactory) Create(nhc config.NodeHostConfig, mh raftio.Messag
 			mh(mb)
 		}
 	}
-	return &raftTransport{addr: nhc.GetListenAddress(), log: f.log, tls: f.tls, onMessages: onMessages, onChunk: ch, onPeer: f.onPeer,
+	return &raftTransport{addr: nhc.GetListenAddress(), bound: f.listener, log: f.log, tls: f.tls, onMessages: onMessages, onChunk: ch, onPeer: f.onPeer,
 		framesSent: f.framesSent, streamsOpened: f.streamsOpened, conns: make(map[net.Conn]struct{}), done: make(chan struct{})}
 }
 
@@ -132,6 +134,7 @@ func (raftTransportFactory) Validate(addr string) bool {
 // raftTransport is one NodeHost's listener and dialer.
 type raftTransport struct {
 	addr          string
+	bound         net.Listener // nil: Start listens on addr
 	log           zerolog.Logger
 	tls           *tls.Config // nil: plain TCP
 	onMessages    raftio.MessageHandler
@@ -156,9 +159,12 @@ func (t *raftTransport) Name() string {
 }
 
 func (t *raftTransport) Start() error {
-	ln, err := net.Listen("tcp", t.addr)
-	if err != nil {
-		return err
+	ln := t.bound
+	if ln == nil {
+		var err error
+		if ln, err = net.Listen("tcp", t.addr); err != nil {
+			return err
+		}
 	}
 	if t.tls != nil {
 		ln = tls.NewListener(ln, t.tls)

@@ -23,7 +23,7 @@ type Backend interface {
 	Acquire(ns Namespace, key []byte, owner uint64, lease, wait time.Duration, w Waiter) (Result, Handle)
 	// Release gives back the lock on key if token is current. A
 	// synchronous backend answers Released or NotHeld at once. An
-	// asynchronous one (AsyncRelease) answers Queued and later calls
+	// asynchronous one (AsyncAnswers) answers Queued and later calls
 	// w.Resolve(owner, r) exactly once with Released, NotHeld, Unavailable
 	// or ShuttingDown; a nil w asks for no answer at all. It passes no
 	// admission gate.
@@ -35,9 +35,9 @@ type Backend interface {
 	// calls w.Resolve(owner, r) once with Renewed, NotHeld, Unavailable or
 	// ShuttingDown. lease is 1..3600 s.
 	Keep(ns Namespace, key []byte, owner, token uint64, lease time.Duration, w Waiter) Result
-	// AsyncRelease reports whether Release and Keep answer through the
+	// AsyncAnswers reports whether Release and Keep answer through the
 	// Waiter.
-	AsyncRelease() bool
+	AsyncAnswers() bool
 	// Abandon gives back the grant of token to the queued acquire h (what
 	// Acquire returned) when its waiter can no longer take it (its
 	// connection closed first), instead of leaving the lock to its lease.
@@ -108,7 +108,7 @@ func (b *Local) Keep(ns Namespace, key []byte, _, token uint64, lease time.Durat
 	return b.e.Keep(ns, key, token, lease)
 }
 
-func (*Local) AsyncRelease() bool { return false }
+func (*Local) AsyncAnswers() bool { return false }
 
 // Abandon queues the release; the queue is never closed, so a grant
 // resolved after Run has returned is dropped, not a panic.

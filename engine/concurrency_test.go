@@ -119,10 +119,10 @@ func TestRun(t *testing.T) {
 		}
 		handedOver := make(chanWaiter, 1)
 		e.Acquire(ns, []byte("b"), 4, time.Hour, time.Minute, handedOver)
-		time.Sleep(10*time.Second - 1)
+		time.Sleep(10*time.Second - time.Nanosecond)
 		synctest.Wait()
 		expectResolution(t, handedOver, Result{})
-		time.Sleep(1)
+		time.Sleep(time.Nanosecond) // the wait's last instant: the lease ends
 		synctest.Wait()
 		expectResolution(t, handedOver, Result{Outcome: Granted, Token: first.Token + 1, Waited: 10 * time.Second})
 

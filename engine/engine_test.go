@@ -59,10 +59,6 @@ func keep(key string, owner uint64, lease time.Duration, want Result) step {
 	return step{op: opKeep, key: key, owner: owner, lease: lease, want: want}
 }
 
-func keepToken(key string, token uint64, lease time.Duration, want Result) step {
-	return step{op: opKeep, key: key, token: token, lease: lease, want: want}
-}
-
 func renewed(token uint64) Result { return Result{Outcome: Renewed, Token: token} }
 
 func advance(d time.Duration) step { return step{op: opAdvance, by: d} }
@@ -73,8 +69,6 @@ func cancel(owner uint64, want bool) step {
 	return step{op: opCancel, owner: owner, wantCancelled: want}
 }
 func stats(keys, waiters int) step { return step{op: opStats, keys: keys, waiters: waiters} }
-
-func (s step) in(tenant string) step { s.tenant = tenant; return s }
 
 func (s step) resolves(rs ...resolution) step { s.resolved = rs; return s }
 

@@ -82,7 +82,7 @@ func (*grantingBackend) Keep(_ engine.Namespace, _ []byte, _, token uint64, _ ti
 	return engine.Result{Outcome: engine.Renewed, Token: token}
 }
 
-func (*grantingBackend) AsyncRelease() bool            { return false }
+func (*grantingBackend) AsyncAnswers() bool            { return false }
 func (*grantingBackend) Abandon(engine.Handle, uint64) {}
 func (*grantingBackend) Cancel(engine.Handle)          {}
 func (*grantingBackend) Flush()                        {}

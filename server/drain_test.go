@@ -15,7 +15,7 @@ type heldReleases struct {
 	held chan engine.Waiter
 }
 
-func (*heldReleases) AsyncRelease() bool { return true }
+func (*heldReleases) AsyncAnswers() bool { return true }
 
 func (h *heldReleases) Release(_ engine.Namespace, _ []byte, _, _ uint64, w engine.Waiter) engine.Result {
 	h.held <- w

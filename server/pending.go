@@ -15,11 +15,11 @@ type pendingTable struct {
 	count int
 }
 
-// pendingSlot is free while p.h is nil: a stored pendingAcquire never
+// pendingSlot is free while p.h is nil: a stored inFlight never
 // has a nil handle (reservedAcquire stands for "not answered yet").
 type pendingSlot struct {
 	owner uint64
-	p     pendingAcquire
+	p     inFlight
 }
 
 const minPendingSlots = 8
@@ -48,15 +48,15 @@ func (t *pendingTable) find(owner uint64) int {
 	}
 }
 
-func (t *pendingTable) get(owner uint64) (pendingAcquire, bool) {
+func (t *pendingTable) get(owner uint64) (inFlight, bool) {
 	if i := t.find(owner); i >= 0 {
 		return t.slots[i].p, true
 	}
-	return pendingAcquire{}, false
+	return inFlight{}, false
 }
 
 // put stores p (whose handle is not nil) for owner, replacing what was.
-func (t *pendingTable) put(owner uint64, p pendingAcquire) {
+func (t *pendingTable) put(owner uint64, p inFlight) {
 	if i := t.find(owner); i >= 0 {
 		t.slots[i].p = p
 		return
@@ -68,7 +68,7 @@ func (t *pendingTable) put(owner uint64, p pendingAcquire) {
 	t.count++
 }
 
-func (t *pendingTable) place(owner uint64, p pendingAcquire) {
+func (t *pendingTable) place(owner uint64, p inFlight) {
 	mask := len(t.slots) - 1
 	i := t.home(owner)
 	for t.slots[i].p.h != nil {
@@ -78,10 +78,10 @@ func (t *pendingTable) place(owner uint64, p pendingAcquire) {
 }
 
 // remove takes owner's entry out and returns it.
-func (t *pendingTable) remove(owner uint64) (pendingAcquire, bool) {
+func (t *pendingTable) remove(owner uint64) (inFlight, bool) {
 	i := t.find(owner)
 	if i < 0 {
-		return pendingAcquire{}, false
+		return inFlight{}, false
 	}
 	p := t.slots[i].p
 	mask := len(t.slots) - 1
@@ -111,7 +111,7 @@ func (t *pendingTable) resize(size int) {
 }
 
 // each calls f with every entry.
-func (t *pendingTable) each(f func(owner uint64, p pendingAcquire)) {
+func (t *pendingTable) each(f func(owner uint64, p inFlight)) {
 	for _, s := range t.slots {
 		if s.p.h != nil {
 			f(s.owner, s.p)

@@ -13,7 +13,7 @@ import (
 func TestPendingTableMatchesAMap(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	table := newPendingTable()
-	model := map[uint64]pendingAcquire{}
+	model := map[uint64]inFlight{}
 	handles := []engine.Handle{new(engine.Wait), new(engine.Wait), asyncOp(opRelease), asyncOp(opKeep), reservedAcquire.h}
 	for step := range 200_000 {
 		owner := uint64(rng.IntN(300))
@@ -22,7 +22,7 @@ func TestPendingTableMatchesAMap(t *testing.T) {
 		}
 		switch rng.IntN(3) {
 		case 0:
-			p := pendingAcquire{h: handles[rng.IntN(len(handles))]}
+			p := inFlight{h: handles[rng.IntN(len(handles))]}
 			table.put(owner, p)
 			model[owner] = p
 		case 1:
@@ -44,7 +44,7 @@ func TestPendingTableMatchesAMap(t *testing.T) {
 		}
 	}
 	seen := 0
-	table.each(func(owner uint64, p pendingAcquire) {
+	table.each(func(owner uint64, p inFlight) {
 		if model[owner] != p {
 			t.Fatalf("each: %d = %v, want %v", owner, p, model[owner])
 		}

@@ -169,7 +169,8 @@ func (c *Config) applyDefaults() {
 	}
 }
 
-// Server is a running single-mode lockd.
+// Server is a running lockd server: the client, TLS and admin ports
+// over single mode's engine, or over Config.Backend (a cluster node).
 type Server struct {
 	cfg    Config
 	log    zerolog.Logger
@@ -179,8 +180,8 @@ type Server struct {
 	// Backend; closed once the engine's driver has stopped.
 	tokenMark *tokenfile.File
 	backend   engine.Backend
-	// asyncRelease: RELEASE and KEEP answers come through the Waiter path.
-	asyncRelease bool
+	// asyncAnswers: RELEASE and KEEP answers come through the Waiter path.
+	asyncAnswers bool
 	gnetEng      gnet.Engine
 	addr         string
 	metrics      metrics
@@ -247,7 +248,7 @@ func Start(cfg Config) (*Server, error) {
 		}
 		s.backend = engine.NewLocal(s.engine)
 	}
-	s.asyncRelease = s.backend.AsyncRelease()
+	s.asyncAnswers = s.backend.AsyncAnswers()
 	booted := make(chan struct{})
 	h := &handler{srv: s, booted: booted}
 	driverCtx, stop := context.WithCancel(context.Background())

@@ -80,7 +80,7 @@ type session struct {
 type resolution struct {
 	owner  uint64
 	result engine.Result
-	pendingAcquire
+	inFlight
 }
 
 // abandonIfGranted hands an undeliverable grant back to the backend, which
@@ -91,32 +91,32 @@ func (r resolution) abandonIfGranted(s *Server) {
 	}
 }
 
-// pendingAcquire is what a connection keeps of a request in flight, in
+// inFlight is what a connection keeps of a request in flight, in
 // one interface value so that a queued waiter costs 16 bytes and no key:
 // the queued acquire's handle (to cancel it or to abandon its grant),
 // reservedAcquire until the backend has answered, or for an asynchronous
 // RELEASE or KEEP (cluster mode) the asyncOp it is to be answered as —
 // in flight for dup_owner all the same.
-type pendingAcquire struct{ h engine.Handle }
+type inFlight struct{ h engine.Handle }
 
-// asyncOp marks an asynchronous RELEASE or KEEP in a pendingAcquire; a
+// asyncOp marks an asynchronous RELEASE or KEEP in an inFlight; a
 // one-byte value in an interface allocates nothing.
 type asyncOp opKind
 
 // reservedAcquire is an acquire the backend has not answered yet.
-var reservedAcquire = pendingAcquire{h: asyncOp(opUnknown)}
+var reservedAcquire = inFlight{h: asyncOp(opUnknown)}
 
 // queuedAcquire is an acquire the backend queued, with its handle.
-func queuedAcquire(h engine.Handle) pendingAcquire {
+func queuedAcquire(h engine.Handle) inFlight {
 	if h == nil {
 		return reservedAcquire
 	}
-	return pendingAcquire{h: h}
+	return inFlight{h: h}
 }
 
 // async is the op an asynchronous request is answered as, opUnknown for
 // an acquire.
-func (p pendingAcquire) async() opKind {
+func (p inFlight) async() opKind {
 	if op, ok := p.h.(asyncOp); ok {
 		return opKind(op)
 	}
@@ -124,7 +124,7 @@ func (p pendingAcquire) async() opKind {
 }
 
 // wait is a queued acquire's handle, nil for anything else.
-func (p pendingAcquire) wait() engine.Handle {
+func (p inFlight) wait() engine.Handle {
 	if _, ok := p.h.(asyncOp); ok {
 		return nil
 	}
@@ -276,7 +276,7 @@ func (ss *session) handleFrame(req *codec.Request, fieldErr error) bool {
 	case codec.OpAcquire:
 		return ss.acquire(req)
 	case codec.OpRelease:
-		if ss.srv.asyncRelease {
+		if ss.srv.asyncAnswers {
 			ss.releaseAsync(req)
 			break
 		}
@@ -284,7 +284,7 @@ func (ss *session) handleFrame(req *codec.Request, fieldErr error) bool {
 		ss.appendResult(opRelease, req.Owner, r)
 	case codec.OpKeep:
 		lease := time.Duration(req.LeaseSeconds) * time.Second
-		if ss.srv.asyncRelease {
+		if ss.srv.asyncAnswers {
 			ss.keepAsync(req, lease)
 			break
 		}
@@ -382,7 +382,7 @@ func (ss *session) acquire(req *codec.Request) bool {
 		// an abandoned grant needs if the connection closes first.
 		for i := range ss.outbox {
 			if ss.outbox[i].owner == req.Owner {
-				ss.outbox[i].pendingAcquire = queuedAcquire(w)
+				ss.outbox[i].inFlight = queuedAcquire(w)
 			}
 		}
 	}
@@ -432,7 +432,7 @@ func (ss *session) keepAsync(req *codec.Request, lease time.Duration) {
 
 func (ss *session) reserveAsync(owner uint64, op opKind) {
 	ss.mu.Lock()
-	ss.pending.put(owner, pendingAcquire{h: asyncOp(op)})
+	ss.pending.put(owner, inFlight{h: asyncOp(op)})
 	ss.mu.Unlock()
 }
 
@@ -453,7 +453,7 @@ func (ss *session) answerAsync(op opKind, owner uint64, r engine.Result) {
 func (ss *session) Resolve(owner uint64, r engine.Result) {
 	ss.mu.Lock()
 	p, _ := ss.pending.remove(owner)
-	res := resolution{owner: owner, result: r, pendingAcquire: p}
+	res := resolution{owner: owner, result: r, inFlight: p}
 	if ss.closed {
 		ss.mu.Unlock()
 		res.abandonIfGranted(ss.srv)
@@ -465,7 +465,7 @@ func (ss *session) Resolve(owner uint64, r engine.Result) {
 		ss.markCloseWhenIdleLocked()
 	}
 	ss.mu.Unlock()
-	if wake && !ss.batch.handOff(ss) {
+	if wake && !ss.batch.enlist(ss) {
 		ss.wake()
 	}
 }
@@ -522,7 +522,7 @@ func (ss *session) close(peerEnded bool) {
 	}
 	ss.outbox = nil
 	waits := make([]engine.Handle, 0, ss.pending.len())
-	ss.pending.each(func(_ uint64, p pendingAcquire) {
+	ss.pending.each(func(_ uint64, p inFlight) {
 		if w := p.wait(); w != nil {
 			waits = append(waits, w)
 		}
@@ -558,7 +558,7 @@ func (ss *session) appendError(owner uint64, reason codec.Reason) {
 // loop serves all its connections: an idle connection costs no buffer.
 // A TLS connection has its own loop, so its own batch.
 //
-// A batch also takes the hand-offs of its loop's pass. A RELEASE read by
+// A batch also takes the answers resolved during its loop's pass. A RELEASE read by
 // one connection grants the head waiter, whose connection is most often
 // served by the same loop; waking that connection through gnet would cost
 // an eventfd write and one more turn of the loop per grant. While a pass
@@ -581,9 +581,9 @@ func (b *batch) beginPass() {
 	b.mu.Unlock()
 }
 
-// handOff lists ss for delivery by its loop's running pass and reports
+// enlist lists ss for delivery by its loop's running pass and reports
 // whether one was running to take it; any goroutine.
-func (b *batch) handOff(ss *session) bool {
+func (b *batch) enlist(ss *session) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !b.inPass {
@@ -608,17 +608,17 @@ func (b *batch) endPass() {
 		b.ready = b.spare[:0]
 		b.mu.Unlock()
 		for i, ss := range ready {
-			ss.deliverHandOff()
+			ss.deliverEnlisted()
 			ready[i] = nil
 		}
 		b.spare = ready[:0]
 	}
 }
 
-// deliverHandOff writes what callbacks resolved for ss, from its loop's
+// deliverEnlisted writes what callbacks resolved for ss, from its loop's
 // pass over another connection. A session that must close gets a wake
 // instead: only its own pass can close its connection.
-func (ss *session) deliverHandOff() {
+func (ss *session) deliverEnlisted() {
 	if ss.gone {
 		return // close abandoned its outbox
 	}
