@@ -38,7 +38,7 @@ MAX_OWNER = (1 << 64) - 1
 RELEASE_BACKOFF_MIN = 0.02
 RELEASE_BACKOFF_MAX = 0.5
 # Bounds the attempts of one call; real calls reach their deadline first.
-MAX_ATTEMPTS = 16
+MAX_ATTEMPTS = 32
 
 PROTOCOL_VERSION = 1
 CLIENT_LABEL = b"lockd-v1-client"
@@ -399,16 +399,16 @@ DONE_, RETRY, PAUSE = 0, 1, 2
 
 def next_step(req: Request, out: str, retry_sent: bool) -> int:
     """Whether an attempt's outcome ends the call, is retried at once on
-    another session (certainly unsent; or lost, for a release or renewal,
-    whose repeat cannot grant anything), or retried after a backoff (a
-    release refused by a draining or leaderless server)."""
+    another session (certainly unsent), or retried after a backoff (a
+    release or renewal that was lost — its repeat cannot grant anything —
+    or refused by a draining or leaderless server)."""
     if out == LOST:
         req.may_have_left = True
     if req.expired:
         return DONE_
-    if out == UNSENT or (retry_sent and out == LOST):
+    if out == UNSENT:
         return RETRY
-    if retry_sent and out == REJECTED and req.reason in ("shutting_down", "unavailable"):
+    if retry_sent and (out == LOST or out == REJECTED and req.reason in ("shutting_down", "unavailable")):
         return PAUSE
     return DONE_
 

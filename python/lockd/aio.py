@@ -527,10 +527,10 @@ class AsyncClient:
         return out
 
     async def _pause(self, req, backoff):
-        if req.deadline - self._clock() <= backoff:
-            return False
-        await asyncio.sleep(backoff)
-        return True
+        left = req.deadline - self._clock()
+        if left > 0:
+            await asyncio.sleep(min(backoff, left))
+        return self._clock() < req.deadline
 
     # The API.
 

@@ -626,11 +626,12 @@ class Client:
         return out
 
     def _pause(self, req, backoff):
+        """Waits out backoff in the client; False when the deadline comes
+        first."""
         left = req.deadline - self._clock()
-        if left <= backoff:
-            return False
-        time.sleep(backoff)
-        return True
+        if left > 0:
+            time.sleep(min(backoff, left))
+        return self._clock() < req.deadline
 
     # The API.
 
