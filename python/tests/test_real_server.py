@@ -108,16 +108,29 @@ def test_wait_that_runs_out_is_indeterminate_and_closes_only_its_session(client,
     th.start()
     before = client.stats.abandoned_sessions
     t0 = time.monotonic()
-    with pytest.raises(lockd.WaitElapsed) as e:
+    with pytest.raises((lockd.WaitElapsed, lockd.Timeout)) as e:
         client.acquire(key, wait=1, min_work_budget=0)
     elapsed = time.monotonic() - t0
     stop.set()
     th.join()
-    assert isinstance(e.value, lockd.Indeterminate)
     assert 1.0 <= elapsed < 3.0
-    assert client.stats.abandoned_sessions == before + 1
+    assert_wait_ran_out(e.value, client.stats.abandoned_sessions - before)
     assert failures == [] and cycles[0] > 0, "the shared session's calls were not affected"
     client.release(holder)
+
+
+def assert_wait_ran_out(err, abandoned):
+    """A wait that runs out on a held key closes its own session and ends
+    WaitElapsed (an Indeterminate). The server's wait ends a moment after
+    the caller's, so only a caller descheduled across its deadline sees the
+    server's TIMEOUT first: correlated, a definite non-acquisition, and then
+    no session is closed."""
+    if isinstance(err, lockd.WaitElapsed):
+        assert isinstance(err, lockd.Indeterminate)
+        assert abandoned == 1
+    else:
+        assert isinstance(err, lockd.Timeout) and not isinstance(err, lockd.Indeterminate)
+        assert abandoned == 0
 
 
 def test_delivery_gate_releases_a_grant_below_the_work_budget(client, key):
@@ -287,10 +300,10 @@ def test_async_wait_that_runs_out_closes_only_its_session(server, key):
                 for n in range(200):
                     await c.release(await c.acquire(f"{key}/o/{n}", min_work_budget=0))
             other = asyncio.ensure_future(traffic())
-            with pytest.raises(lockd.WaitElapsed):
+            with pytest.raises((lockd.WaitElapsed, lockd.Timeout)) as e:
                 await c.acquire(key, wait=1, min_work_budget=0)
             await other  # no failure on the shared session
-            assert c.stats.abandoned_sessions == 1
+            assert_wait_ran_out(e.value, c.stats.abandoned_sessions)
             await c.release(holder)
     run(main())
 
