@@ -113,8 +113,22 @@ class AcquireParams:
         self.lease, self.wait, self.budget = lease, wait, budget
 
 
+_params_cache: dict = {}
+
+
 def acquire_params(lease, wait, min_work_budget) -> AcquireParams:
-    """The rounded, range-checked durations of one acquire (§6)."""
+    """The rounded, range-checked durations of one acquire (§6). Valid
+    combinations are remembered: callers repeat the same few."""
+    k = (type(lease), lease, type(wait), wait, type(min_work_budget), min_work_budget)
+    p = _params_cache.get(k)
+    if p is None:
+        p = _check_params(lease, wait, min_work_budget)
+        if len(_params_cache) < 1024:
+            _params_cache[k] = p
+    return p
+
+
+def _check_params(lease, wait, min_work_budget) -> AcquireParams:
     lease_s = whole_seconds("lease", DEFAULT_LEASE_SECONDS if lease is None else lease, 1, MAX_LEASE_SECONDS)
     wait_s = whole_seconds("wait", wait, 0, MAX_WAIT_SECONDS)
     if min_work_budget is None:
