@@ -55,9 +55,17 @@ def wait_port(port, proc, what):
     sys.exit(f"{what} did not listen on {port}")
 
 
-def cpu():
+def usage():
+    """CPU seconds and context switches of this process so far."""
     r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    return r.ru_utime + r.ru_stime, r.ru_nvcsw + r.ru_nivcsw
+
+
+def result(counts, elapsed, before):
+    """cycles/s, and CPU microseconds and context switches per cycle."""
+    cpu, csw = usage()
+    n = max(sum(counts), 1)
+    return sum(counts) / elapsed, (cpu - before[0]) / n * 1e6, (csw - before[1]) / n
 
 
 def run_threads(cycle_factory, callers, duration):
@@ -74,13 +82,12 @@ def run_threads(cycle_factory, callers, duration):
         counts[i] = n
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(callers)]
-    c0, t0 = cpu(), time.monotonic()
+    before, t0 = usage(), time.monotonic()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    elapsed = time.monotonic() - t0
-    return sum(counts) / elapsed, (cpu() - c0) / max(sum(counts), 1) * 1e6
+    return result(counts, time.monotonic() - t0, before)
 
 
 async def run_tasks(cycle, callers, duration):
@@ -95,10 +102,9 @@ async def run_tasks(cycle, callers, duration):
             n += 1
         counts[i] = n
 
-    c0, t0 = cpu(), time.monotonic()
+    before, t0 = usage(), time.monotonic()
     await asyncio.gather(*(worker(i) for i in range(callers)))
-    elapsed = time.monotonic() - t0
-    return sum(counts) / elapsed, (cpu() - c0) / max(sum(counts), 1) * 1e6
+    return result(counts, time.monotonic() - t0, before)
 
 
 def lockd_threads(addr, callers, duration):
@@ -188,21 +194,21 @@ def main():
               f"{args.duration:g} s per run, {args.rounds} rounds, python {sys.version.split()[0]}, "
               f"{os.cpu_count()} CPUs")
         print(f"{'mode':8} {'round':>5} {'lockd c/s':>10} {'redis c/s':>10} {'ratio':>6} "
-              f"{'lockd cpu us/c':>14} {'redis cpu us/c':>14}")
+              f"{'CPU us/cycle':>13} {'switches/cycle':>15}   (client process: lockd / redis-py)")
         for mode in args.modes.split(","):
             ours, theirs = runs[mode]
             ratios = []
             for rnd in range(args.rounds):
                 # Alternate which goes first, so neither always gets the warmer machine.
                 if rnd % 2 == 0:
-                    l_rate, l_cpu = ours(addr, args.callers, args.duration)
-                    r_rate, r_cpu = theirs(rport, args.callers, args.duration)
+                    l_rate, l_cpu, l_csw = ours(addr, args.callers, args.duration)
+                    r_rate, r_cpu, r_csw = theirs(rport, args.callers, args.duration)
                 else:
-                    r_rate, r_cpu = theirs(rport, args.callers, args.duration)
-                    l_rate, l_cpu = ours(addr, args.callers, args.duration)
+                    r_rate, r_cpu, r_csw = theirs(rport, args.callers, args.duration)
+                    l_rate, l_cpu, l_csw = ours(addr, args.callers, args.duration)
                 ratios.append(l_rate / r_rate)
                 print(f"{mode:8} {rnd + 1:>5} {l_rate:>10.0f} {r_rate:>10.0f} {l_rate / r_rate:>6.2f} "
-                      f"{l_cpu:>14.1f} {r_cpu:>14.1f}", flush=True)
+                      f"{l_cpu:>6.1f} /{r_cpu:>6.1f} {l_csw:>7.2f} /{r_csw:>6.2f}", flush=True)
             print(f"{mode:8} median ratio lockd/redis-py Lock: {statistics.median(ratios):.2f}", flush=True)
     finally:
         for p in procs:

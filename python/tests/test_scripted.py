@@ -284,3 +284,53 @@ def test_async_wire_wait_and_late_grant(scripted):
     assert waits == [2, 0]
     (_, _, fixed, text), = slow.requests(b"R")
     assert (struct.unpack(">QQ", fixed)[1], text) == (77, b"late")
+
+
+def test_owners_are_distinct_and_non_zero_across_threads(scripted):
+    srv = scripted(grant_all())
+    with lockd.Client(srv.addr) as c:
+        def work(i):
+            for n in range(50):
+                c.release(c.acquire(f"k{i}/{n}", min_work_budget=0))
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+    owners = [owner_of(f[2]) for f in srv.frames]
+    assert len(owners) == 800 and 0 not in owners
+    assert len(set(owners)) == 800, "one counter for the whole client"
+
+
+class SteppingClock:
+    """time.monotonic(), plus a second more at each reading once `on`."""
+
+    def __init__(self):
+        self.on, self.offset = False, 0.0
+
+    def __call__(self):
+        if self.on:
+            self.offset += 1
+        return time.monotonic() + self.offset
+
+
+def test_an_unanswered_renewal_leaves_the_validity_as_it_was(scripted):
+    def script(index, conn, frames):
+        for op, fixed, text in frames:
+            if op == b"A":
+                conn.sendall(acquired(owner_of(fixed), 9))
+            elif op == b"K":
+                conn.shutdown(socket.SHUT_RDWR)  # lost: no answer
+                return
+
+    clock = SteppingClock()
+    srv = scripted(script)
+    with lockd.Client(srv.addr, _clock=clock) as c:
+        t = c.acquire("k", lease=30, min_work_budget=0)
+        before = t.valid_until
+        clock.on = True  # the renewal's 5 s pass in a few readings
+        with pytest.raises(lockd.Indeterminate):
+            t.renew(60)
+        assert t.valid_until == before and t.lease == 30, "never assumed extended"
+    leases = {struct.unpack(">QQH", f[2])[2] for f in srv.requests(b"K")}
+    assert leases == {60} and len(srv.requests(b"K")) >= 1
