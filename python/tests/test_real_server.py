@@ -12,7 +12,7 @@ import time
 import pytest
 
 import lockd
-from conftest import ROOT, free_ports, start_single, wait_until
+from conftest import free_ports, start_single, wait_until
 
 
 @pytest.fixture

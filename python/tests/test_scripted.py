@@ -334,3 +334,17 @@ def test_an_unanswered_renewal_leaves_the_validity_as_it_was(scripted):
         assert t.valid_until == before and t.lease == 30, "never assumed extended"
     leases = {struct.unpack(">QQH", f[2])[2] for f in srv.requests(b"K")}
     assert leases == {60} and len(srv.requests(b"K")) >= 1
+
+
+def test_async_wait_zero_has_its_own_5s_io_deadline(scripted):
+    srv = scripted(silent)
+
+    async def main():
+        async with lockd.AsyncClient(srv.addr) as c:
+            t0 = time.monotonic()
+            with pytest.raises(lockd.Indeterminate) as e:
+                await c.acquire("k", min_work_budget=0)
+            assert not isinstance(e.value, lockd.WaitElapsed)
+            return time.monotonic() - t0
+    elapsed = asyncio.run(asyncio.wait_for(main(), 30))
+    assert 5.0 <= elapsed < 6.5
