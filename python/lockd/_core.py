@@ -355,7 +355,7 @@ class Request:
     the session it is enqueued on until its outcome is set."""
     __slots__ = ("kind", "owner", "key", "lease", "immediate", "token", "deadline",
                  "state", "sent_at", "out", "reason", "granted", "waited_ms", "cause",
-                 "expired", "may_have_left", "waiter")
+                 "expired", "may_have_left", "waiter", "woken")
 
     def __init__(self, kind, owner, key, deadline, lease=0, immediate=False, token=0):
         self.kind, self.owner, self.key, self.deadline = kind, owner, key, deadline
@@ -370,6 +370,7 @@ class Request:
         self.expired = False
         self.may_have_left = False
         self.waiter = None
+        self.woken = False
 
 
 def token_call_failure(op: str, key: bytes, token: int, req: Request, out, cause) -> errors.LockdError:

@@ -3,11 +3,13 @@
 Sessions are authenticated connections. Shared sessions (one per address by
 default) carry releases, renewals and acquires with wait 0, pipelined: the
 caller that finds a session's writer idle becomes its writer and sends every
-frame queued meanwhile in one send; a reader thread per session correlates
-answers by owner. Waiting acquires (wait > 0) each get a session of their own
-from the wait pool, because one that waits its whole time ends with its
-session closed (docs/protocol.md §6), and alone on it that costs only the one
-call.
+frame queued meanwhile in one send, and one caller waiting for an answer
+reads for all of them (leader/follower), correlating answers by owner and
+waking their callers. No thread of the client's own sits between a caller
+and its answer: with the GIL, every such hand-off costs context switches.
+Waiting acquires (wait > 0) each get a session of their own from the wait
+pool, because one that waits its whole time ends with its session closed
+(docs/protocol.md §6), and alone on it that costs only the one call.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import _thread
 import contextlib
 import queue
+import select
 import socket
 import ssl
 import struct
@@ -24,8 +27,8 @@ import time
 from . import _core as core
 from . import errors
 
-_POLL = 0.2  # how often a stalled send looks at the deadlines
-_SNDTIMEO = struct.pack("ll", 0, int(_POLL * 1e6))
+_POLL = 0.05  # how often a stalled send, or a reader, looks at the deadlines
+_SOCKTIMEO = struct.pack("ll", 0, int(_POLL * 1e6))
 _ENQUEUED, _CLOSED, _FULL = 0, 1, 2
 _RECONNECT_MIN, _RECONNECT_MAX = 0.05, 2.0
 
@@ -65,10 +68,26 @@ class _Session:
         self.writing = False
         self.table: dict[int, core.Request] = {}
         self.queue: list[core.Request] = []
-        self.reader = threading.Thread(target=self._read_loop, name=f"lockd-read-{addr}", daemon=True)
-        self.reader.start()
+        # Leader/follower reading: no thread of its own reads the session.
+        # One caller waiting for an answer reads (the leader) and hands
+        # every answer to its caller; the others park on their waiters.
+        # A leader whose own answer came promotes a parked caller.
+        self.reading = False
+        self.parked: dict[int, core.Request] = {}
+        self.rbuf = bytearray(64 << 10)
 
     def enqueue(self, req, limit):
+        with self.lock:
+            if not self.table and not self.reading and not self.closed:
+                # Idle, nobody has read it for a while: a server that
+                # closed it, or said why before closing, must be found now,
+                # while the request is certainly unsent.
+                self.reading = True
+                idle = True
+            else:
+                idle = False
+        if idle:
+            self._check_idle()
         with self.lock:
             if self.closed:
                 return _CLOSED
@@ -143,7 +162,97 @@ class _Session:
         # self.lock is held.
         del self.table[req.owner]
         req.out, req.cause, req.state = out, cause, core.DONE
-        req.waiter.release()
+        self._wake(req)
+
+    @staticmethod
+    def _wake(req):
+        # self.lock is held. One pending wake at most: the caller re-checks
+        # its state after every wake, under the lock.
+        if not req.woken:
+            req.woken = True
+            req.waiter.release()
+
+    def _check_idle(self):
+        """self.reading is ours: reads what an idle session holds, if
+        anything, without waiting."""
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+            if readable:
+                self._read_once()
+        except (OSError, ValueError, errors.LockdError) as e:
+            self.fail(f"session to {self.addr}: {e}")
+        finally:
+            with self.lock:
+                self.reading = False
+                self._pass_reading()
+
+    def _pass_reading(self):
+        # self.lock is held and nobody reads: a parked caller takes over.
+        if self.parked and not self.reading:
+            _, req = self.parked.popitem()
+            self._wake(req)
+
+    def wait(self, req, clock):
+        """Waits for req's answer until its deadline, reading the session
+        when nobody else does. Returns the outcome, or None at the
+        deadline."""
+        while True:
+            with self.lock:
+                if req.woken:
+                    req.waiter.acquire()
+                    req.woken = False
+                if req.state == core.DONE:
+                    return req.out
+                if clock() >= req.deadline:
+                    return None
+                if not self.reading:
+                    self.reading = True
+                    lead = True
+                else:
+                    self.parked[req.owner] = req
+                    lead = False
+            if lead:
+                self._lead(req, clock)
+                continue
+            left = req.deadline - clock()
+            got = left > 0 and req.waiter.acquire(True, left)
+            with self.lock:
+                self.parked.pop(req.owner, None)
+                if got:
+                    req.woken = False
+                    continue
+                if req.state == core.DONE:
+                    continue
+                self._pass_reading()
+            return None
+
+    def _lead(self, req, clock):
+        """Reads and delivers until req is answered or its deadline comes."""
+        try:
+            while req.state != core.DONE and clock() < req.deadline:
+                self._read_once()
+        except (OSError, ValueError, errors.LockdError) as e:
+            if isinstance(e, errors.Protocol):
+                self.client.stats.protocol_errors += 1
+            self.fail(f"session to {self.addr}: {e}")
+        finally:
+            with self.lock:
+                self.reading = False
+                self._pass_reading()
+
+    def _read_once(self):
+        """One recv, its answers delivered; gives up after _POLL
+        (SO_RCVTIMEO) so that the reader can look at its deadline."""
+        try:
+            n = self.sock.recv_into(self.rbuf)
+        except (BlockingIOError, TimeoutError, ssl.SSLWantReadError):
+            return
+        if n == 0:
+            raise ConnectionError("connection closed by the server")
+        frames = self.decoder.feed(memoryview(self.rbuf)[:n])
+        with self.lock:
+            for f in frames:
+                self._deliver(f)
 
     def abandon(self, req):
         """The caller's move at its deadline. A request still queued is
@@ -165,7 +274,6 @@ class _Session:
         if sent:
             self.fail(_ABANDONED, abandoned=True)
             return core.LOST
-        req.waiter.acquire()
         return req.out
 
     def fail(self, cause, abandoned=False):
@@ -184,24 +292,6 @@ class _Session:
             self.sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self.sock.close()
-
-    def _read_loop(self):
-        buf = bytearray(64 << 10)
-        view = memoryview(buf)
-        try:
-            while True:
-                n = self.sock.recv_into(buf)
-                if n == 0:
-                    raise ConnectionError("connection closed by the server")
-                frames = self.decoder.feed(view[:n])
-                with self.lock:
-                    for f in frames:
-                        self._deliver(f)
-        except errors.Protocol as e:
-            self.client.stats.protocol_errors += 1
-            self.fail(f"session to {self.addr}: {e}")
-        except (OSError, ValueError, errors.LockdError) as e:
-            self.fail(f"session to {self.addr}: {e}")
 
     def _deliver(self, f):
         """Correlates one answer by owner; self.lock is held. An answer that
@@ -472,12 +562,12 @@ class Client:
             if hello is not None:
                 sock.sendall(hello)
                 hs.welcome(self._read_frame(sock, decoder, addr))
-            # Blocking from here: the reader waits in recv until data or
-            # shutdown, and a send gives up its turn after _POLL (SO_SNDTIMEO)
-            # to look at the deadlines of the frames it carries.
+            # Blocking from here, but a send or a recv gives up its turn
+            # after _POLL (SO_SNDTIMEO, SO_RCVTIMEO) to look at deadlines.
             sock.settimeout(None)
             with contextlib.suppress(OSError, AttributeError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _SNDTIMEO)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _SOCKTIMEO)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _SOCKTIMEO)
         except BaseException as e:
             with contextlib.suppress(OSError):
                 sock.close()
@@ -590,10 +680,8 @@ class Client:
                 return s
 
     def _await(self, s, req):
-        left = req.deadline - self._clock()
-        if left > 0 and req.waiter.acquire(True, left):
-            return req.out
-        return s.abandon(req)
+        out = s.wait(req, self._clock)
+        return s.abandon(req) if out is None else out
 
     def _exchange(self, req, limit, retry_sent):
         """Runs req until it has an outcome no retry may change (§6)."""

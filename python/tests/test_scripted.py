@@ -130,17 +130,16 @@ class LateClock:
 
 
 class LateSocket:
-    """Sets clock.late when the reader comes back for more after the
-    ACQUIRED: the grant is correlated by then, in time."""
+    """Sets clock.late as soon as a recv brings the ACQUIRED in: the grant
+    is correlated in time, and the caller reaches the gate late."""
 
     def __init__(self, sock, clock):
-        self.sock, self.clock, self.granted = sock, clock, False
+        self.sock, self.clock = sock, clock
 
     def recv_into(self, buf):
-        if self.granted:
-            self.clock.late.set()
         n = self.sock.recv_into(buf)
-        self.granted = self.granted or bytes(buf[:1]) == b"A"
+        if bytes(buf[:1]) == b"A":
+            self.clock.late.set()
         return n
 
     def __getattr__(self, name):
