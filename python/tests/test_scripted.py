@@ -347,3 +347,22 @@ def test_async_wait_zero_has_its_own_5s_io_deadline(scripted):
             return time.monotonic() - t0
     elapsed = asyncio.run(asyncio.wait_for(main(), 30))
     assert 5.0 <= elapsed < 6.5
+
+
+def test_a_session_the_server_closed_while_idle_is_not_used(scripted):
+    closed = threading.Event()
+
+    def close_first(index, conn, frames):
+        if index == 0:
+            conn.shutdown(socket.SHUT_RDWR)
+            closed.set()
+            return
+        grant_all(100)(index, conn, frames)
+
+    a, b = scripted(close_first), scripted(grant_all(200))
+    with lockd.Client([a.addr, b.addr]) as c:
+        assert closed.wait(10)
+        c._rr = -1  # the first pick tries a's session first
+        t = c.acquire("k", min_work_budget=0)  # not Indeterminate: certainly unsent
+    assert t.token == 200
+    assert a.requests(b"A") == []
