@@ -9,7 +9,8 @@ from .aio import AsyncClient, AsyncTicket
 from .errors import (Auth, BadKey, Busy, Closed, Config, Indeterminate, InsufficientLease,
                      LockdError, NotConnected, NotHeld, OwnerExhausted, Protocol, ShuttingDown,
                      Timeout, TLS, TokenExhausted, Unavailable, UnsupportedDuration, WaitElapsed)
-from .sync import Client, Stats, Ticket
+from ._core import Stats
+from .sync import Client, Ticket
 
 __all__ = [
     "AsyncClient", "AsyncTicket", "Client", "Stats", "Ticket",

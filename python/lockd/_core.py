@@ -464,3 +464,36 @@ def gate(req: Request, p: AcquireParams, now: float, cancelled: bool = False):
         return None, errors.Indeterminate(
             f"{what} with {left:.3f} s of validity left, below the work budget {p.budget} s")
     return valid_until, None
+
+
+class PoolFull(errors.Busy):
+    """A pick that found every session at its in-flight limit: unsent."""
+
+
+class Deadline(errors.Timeout):
+    """The call's deadline came while it waited in the client: unsent."""
+
+
+ABANDONED = "session closed: a call ended after its request may have been sent"
+
+
+class Stats:
+    """Counters of a client's life: sessions dialled to replace closed ones
+    (reconnects), sessions closed because a call ended after its request
+    may have left (abandoned_sessions: a waiting acquire that ran out, on
+    its own session), sessions closed for a protocol violation, and the
+    compensating releases of the delivery gate — queued, answered
+    (RELEASED or NOT HELD), without an answer in 5 s, or dropped because
+    the queue was full and left to their lease."""
+
+    def __init__(self):
+        self.reconnects = 0
+        self.abandoned_sessions = 0
+        self.protocol_errors = 0
+        self.compensations_queued = 0
+        self.compensations_done = 0
+        self.compensations_failed = 0
+        self.compensations_dropped = 0
+
+    def __repr__(self):
+        return f"Stats({vars(self)})"

@@ -24,7 +24,7 @@ import time
 
 from . import _core as core
 from . import errors
-from .sync import Stats, Ticket, _Deadline, _PoolFull, _ABANDONED
+from .sync import Ticket
 
 _ENQUEUED, _CLOSED, _FULL = 0, 1, 2
 _RECONNECT_MIN, _RECONNECT_MAX = 0.05, 2.0
@@ -126,8 +126,8 @@ class _Session(asyncio.Protocol):
             return core.EXPIRED
         if req.state == core.SENT:
             del self.table[req.owner]
-            req.state, req.cause = 0, _ABANDONED
-            self.fail(_ABANDONED)
+            req.state, req.cause = 0, core.ABANDONED
+            self.fail(core.ABANDONED)
             return core.LOST
         return req.out
 
@@ -138,7 +138,7 @@ class _Session(asyncio.Protocol):
         for req in list(self.table.values()):
             self._finish(req, core.UNSENT if req.state == core.QUEUED else core.LOST, cause)
         self.queue.clear()
-        if cause == _ABANDONED:
+        if cause == core.ABANDONED:
             self.client.stats.abandoned_sessions += 1
         if self.pool is not None:
             self.pool.died(self)
@@ -200,7 +200,7 @@ class _WaitPool:
                 left = req.deadline - clock()
                 if left <= 0:
                     req.expired = True
-                    raise _Deadline("no wait session came free before the deadline")
+                    raise core.Deadline("no wait session came free before the deadline")
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.cond.wait(), left)
         try:
@@ -320,7 +320,7 @@ class AsyncClient:
         self._owners = core.Owners(_first_owner)
         self._max_in_flight = max_in_flight
         self._release_limit = max_in_flight + max(max_in_flight // 4, 1)
-        self.stats = Stats()
+        self.stats = core.Stats()
         self._watches = _Watches(self)
         self._closing = False
         self._stopped = False
@@ -362,7 +362,7 @@ class AsyncClient:
     async def _connect(self, addr, deadline, pool):
         timeout = min(self._dial_timeout, deadline - self._clock())
         if timeout <= 0:
-            raise _Deadline("the deadline came before a session was ready")
+            raise core.Deadline("the deadline came before a session was ready")
         host, port = core.split_addr(addr)
         loop = asyncio.get_running_loop()
         s = _Session(self, addr, pool)
@@ -393,7 +393,7 @@ class AsyncClient:
             addr = self.addrs[slot.next_addr]
             try:
                 return await self._connect(addr, deadline, None)
-            except (errors.Auth, errors.TLS, _Deadline):
+            except (errors.Auth, errors.TLS, core.Deadline):
                 raise
             except errors.LockdError as e:
                 errs.append(e)
@@ -408,7 +408,7 @@ class AsyncClient:
                 s = await self._connect(addr, req.deadline, pool)
                 self.stats.reconnects += 1
                 return s
-            except _Deadline:
+            except core.Deadline:
                 req.expired = True
                 raise
             except (errors.Auth, errors.TLS):
@@ -429,7 +429,7 @@ class AsyncClient:
         try:
             try:
                 s = await self._dial_slot(slot, min(deadline, now + self._dial_timeout))
-            except (errors.NotConnected, _Deadline):
+            except (errors.NotConnected, core.Deadline):
                 slot.retry_at = self._clock() + slot.delay
                 slot.delay = min(2 * slot.delay, _RECONNECT_MAX)
                 return None
@@ -462,11 +462,11 @@ class AsyncClient:
                 if r == _FULL:
                     full = True
             if full:
-                raise _PoolFull("every session is at its in-flight limit")
+                raise core.PoolFull("every session is at its in-flight limit")
             left = req.deadline - self._clock()
             if left <= 0:
                 req.expired = True
-                raise _Deadline("no session was ready before the deadline")
+                raise core.Deadline("no session was ready before the deadline")
             await asyncio.sleep(min(left, _RECONNECT_MIN))
 
     async def _pick_wait(self, req):
@@ -504,7 +504,7 @@ class AsyncClient:
             req.waiter = loop.create_future()
             try:
                 s = await (self._pick_wait(req) if waiting else self._pick(req, limit))
-            except _PoolFull:
+            except core.PoolFull:
                 if retry_sent and await self._pause(req, backoff):
                     backoff = min(2 * backoff, core.RELEASE_BACKOFF_MAX)
                     continue
@@ -546,9 +546,9 @@ class AsyncClient:
         req = core.Request(core.ACQUIRE, owner, kb, now + bound, lease=p.lease, immediate=p.wait == 0)
         try:
             out = await self._exchange(req, self._max_in_flight, False)
-        except _Deadline as e:
+        except core.Deadline as e:
             raise errors.Timeout(f"acquire of {key!r}, not sent: {e}") from None
-        except _PoolFull as e:
+        except core.PoolFull as e:
             raise errors.Busy(f"acquire of {key!r}, not sent: {e}") from None
         if out != core.ACQUIRED:
             raise core.acquire_failure(req, out, self._clock())

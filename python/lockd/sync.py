@@ -33,33 +33,6 @@ _ENQUEUED, _CLOSED, _FULL = 0, 1, 2
 _RECONNECT_MIN, _RECONNECT_MAX = 0.05, 2.0
 
 
-class _PoolFull(errors.Busy):
-    pass
-
-
-class _Deadline(errors.Timeout):
-    pass
-
-
-_ABANDONED = "session closed: a call ended after its request may have been sent"
-
-
-class Stats:
-    """Counters of a client's life."""
-
-    def __init__(self):
-        self.reconnects = 0
-        self.abandoned_sessions = 0
-        self.protocol_errors = 0
-        self.compensations_queued = 0
-        self.compensations_done = 0
-        self.compensations_failed = 0
-        self.compensations_dropped = 0
-
-    def __repr__(self):
-        return f"Stats({vars(self)})"
-
-
 class _Session:
     def __init__(self, client, sock, addr, decoder, pool=None):
         self.client, self.sock, self.addr, self.decoder, self.pool = client, sock, addr, decoder, pool
@@ -141,7 +114,7 @@ class _Session:
                 # another frame is woken by that.
                 now = self.client._clock()
                 if any(req.state == core.SENT and now >= req.deadline for _, req in jobs):
-                    self.fail(_ABANDONED)
+                    self.fail(core.ABANDONED)
                     return False
             except OSError as e:
                 self._write_failed(sent, jobs, e)
@@ -267,12 +240,12 @@ class _Session:
                 return core.EXPIRED
             if req.state == core.SENT:
                 del self.table[req.owner]
-                req.state, req.cause = 0, _ABANDONED
+                req.state, req.cause = 0, core.ABANDONED
                 sent = True
             else:
                 sent = False
         if sent:
-            self.fail(_ABANDONED, abandoned=True)
+            self.fail(core.ABANDONED, abandoned=True)
             return core.LOST
         return req.out
 
@@ -284,7 +257,7 @@ class _Session:
             for req in list(self.table.values()):
                 self._finish(req, core.UNSENT if req.state == core.QUEUED else core.LOST, cause)
             self.queue.clear()
-        if abandoned or cause == _ABANDONED:
+        if abandoned or cause == core.ABANDONED:
             self.client.stats.abandoned_sessions += 1
         if self.pool is not None:
             self.pool.died(self)
@@ -354,7 +327,7 @@ class _WaitPool:
                 left = req.deadline - clock()
                 if left <= 0:
                     req.expired = True
-                    raise _Deadline("no wait session came free before the deadline")
+                    raise core.Deadline("no wait session came free before the deadline")
                 self.cond.wait(left)
         try:
             return self.client._dial_any(req, self)
@@ -510,7 +483,7 @@ class Client:
         self._owners = core.Owners(_first_owner)
         self._max_in_flight = max_in_flight
         self._release_limit = max_in_flight + max(max_in_flight // 4, 1)
-        self.stats = Stats()
+        self.stats = core.Stats()
         self._watches = _Watches(self)
         self._closing = False  # refuses new calls
         self._stopped = False  # refuses every send, once compensations are done
@@ -541,7 +514,7 @@ class Client:
     def _connect(self, addr, deadline, pool):
         timeout = min(self._dial_timeout, deadline - self._clock())
         if timeout <= 0:
-            raise _Deadline("the deadline came before a session was ready")
+            raise core.Deadline("the deadline came before a session was ready")
         host, port = core.split_addr(addr)
         try:
             sock = self._dialer(addr, timeout) if self._dialer else socket.create_connection((host, port), timeout)
@@ -594,7 +567,7 @@ class Client:
             addr = self.addrs[slot.next_addr]
             try:
                 return self._connect(addr, deadline, None)
-            except (errors.Auth, errors.TLS, _Deadline):
+            except (errors.Auth, errors.TLS, core.Deadline):
                 raise
             except errors.LockdError as e:
                 errs.append(e)
@@ -611,7 +584,7 @@ class Client:
                 s = self._connect(addr, req.deadline, pool)
                 self.stats.reconnects += 1
                 return s
-            except _Deadline:
+            except core.Deadline:
                 req.expired = True
                 raise
             except (errors.Auth, errors.TLS):
@@ -634,7 +607,7 @@ class Client:
                 return s
             try:
                 s = self._dial_slot(slot, min(deadline, now + self._dial_timeout))
-            except (errors.NotConnected, _Deadline):
+            except (errors.NotConnected, core.Deadline):
                 slot.retry_at = self._clock() + slot.delay
                 slot.delay = min(2 * slot.delay, _RECONNECT_MAX)
                 return None
@@ -666,11 +639,11 @@ class Client:
                 if r == _FULL:
                     full = True
             if full:
-                raise _PoolFull("every session is at its in-flight limit")
+                raise core.PoolFull("every session is at its in-flight limit")
             left = req.deadline - self._clock()
             if left <= 0:
                 req.expired = True
-                raise _Deadline("no session was ready before the deadline")
+                raise core.Deadline("no session was ready before the deadline")
             time.sleep(min(left, _RECONNECT_MIN))
 
     def _pick_wait(self, req):
@@ -693,7 +666,7 @@ class Client:
         for _ in range(core.MAX_ATTEMPTS):
             try:
                 s = self._pick_wait(req) if waiting else self._pick(req, limit)
-            except _PoolFull:
+            except core.PoolFull:
                 if retry_sent and self._pause(req, backoff):
                     backoff = min(2 * backoff, core.RELEASE_BACKOFF_MAX)
                     continue
@@ -739,9 +712,9 @@ class Client:
         req = core.Request(core.ACQUIRE, owner, kb, now + bound, lease=p.lease, immediate=p.wait == 0)
         try:
             out = self._exchange(req, self._max_in_flight, False)
-        except _Deadline as e:
+        except core.Deadline as e:
             raise errors.Timeout(f"acquire of {key!r}, not sent: {e}") from None
-        except _PoolFull as e:
+        except core.PoolFull as e:
             raise errors.Busy(f"acquire of {key!r}, not sent: {e}") from None
         if out != core.ACQUIRED:
             raise core.acquire_failure(req, out, self._clock())
