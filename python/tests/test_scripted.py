@@ -366,3 +366,42 @@ def test_a_session_the_server_closed_while_idle_is_not_used(scripted):
         t = c.acquire("k", min_work_budget=0)  # not Indeterminate: certainly unsent
     assert t.token == 200
     assert a.requests(b"A") == []
+
+
+def test_the_compensation_queue_is_bounded(scripted):
+    answer_releases = threading.Event()
+
+    def script(index, conn, frames):
+        for op, fixed, text in frames:
+            if op == b"A":
+                conn.sendall(acquired(owner_of(fixed), 7))
+            elif op == b"R":
+                threading.Thread(target=lambda o=owner_of(fixed): (
+                    answer_releases.wait(10), conn.sendall(owner_only(b"R", o)))).start()
+
+    srv = scripted(script)
+    with lockd.Client(srv.addr, compensation_queue=1) as c:
+        errors_seen = []
+        for i in range(6):  # a 1 s lease never leaves a 1 s budget
+            with pytest.raises(lockd.Indeterminate) as e:
+                c.acquire(f"k{i}", lease=1, min_work_budget=1)
+            errors_seen.append(str(e.value))
+        # Two workers hold at most two releases, the queue one more.
+        assert c.stats.compensations_dropped >= 3
+        assert sum("left to its lease" in m for m in errors_seen) == c.stats.compensations_dropped
+        answer_releases.set()
+
+
+def test_async_owners_fail_closed_before_wrapping(scripted):
+    srv = scripted(grant_all())
+
+    async def main():
+        async with lockd.AsyncClient(srv.addr, _first_owner=2**64 - 2) as c:
+            t = await c.acquire("k", min_work_budget=0)
+            with pytest.raises(lockd.OwnerExhausted):
+                await c.release(t)
+            with pytest.raises(lockd.OwnerExhausted):
+                await c.acquire("k2", min_work_budget=0)
+    asyncio.run(asyncio.wait_for(main(), 30))
+    (_, _, fixed, _), = srv.requests(b"A")
+    assert owner_of(fixed) == 2**64 - 1
