@@ -15,13 +15,15 @@ FUZZ_TARGETS := \
 	./server:FuzzReliabilityServerAnswers \
 	./client:FuzzClientAnswers
 
-.PHONY: help build dist test bench bench-peers bench-cluster fuzz reliability run cluster clean
+.PHONY: help build dist test test-python bench bench-peers bench-cluster bench-python fuzz reliability run cluster clean
 
 help:
 	@echo "make build   build bin/lockd, bin/lockctl, bin/lockbench"
 	@echo "make dist    static lockd and lockctl for $(DIST_PLATFORMS) in $(DIST)/, with SHA256SUMS"
 	@echo "make test    vet, the allocation checks, then every test with the race detector"
+	@echo "make test-python  the Python client's tests against lockd built from the tree (python3-pytest)"
 	@echo "make bench   Go benchmarks with -benchmem"
+	@echo "make bench-python  the Python client vs redis-py's Lock, threads and asyncio (python3-redis, redis-server)"
 	@echo "make bench-peers  lockd vs Redis (through rueidis and go-redis) vs etcd on loopback (installs redis-server, etcd-server if missing)"
 	@echo "make bench-cluster  3-node lockd cluster vs 3-node etcd cluster on loopback, data on disk, fsync on (installs etcd-server if missing)"
 	@echo "make fuzz    each fuzz target for FUZZTIME (default $(FUZZTIME))"
@@ -63,6 +65,20 @@ test:
 	$(GO) test -count=1 -run 'DoesNotAllocate' $(ALLOC_CHECKED)
 	$(GO) test -count=1 -run 'MemoryComesBack' $(MEMORY_CHECKED)
 	$(GO) test -race -count=1 -timeout 30m ./...
+	$(MAKE) test-python
+
+# The Python client (python/) runs on the first interpreter >= 3.11 that
+# has the module it needs ($(1)): a pyenv python3 on PATH may not see
+# Debian's python3-pytest, /usr/bin/python3 does. No such interpreter, or
+# no test collected (pytest's exit status 5), fails the target.
+PYTHON ?= python3
+python_with = for p in $(PYTHON) /usr/bin/python3; do \
+		"$$p" -c 'import sys, $(1); assert sys.version_info >= (3, 11)' 2>/dev/null && { echo "$$p"; exit 0; }; \
+	done; echo "no python3 >= 3.11 with $(1) (apt-get install python3-$(1))" >&2; exit 1
+
+test-python:
+	$(GO) build -o $(BIN)/lockd ./cmd/lockd
+	py=$$($(call python_with,pytest)) && cd python && LOCKD_BIN=$(abspath $(BIN))/lockd "$$py" -m pytest -q -p no:cacheprovider
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) ./...
@@ -72,6 +88,10 @@ bench-peers:
 
 bench-cluster:
 	bash bench/cluster-peers.sh
+
+bench-python:
+	$(GO) build -o $(BIN)/lockd ./cmd/lockd
+	py=$$($(call python_with,redis)) && "$$py" python/bench.py --lockd $(BIN)/lockd
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
