@@ -8,6 +8,7 @@ import (
 	"net"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/lockd/lockd/codec"
@@ -126,6 +127,11 @@ type session struct {
 	idleSince time.Time
 
 	rr *codec.ResponseReader // the reader's, carried over from the handshake
+
+	// testHookShutdown, when set by a test, runs as the session starts
+	// shutting down, before it resolves its requests and closes its
+	// connection.
+	testHookShutdown atomic.Pointer[func()]
 }
 
 // writeJob locates one frame in the write buffer: frames starting at or
@@ -227,12 +233,15 @@ func (s *session) expire() {
 		}
 		sentExpired = true
 	}
-	if next := s.deadlines.earliest(); next != nil && !sentExpired {
+	closing := false
+	if sentExpired {
+		closing = s.markClosed()
+	} else if next := s.deadlines.earliest(); next != nil {
 		s.arm(next.deadline)
 	}
 	s.mu.Unlock()
-	if sentExpired {
-		s.fail(errAbandoned)
+	if closing {
+		s.shutdown(errAbandoned)
 	}
 }
 
@@ -254,8 +263,10 @@ func (s *session) resolve(req *request, out outcome, cause error) {
 
 // abandon is the caller's move when its context ends first. A request
 // still queued is withdrawn, certainly unsent. One the writer has taken
-// may have left, so the session is closed and the outcome is lost. One that
-// was answered meanwhile keeps its answer.
+// may have left, so the session is closed and the outcome is lost: closed
+// in the same hold of s.mu that withdraws the request, so that an answer
+// to it arriving meanwhile finds a closed session, not an unknown owner.
+// One that was answered meanwhile keeps its answer.
 func (s *session) abandon(req *request) outcome {
 	s.mu.Lock()
 	switch req.state {
@@ -273,8 +284,11 @@ func (s *session) abandon(req *request) outcome {
 		req.state = stateIdle
 		req.expired = true
 		req.cause = errAbandoned
+		closing := s.markClosed()
 		s.mu.Unlock()
-		s.fail(errAbandoned)
+		if closing {
+			s.shutdown(errAbandoned)
+		}
 		return outLost
 	}
 	s.mu.Unlock()
@@ -304,12 +318,30 @@ func (s *session) unqueue(req *request) {
 // lost.
 func (s *session) fail(cause error) {
 	s.mu.Lock()
+	closing := s.markClosed()
+	s.mu.Unlock()
+	if closing {
+		s.shutdown(cause)
+	}
+}
+
+// markClosed closes the session to new requests and to answers, and
+// reports whether this call closed it, its caller then owing the
+// shutdown; s.mu is held.
+func (s *session) markClosed() bool {
 	if s.closed {
-		s.mu.Unlock()
-		return
+		return false
 	}
 	s.closed = true
-	s.mu.Unlock()
+	return true
+}
+
+// shutdown ends a session markClosed closed: it resolves every request
+// left in it with cause and closes the connection.
+func (s *session) shutdown(cause error) {
+	if hook := s.testHookShutdown.Load(); hook != nil {
+		(*hook)()
+	}
 	// The pool learns of the loss before any caller does, so that what
 	// a caller sees next — the pool's count, its replacement — follows.
 	if s.pool != nil {
@@ -452,11 +484,15 @@ func (s *session) readLoop() {
 }
 
 // deliverBuffered delivers resp, then every further answer already read.
+// A closed session drops them: its requests end with its cause, and a
+// request a caller gave up on is no longer in it.
 func (s *session) deliverBuffered(resp *codec.Response) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for {
-		if err := s.deliver(resp); err != nil {
+		if s.closed {
+			// Dropped: read on until the shutdown closes the connection.
+		} else if err := s.deliver(resp); err != nil {
 			return err
 		}
 		more, err := s.rr.NextBuffered(resp)
