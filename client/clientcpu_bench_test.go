@@ -130,9 +130,25 @@ func dialReplay(b *testing.B, sessions int) (*client.Client, []*replayServer) {
 // server threads', per cycle (client-ns/cycle), beside the servers' own
 // (server-ns/cycle). Client setup and close are counted too, which only
 // overstates the client's share.
+//
+// ctx=shared runs every call under one cancellable context, as a load
+// generator's run or a service's base context does; ctx=background under
+// one that never ends.
 func BenchmarkClientCPU(b *testing.B) {
-	for _, callers := range []int{1, 64, 256} {
-		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+	shared, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, run := range []struct {
+		callers int
+		ctxName string
+		ctx     context.Context
+	}{
+		{1, "background", context.Background()},
+		{64, "shared", shared},
+		{256, "background", context.Background()},
+		{256, "shared", shared},
+	} {
+		callers, ctx := run.callers, run.ctx
+		b.Run(fmt.Sprintf("callers=%d/ctx=%s", callers, run.ctxName), func(b *testing.B) {
 			before := cpuTime(syscall.RUSAGE_SELF)
 			c, servers := dialReplay(b, 1)
 			var worker atomic.Int64
@@ -140,7 +156,7 @@ func BenchmarkClientCPU(b *testing.B) {
 			b.ResetTimer()
 			if callers == 1 {
 				for b.Loop() {
-					if err := acquireRelease(c, "cpu"); err != nil {
+					if err := acquireReleaseCtx(ctx, c, "cpu"); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -149,7 +165,7 @@ func BenchmarkClientCPU(b *testing.B) {
 				b.RunParallel(func(pb *testing.PB) {
 					k := fmt.Sprintf("cpu-%d", worker.Add(1))
 					for pb.Next() {
-						if err := acquireRelease(c, k); err != nil {
+						if err := acquireReleaseCtx(ctx, c, k); err != nil {
 							b.Error(err)
 							return
 						}
@@ -168,4 +184,12 @@ func BenchmarkClientCPU(b *testing.B) {
 			b.ReportMetric(float64(serverCPU.Nanoseconds())/float64(b.N), "server-ns/cycle")
 		})
 	}
+}
+
+func acquireReleaseCtx(ctx context.Context, c *client.Client, key string) error {
+	t, err := c.Acquire(ctx, key, benchOpts)
+	if err != nil {
+		return err
+	}
+	return c.Release(ctx, t)
 }

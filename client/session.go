@@ -70,20 +70,27 @@ type request struct {
 
 	// Guarded by the mu of the session the request is enqueued on, and
 	// read by the caller once it has received from done.
-	state     reqState
-	heapIndex int // in the session's deadlines; notInHeap otherwise
-	sentAt    time.Time
-	out       outcome
-	reason    codec.Reason
-	granted   uint64
-	waitedMs  uint32
-	cause     error
+	state reqState
+	// In the session's deadlines: in its list (listed, between prev and
+	// next) or in its heap (heapIndex, notInHeap otherwise).
+	listed     bool
+	prev, next *request
+	heapIndex  int
+	sentAt     time.Time
+	out        outcome
+	reason     codec.Reason
+	granted    uint64
+	waitedMs   uint32
+	cause      error
 	// expired: the call's deadline or context ended it; an attempt may
 	// have been sent, and no retry may follow.
 	expired bool
 
 	// The caller's own.
 	mayHaveLeft bool
+	// watch, when set, ends the request with the caller's context (see
+	// contextWatch); the caller then waits on done alone.
+	watch *contextWatch
 
 	done chan struct{} // capacity 1: exactly one signal per stateDone
 	// handoff receives a wait session from the pool while the request
@@ -109,7 +116,10 @@ type session struct {
 	pool *waitPool
 
 	wake chan struct{}
-	dead chan struct{} // closed by fail
+	// wakeSent is set while a wake is on its way to the writer, so that
+	// of the calls queueing meanwhile only the first one sends it.
+	wakeSent atomic.Bool
+	dead     chan struct{} // closed by fail
 
 	mu        sync.Mutex
 	closed    bool
@@ -118,7 +128,7 @@ type session struct {
 	batch     []*request // the writer's spare queue, swapped with queue
 	jobs      []writeJob // the frames of the last write, for a partial failure
 	wbuf      []byte
-	deadlines deadlineHeap
+	deadlines deadlineQueue
 	expiry    timer     // fires expire at armedFor
 	armedFor  time.Time // zero while expiry is not armed
 
@@ -162,7 +172,7 @@ func (c *Client) startSession(conn net.Conn, addr string, rr *codec.ResponseRead
 		batch:     make([]*request, 0, capacity),
 		jobs:      make([]writeJob, 0, capacity),
 		wbuf:      make([]byte, 0, min(writeBufferSize, capacity*codec.MaxRequestFrame)),
-		deadlines: make(deadlineHeap, 0, capacity),
+		deadlines: deadlineQueue{early: make(deadlineHeap, 0, capacity)},
 		rr:        rr,
 	}
 	s.expiry = c.clock.AfterFunc(time.Hour, s.expire)
@@ -193,9 +203,8 @@ func (s *session) enqueue(req *request, limit int) enqueueResult {
 		s.arm(req.deadline)
 	}
 	s.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
+	if !s.wakeSent.Load() && !s.wakeSent.Swap(true) {
+		s.wake <- struct{}{}
 	}
 	return enqueued
 }
@@ -355,13 +364,9 @@ func (s *session) shutdown(cause error) {
 	if errors.Is(cause, errAbandoned) {
 		s.client.stats.abandoned.Add(1)
 	}
-	// Every request in the heap is in the table; none may be touched once
-	// resolved, since its caller then reuses it.
-	for _, req := range s.deadlines {
-		req.heapIndex = notInHeap
-	}
-	clear(s.deadlines)
-	s.deadlines = s.deadlines[:0]
+	// Every request in the deadlines is in the table; none may be touched
+	// once resolved, since its caller then reuses it.
+	s.deadlines.reset()
 	for i := range s.table.slots {
 		req := s.table.slots[i].req
 		if req == nil {
@@ -386,6 +391,9 @@ func (s *session) writeLoop() {
 	for {
 		select {
 		case <-s.wake:
+			// Cleared before the queue is taken: a call queueing after
+			// this sends the next wake.
+			s.wakeSent.Store(false)
 		case <-s.dead:
 			return
 		}
