@@ -34,6 +34,15 @@ func TestPendingTableMatchesAMap(t *testing.T) {
 		if table.count != len(model) {
 			t.Fatalf("step %d: count %d, want %d", step, table.count, len(model))
 		}
+		displaced := 0
+		for i, slot := range table.slots {
+			if slot.owner != 0 && uint64(i) != table.home(slot.owner) {
+				displaced++
+			}
+		}
+		if table.displaced != displaced {
+			t.Fatalf("step %d: %d entries counted displaced, %d are", step, table.displaced, displaced)
+		}
 		probe := next - uint64(rng.IntN(2*capacity))
 		if got := table.get(probe); got != model[probe] {
 			t.Fatalf("step %d: get(%d) = %v, want %v", step, probe, got, model[probe])
