@@ -37,6 +37,16 @@
 // one reconnect for each waiting acquire that runs out on a lock that
 // stays held — Stats.Reconnects and Stats.AbandonedSessions count them.
 //
+// # Contexts
+//
+// A call's context can end it early, under the same rules as its deadline.
+// Calls on the shared sessions under a context that many of them share —
+// a service's base context, say — do not each select on its Done channel:
+// once two calls in a row came with it, the client watches that context
+// (one at a time, until it ends) and ends its calls itself when it ends,
+// so each call waits on its answer alone. Other contexts are selected on
+// per call.
+//
 // # Renewing a lease
 //
 // Ticket.Renew sends KEEP for the Ticket's token on a shared session,
