@@ -42,7 +42,7 @@
 // A call's context can end it early, under the same rules as its deadline.
 // Calls on the shared sessions under a context that many of them share —
 // a service's base context, say — do not each select on its Done channel:
-// once two calls in a row came with it, the client watches that context
+// once eight calls in a row came with it, the client watches that context
 // (one at a time, until it ends) and ends its calls itself when it ends,
 // so each call waits on its answer alone. Other contexts are selected on
 // per call.
@@ -198,8 +198,9 @@ type Client struct {
 	ready atomic.Pointer[readiness]
 	waits *waitPool
 
-	watch     atomic.Pointer[contextWatch]
-	unwatched atomic.Value // <-chan struct{}: the last Done no watch had
+	watch        atomic.Pointer[contextWatch]
+	unwatched    atomic.Value // <-chan struct{}: the last Done no watch had
+	unwatchedRun atomic.Int32 // calls in a row that came with it
 
 	lastOwner atomic.Uint64
 	requests  sync.Pool

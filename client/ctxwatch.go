@@ -12,15 +12,20 @@ import (
 // generator's run — and a select on its Done channel locks that one
 // channel twice per call from every caller at once.
 //
-// A client watches one context at a time: the one two calls in a row came
-// with that was not watched, once the context it watched before has ended;
-// calls under any other context select as before. Installing a watch costs
-// a few allocations, once per watched context.
+// A client watches one context at a time: one that watchAfter calls in a
+// row came with, once the context it watched before has ended; calls
+// under any other context select as before. Installing a watch costs a few
+// allocations, once per watched context; the run of calls keeps a context
+// of one request — an acquire, a release and perhaps a renewal under it —
+// from being watched, and allocating, request after request.
 type contextWatch struct {
 	done  <-chan struct{}
 	ended atomic.Bool
 	stop  func() bool
 }
+
+// watchAfter is the run of calls under one context that has it watched.
+const watchAfter = 8
 
 // watchFor returns the watch of ctx, installing one if ctx qualifies, or
 // nil when the call is to select on ctx.Done itself.
@@ -37,6 +42,10 @@ func (c *Client) watchFor(ctx context.Context) *contextWatch {
 		return nil
 	}
 	if last, _ := c.unwatched.Swap(done).(<-chan struct{}); last != done {
+		c.unwatchedRun.Store(1)
+		return nil
+	}
+	if c.unwatchedRun.Add(1) < watchAfter {
 		return nil
 	}
 	fresh := &contextWatch{done: done}

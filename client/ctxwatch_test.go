@@ -45,7 +45,8 @@ func TestSharedContextEndsItsCallsLikeTheirDeadline(t *testing.T) {
 	c := newClient(t, p, clk, func(cfg *Config) { cfg.Dialer = hookDialer(gate.write) })
 
 	ctx, cancel := context.WithCancel(context.Background())
-	for range 2 {
+	cycle := func(ctx context.Context) {
+		t.Helper()
 		tk, err := c.Acquire(ctx, "warm", waitFor(0))
 		if err != nil {
 			t.Fatal(err)
@@ -54,8 +55,19 @@ func TestSharedContextEndsItsCallsLikeTheirDeadline(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// One request's context, an acquire and a release, is not watched.
+	oneRequest, endRequest := context.WithCancel(context.Background())
+	cycle(oneRequest)
+	endRequest()
+	cycle(ctx)
+	if c.watch.Load() != nil {
+		t.Fatal("a context of two calls is watched")
+	}
+	for range watchAfter / 2 {
+		cycle(ctx)
+	}
 	if w := c.watch.Load(); w == nil || w.done != ctx.Done() {
-		t.Fatal("a context two calls in a row came with is not watched")
+		t.Fatalf("a context %d calls in a row came with is not watched", watchAfter)
 	}
 
 	gate.armed.Store(true)
@@ -88,7 +100,7 @@ func TestSharedContextEndsItsCallsLikeTheirDeadline(t *testing.T) {
 	// An ended context's watch gives way to the next shared one.
 	next, cancelNext := context.WithCancel(context.Background())
 	defer cancelNext()
-	for range 2 {
+	for range watchAfter / 2 {
 		if _, err := c.Acquire(next, "again", waitFor(0)); err != nil {
 			t.Fatal(err)
 		}
@@ -113,7 +125,7 @@ func TestWatchedContextEndedBeforeTheRequestEntered(t *testing.T) {
 	})
 	c := newClient(t, p, clk, nil)
 	ctx, cancel := context.WithCancel(context.Background())
-	for range 2 {
+	for range watchAfter {
 		if _, err := c.Acquire(ctx, "warm", waitFor(0)); err != nil {
 			t.Fatal(err)
 		}
