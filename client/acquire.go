@@ -262,6 +262,7 @@ func (c *Client) Close() error {
 		close(c.stopping)
 		c.stop()
 		c.wg.Wait()
+		c.stopWatch()
 	})
 	return nil
 }

@@ -26,6 +26,29 @@ func TestAcquireReleaseDoesNotAllocate(t *testing.T) {
 	}
 }
 
+// Calls under a context many of them share allocate nothing either: the
+// client watches that context once instead of selecting on it per call.
+func TestAcquireReleaseUnderASharedContextDoesNotAllocate(t *testing.T) {
+	c := benchClient(t, benchTarget(t, false), 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cycle := func() {
+		tk, err := c.Acquire(ctx, "alloc-ctx", benchOpts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Release(ctx, tk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 8 { // calls enough for the client to watch ctx
+		cycle()
+	}
+	if allocs := testing.AllocsPerRun(200, cycle); allocs != 0 {
+		t.Fatalf("%v allocations per Acquire+Release under a shared context, want 0", allocs)
+	}
+}
+
 // A renewal allocates nothing either, with or without a Lost watch to move.
 func TestRenewDoesNotAllocate(t *testing.T) {
 	for _, real := range []bool{false, true} {

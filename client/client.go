@@ -37,6 +37,16 @@
 // one reconnect for each waiting acquire that runs out on a lock that
 // stays held — Stats.Reconnects and Stats.AbandonedSessions count them.
 //
+// # Contexts
+//
+// A call's context can end it early, under the same rules as its deadline.
+// Calls on the shared sessions under a context that many of them share —
+// a service's base context, say — do not each select on its Done channel:
+// once eight calls in a row came with it, the client watches that context
+// (one at a time, until it ends) and ends its calls itself when it ends,
+// so each call waits on its answer alone. Other contexts are selected on
+// per call.
+//
 // # Renewing a lease
 //
 // Ticket.Renew sends KEEP for the Ticket's token on a shared session,
@@ -187,6 +197,10 @@ type Client struct {
 	next  atomic.Uint64 // round-robin start of session picks
 	ready atomic.Pointer[readiness]
 	waits *waitPool
+
+	watch        atomic.Pointer[contextWatch]
+	unwatched    atomic.Value // <-chan struct{}: the last Done no watch had
+	unwatchedRun atomic.Int32 // calls in a row that came with it
 
 	lastOwner atomic.Uint64
 	requests  sync.Pool
@@ -421,8 +435,9 @@ func (c *Client) newRequest(ctx context.Context, kind opKind, owner uint64, key 
 	return req
 }
 
+// freeRequest pools req again; its timer is stopped already, by the wait
+// that armed it.
 func (c *Client) freeRequest(req *request) {
-	req.timer.Stop()
 	*req = request{done: req.done, handoff: req.handoff, timer: req.timer, heapIndex: notInHeap}
 	c.requests.Put(req)
 }
@@ -514,8 +529,16 @@ func waitLocally[T any](c *Client, ctx context.Context, req *request, ch <-chan 
 }
 
 // await waits for req's outcome. The session ends it at its deadline; a
-// context that ends first abandons it.
+// context that ends first abandons it, or, when it is watched, has ended
+// it already, unless it ended before the request entered the session.
 func (c *Client) await(ctx context.Context, s *session, req *request) outcome {
+	if req.watch != nil {
+		if req.watch.ended.Load() {
+			return s.abandon(req)
+		}
+		<-req.done
+		return req.out
+	}
 	if done := ctx.Done(); done != nil {
 		select {
 		case <-req.done:
@@ -538,6 +561,9 @@ func (c *Client) exchange(ctx context.Context, req *request, limit int, retrySen
 	out := outNone
 	backoff := releaseBackoffMin
 	waiting := req.kind == opAcquire && !req.immediate
+	if !waiting {
+		req.watch = c.watchFor(ctx)
+	}
 	for range maxAttempts {
 		var s *session
 		var err error

@@ -1,7 +1,5 @@
 package client
 
-import "math/bits"
-
 // pendingTable maps owners to the requests of one session, queued or in
 // flight. Its size is fixed when the session starts so the hot path never
 // allocates; open addressing with linear probing keeps at least half of
@@ -10,8 +8,10 @@ import "math/bits"
 type pendingTable struct {
 	slots []pendingSlot
 	mask  uint64
-	shift uint
 	count int
+	// displaced counts the entries not in their home slot; while there are
+	// none, a removal has nothing to move back.
+	displaced int
 }
 
 type pendingSlot struct {
@@ -27,14 +27,16 @@ func newPendingTable(capacity int) pendingTable {
 	return pendingTable{
 		slots: make([]pendingSlot, size),
 		mask:  uint64(size - 1),
-		shift: uint(64 - bits.TrailingZeros(uint(size))),
 	}
 }
 
-// home spreads consecutive owners, which is what the client-wide counter
-// hands out, over the table (Fibonacci hashing).
+// home is the owner's slot before probing. Owners come from the
+// client-wide counter, so the requests in flight at once hold nearly
+// consecutive owners: kept in consecutive slots, they share a few cache
+// lines instead of missing the cache on nearly every access, and a slot is
+// wanted again only a table's length of owners later.
 func (t *pendingTable) home(owner uint64) uint64 {
-	return (owner * 0x9E3779B97F4A7C15) >> t.shift
+	return owner & t.mask
 }
 
 func (t *pendingTable) find(owner uint64) (uint64, bool) {
@@ -55,8 +57,12 @@ func (t *pendingTable) find(owner uint64) (uint64, bool) {
 // the table.
 func (t *pendingTable) insert(owner uint64, req *request) {
 	i := t.home(owner)
+	home := i
 	for t.slots[i].owner != 0 {
 		i = (i + 1) & t.mask
+	}
+	if i != home {
+		t.displaced++
 	}
 	t.slots[i] = pendingSlot{owner: owner, req: req}
 	t.count++
@@ -75,10 +81,17 @@ func (t *pendingTable) remove(owner uint64) *request {
 		return nil
 	}
 	req := t.slots[i].req
-	for j := (i + 1) & t.mask; t.slots[j].owner != 0; j = (j + 1) & t.mask {
+	if i != t.home(owner) {
+		t.displaced--
+	}
+	for j := (i + 1) & t.mask; t.displaced > 0 && t.slots[j].owner != 0; j = (j + 1) & t.mask {
 		// Move the entry at j back into the hole unless the hole lies
 		// before its home slot on its probe path.
-		if (j-t.home(t.slots[j].owner))&t.mask >= (j-i)&t.mask {
+		home := t.home(t.slots[j].owner)
+		if (j-home)&t.mask >= (j-i)&t.mask {
+			if i == home {
+				t.displaced--
+			}
 			t.slots[i] = t.slots[j]
 			i = j
 		}
@@ -91,5 +104,5 @@ func (t *pendingTable) remove(owner uint64) *request {
 // reset empties the table.
 func (t *pendingTable) reset() {
 	clear(t.slots)
-	t.count = 0
+	t.count, t.displaced = 0, 0
 }

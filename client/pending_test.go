@@ -34,6 +34,12 @@ func TestPendingTableMatchesAMap(t *testing.T) {
 		if table.count != len(model) {
 			t.Fatalf("step %d: count %d, want %d", step, table.count, len(model))
 		}
+		// A wrong count lasts, so a check now and then catches it.
+		if step%64 == 0 {
+			if displaced := countDisplaced(&table); table.displaced != displaced {
+				t.Fatalf("step %d: %d entries counted displaced, %d are", step, table.displaced, displaced)
+			}
+		}
 		probe := next - uint64(rng.IntN(2*capacity))
 		if got := table.get(probe); got != model[probe] {
 			t.Fatalf("step %d: get(%d) = %v, want %v", step, probe, got, model[probe])
@@ -47,4 +53,14 @@ func TestPendingTableMatchesAMap(t *testing.T) {
 	if table.remove(next+1) != nil {
 		t.Fatal("removed an absent owner")
 	}
+}
+
+func countDisplaced(table *pendingTable) int {
+	displaced := 0
+	for i, slot := range table.slots {
+		if slot.owner != 0 && uint64(i) != table.home(slot.owner) {
+			displaced++
+		}
+	}
+	return displaced
 }

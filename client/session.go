@@ -8,6 +8,7 @@ import (
 	"net"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/lockd/lockd/codec"
@@ -69,20 +70,27 @@ type request struct {
 
 	// Guarded by the mu of the session the request is enqueued on, and
 	// read by the caller once it has received from done.
-	state     reqState
-	heapIndex int // in the session's deadlines; notInHeap otherwise
-	sentAt    time.Time
-	out       outcome
-	reason    codec.Reason
-	granted   uint64
-	waitedMs  uint32
-	cause     error
+	state reqState
+	// In the session's deadlines: in its list (listed, between prev and
+	// next) or in its heap (heapIndex, notInHeap otherwise).
+	listed     bool
+	prev, next *request
+	heapIndex  int
+	sentAt     time.Time
+	out        outcome
+	reason     codec.Reason
+	granted    uint64
+	waitedMs   uint32
+	cause      error
 	// expired: the call's deadline or context ended it; an attempt may
 	// have been sent, and no retry may follow.
 	expired bool
 
 	// The caller's own.
 	mayHaveLeft bool
+	// watch, when set, ends the request with the caller's context (see
+	// contextWatch); the caller then waits on done alone.
+	watch *contextWatch
 
 	done chan struct{} // capacity 1: exactly one signal per stateDone
 	// handoff receives a wait session from the pool while the request
@@ -108,7 +116,10 @@ type session struct {
 	pool *waitPool
 
 	wake chan struct{}
-	dead chan struct{} // closed by fail
+	// wakeSent is set while a wake is on its way to the writer, so that
+	// of the calls queueing meanwhile only the first one sends it.
+	wakeSent atomic.Bool
+	dead     chan struct{} // closed by fail
 
 	mu        sync.Mutex
 	closed    bool
@@ -117,7 +128,7 @@ type session struct {
 	batch     []*request // the writer's spare queue, swapped with queue
 	jobs      []writeJob // the frames of the last write, for a partial failure
 	wbuf      []byte
-	deadlines deadlineHeap
+	deadlines deadlineQueue
 	expiry    timer     // fires expire at armedFor
 	armedFor  time.Time // zero while expiry is not armed
 
@@ -126,6 +137,11 @@ type session struct {
 	idleSince time.Time
 
 	rr *codec.ResponseReader // the reader's, carried over from the handshake
+
+	// testHookShutdown, when set by a test, runs as the session starts
+	// shutting down, before it resolves its requests and closes its
+	// connection.
+	testHookShutdown atomic.Pointer[func()]
 }
 
 // writeJob locates one frame in the write buffer: frames starting at or
@@ -156,7 +172,7 @@ func (c *Client) startSession(conn net.Conn, addr string, rr *codec.ResponseRead
 		batch:     make([]*request, 0, capacity),
 		jobs:      make([]writeJob, 0, capacity),
 		wbuf:      make([]byte, 0, min(writeBufferSize, capacity*codec.MaxRequestFrame)),
-		deadlines: make(deadlineHeap, 0, capacity),
+		deadlines: deadlineQueue{early: make(deadlineHeap, 0, capacity)},
 		rr:        rr,
 	}
 	s.expiry = c.clock.AfterFunc(time.Hour, s.expire)
@@ -187,9 +203,8 @@ func (s *session) enqueue(req *request, limit int) enqueueResult {
 		s.arm(req.deadline)
 	}
 	s.mu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
+	if !s.wakeSent.Load() && !s.wakeSent.Swap(true) {
+		s.wake <- struct{}{}
 	}
 	return enqueued
 }
@@ -227,12 +242,15 @@ func (s *session) expire() {
 		}
 		sentExpired = true
 	}
-	if next := s.deadlines.earliest(); next != nil && !sentExpired {
+	closing := false
+	if sentExpired {
+		closing = s.markClosed()
+	} else if next := s.deadlines.earliest(); next != nil {
 		s.arm(next.deadline)
 	}
 	s.mu.Unlock()
-	if sentExpired {
-		s.fail(errAbandoned)
+	if closing {
+		s.shutdown(errAbandoned)
 	}
 }
 
@@ -254,8 +272,10 @@ func (s *session) resolve(req *request, out outcome, cause error) {
 
 // abandon is the caller's move when its context ends first. A request
 // still queued is withdrawn, certainly unsent. One the writer has taken
-// may have left, so the session is closed and the outcome is lost. One that
-// was answered meanwhile keeps its answer.
+// may have left, so the session is closed and the outcome is lost: closed
+// in the same hold of s.mu that withdraws the request, so that an answer
+// to it arriving meanwhile finds a closed session, not an unknown owner.
+// One that was answered meanwhile keeps its answer.
 func (s *session) abandon(req *request) outcome {
 	s.mu.Lock()
 	switch req.state {
@@ -273,8 +293,11 @@ func (s *session) abandon(req *request) outcome {
 		req.state = stateIdle
 		req.expired = true
 		req.cause = errAbandoned
+		closing := s.markClosed()
 		s.mu.Unlock()
-		s.fail(errAbandoned)
+		if closing {
+			s.shutdown(errAbandoned)
+		}
 		return outLost
 	}
 	s.mu.Unlock()
@@ -304,12 +327,30 @@ func (s *session) unqueue(req *request) {
 // lost.
 func (s *session) fail(cause error) {
 	s.mu.Lock()
+	closing := s.markClosed()
+	s.mu.Unlock()
+	if closing {
+		s.shutdown(cause)
+	}
+}
+
+// markClosed closes the session to new requests and to answers, and
+// reports whether this call closed it, its caller then owing the
+// shutdown; s.mu is held.
+func (s *session) markClosed() bool {
 	if s.closed {
-		s.mu.Unlock()
-		return
+		return false
 	}
 	s.closed = true
-	s.mu.Unlock()
+	return true
+}
+
+// shutdown ends a session markClosed closed: it resolves every request
+// left in it with cause and closes the connection.
+func (s *session) shutdown(cause error) {
+	if hook := s.testHookShutdown.Load(); hook != nil {
+		(*hook)()
+	}
 	// The pool learns of the loss before any caller does, so that what
 	// a caller sees next — the pool's count, its replacement — follows.
 	if s.pool != nil {
@@ -323,13 +364,9 @@ func (s *session) fail(cause error) {
 	if errors.Is(cause, errAbandoned) {
 		s.client.stats.abandoned.Add(1)
 	}
-	// Every request in the heap is in the table; none may be touched once
-	// resolved, since its caller then reuses it.
-	for _, req := range s.deadlines {
-		req.heapIndex = notInHeap
-	}
-	clear(s.deadlines)
-	s.deadlines = s.deadlines[:0]
+	// Every request in the deadlines is in the table; none may be touched
+	// once resolved, since its caller then reuses it.
+	s.deadlines.reset()
 	for i := range s.table.slots {
 		req := s.table.slots[i].req
 		if req == nil {
@@ -354,6 +391,9 @@ func (s *session) writeLoop() {
 	for {
 		select {
 		case <-s.wake:
+			// Cleared before the queue is taken: a call queueing after
+			// this sends the next wake.
+			s.wakeSent.Store(false)
 		case <-s.dead:
 			return
 		}
@@ -452,11 +492,15 @@ func (s *session) readLoop() {
 }
 
 // deliverBuffered delivers resp, then every further answer already read.
+// A closed session drops them: its requests end with its cause, and a
+// request a caller gave up on is no longer in it.
 func (s *session) deliverBuffered(resp *codec.Response) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for {
-		if err := s.deliver(resp); err != nil {
+		if s.closed {
+			// Dropped: read on until the shutdown closes the connection.
+		} else if err := s.deliver(resp); err != nil {
 			return err
 		}
 		more, err := s.rr.NextBuffered(resp)
