@@ -90,8 +90,9 @@ type FailoverConfig struct {
 	Lease   time.Duration
 	Wait    time.Duration
 	Hold    time.Duration
-	// Window is the span before and after the fault whose grants/s are
-	// compared (cut to what the run has on either side).
+	// Window is the span after the fault whose grants/s are compared
+	// with those of as long a span before it; each is cut to what the run
+	// has on its side of the fault (8 s before it by default).
 	Window time.Duration
 	// Dir is where the cluster's data directories and logs go, in a
 	// directory of their own removed at the end (default: the system's
@@ -120,7 +121,6 @@ func (cfg *FailoverConfig) applyDefaults() error {
 	if cfg.Keys <= 0 {
 		cfg.Keys = DefaultFailoverKeys
 	}
-	cfg.Window = min(cfg.Window, cfg.FaultAt, cfg.Duration-cfg.FaultAt)
 	switch {
 	case cfg.System != FailoverLockd && cfg.System != FailoverEtcd:
 		return fmt.Errorf("failover: system %q (want %s or %s)", cfg.System, FailoverLockd, FailoverEtcd)
@@ -164,9 +164,10 @@ type FailoverResult struct {
 	LongestGapS   float64 `json:"longest_gap_s"`
 	LongestGapKey int     `json:"longest_gap_key"`
 	LongestGapAtS float64 `json:"longest_gap_at_s"`
-	// GrantsPerSBefore and After are the grants/s in the WindowS before
-	// and after the fault; RateRatio is After ÷ Before.
-	WindowS          float64 `json:"window_s"`
+	// GrantsPerSBefore is the grants/s in the BeforeS before the fault,
+	// GrantsPerSAfter in the AfterS after it; RateRatio is After ÷ Before.
+	BeforeS          float64 `json:"before_s"`
+	AfterS           float64 `json:"after_s"`
 	GrantsPerSBefore float64 `json:"grants_per_s_before"`
 	GrantsPerSAfter  float64 `json:"grants_per_s_after"`
 	RateRatio        float64 `json:"rate_after_over_before"`
@@ -527,7 +528,7 @@ func (r *failoverRun) result(elapsed time.Duration, seen []failoverCaller, self 
 		f.AtFault.merge(s.atFault)
 	}
 	f.measureGaps(grants, cfg.Keys, r.start, r.faultAt, r.end)
-	f.measureRates(grants, r.faultAt, cfg.Window)
+	f.measureRates(grants, r.faultAt, min(cfg.Window, r.faultAt.Sub(r.start)), min(cfg.Window, r.end.Sub(r.faultAt)))
 	res.Failover = &f
 	return res
 }
@@ -557,26 +558,26 @@ func (f *FailoverResult) measureGaps(grants []grantEvent, keys int, start, fault
 	}
 }
 
-// measureRates compares the grants/s in the window before the fault with
-// the window after it.
-func (f *FailoverResult) measureRates(grants []grantEvent, faultAt time.Time, window time.Duration) {
-	f.WindowS = window.Seconds()
-	if window <= 0 {
+// measureRates compares the grants/s in the span before the fault with
+// those in the span after it.
+func (f *FailoverResult) measureRates(grants []grantEvent, faultAt time.Time, before, after time.Duration) {
+	f.BeforeS, f.AfterS = before.Seconds(), after.Seconds()
+	if before <= 0 || after <= 0 {
 		return
 	}
-	var before, after int
+	var nBefore, nAfter int
 	for _, g := range grants {
 		switch d := g.at.Sub(faultAt); {
-		case d < 0 && d >= -window:
-			before++
-		case d >= 0 && d < window:
-			after++
+		case d < 0 && d >= -before:
+			nBefore++
+		case d >= 0 && d < after:
+			nAfter++
 		}
 	}
-	f.GrantsPerSBefore = float64(before) / window.Seconds()
-	f.GrantsPerSAfter = float64(after) / window.Seconds()
-	if before > 0 {
-		f.RateRatio = float64(after) / float64(before)
+	f.GrantsPerSBefore = float64(nBefore) / before.Seconds()
+	f.GrantsPerSAfter = float64(nAfter) / after.Seconds()
+	if f.GrantsPerSBefore > 0 {
+		f.RateRatio = f.GrantsPerSAfter / f.GrantsPerSBefore
 	}
 }
 
@@ -596,8 +597,8 @@ func writeFailover(w io.Writer, f *FailoverResult) {
 	fmt.Fprintf(w, "; %d keys, lease %v, wait %v, hold %v\n", f.Keys, seconds(f.LeaseS), seconds(f.WaitS), seconds(f.HoldS))
 	fmt.Fprintf(w, "  longest a key went without a grant from the fault: %.2fs (key %d, from %.1fs)\n",
 		f.LongestGapS, f.LongestGapKey, f.LongestGapAtS)
-	fmt.Fprintf(w, "  grants/s %.0f in the %gs before the fault, %.0f in the %gs after: %.0f%%\n",
-		f.GrantsPerSBefore, f.WindowS, f.GrantsPerSAfter, f.WindowS, 100*f.RateRatio)
+	fmt.Fprintf(w, "  grants/s %.0f in the %v before the fault, %.0f in the %v after: %.0f%%\n",
+		f.GrantsPerSBefore, seconds(f.BeforeS).Round(time.Millisecond), f.GrantsPerSAfter, seconds(f.AfterS).Round(time.Millisecond), 100*f.RateRatio)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "  outcomes\tgranted\treleased\tnot held\ttimeout\tbusy\tindeterminate\tunavailable\tother errors\t\n")
 	for _, row := range []struct {
