@@ -15,7 +15,7 @@ FUZZ_TARGETS := \
 	./server:FuzzReliabilityServerAnswers \
 	./client:FuzzClientAnswers
 
-.PHONY: help build dist test test-python bench bench-peers bench-cluster bench-python fuzz reliability run cluster clean
+.PHONY: help build dist test test-python bench bench-peers bench-cluster bench-python bench-failover fault-test fuzz reliability run cluster clean
 
 help:
 	@echo "make build   build bin/lockd, bin/lockctl, bin/lockbench"
@@ -26,6 +26,8 @@ help:
 	@echo "make bench-python  the Python client vs redis-py's Lock, threads and asyncio (python3-redis, redis-server)"
 	@echo "make bench-peers  lockd vs Redis (through rueidis and go-redis) vs etcd on loopback (installs redis-server, etcd-server if missing)"
 	@echo "make bench-cluster  3-node lockd cluster vs 3-node etcd cluster on loopback, data on disk, fsync on (installs etcd-server if missing)"
+	@echo "make bench-failover  3-node lockd cluster under contended load, kill -9, SIGTERM and SIGSTOP of its leader and of a follower (FAILOVER_FLAGS for more lockbench flags)"
+	@echo "make fault-test  the multi-process fault test, $(FAULT_ROUNDS) rounds of faults under lock traffic with the history checker"
 	@echo "make fuzz    each fuzz target for FUZZTIME (default $(FUZZTIME))"
 	@echo "make reliability  the hostile-client, overload and model-check suite, figures in the log"
 	@echo "make cluster  start a 3-node cluster on loopback (clients 127.0.0.1:7431-7433)"
@@ -92,6 +94,18 @@ bench-cluster:
 bench-python:
 	$(GO) build -o $(BIN)/lockd ./cmd/lockd
 	py=$$($(call python_with,redis)) && "$$py" python/bench.py --lockd $(BIN)/lockd
+
+# Each run starts its own 3-node cluster, data on disk under TMPDIR.
+FAILOVER_FLAGS ?=
+bench-failover: build
+	$(BIN)/lockbench --workload failover --fault kill,term,stop --victim leader,follower \
+		--lockd-bin $(BIN)/lockd --progress 0 --json lockbench-failover.json $(FAILOVER_FLAGS)
+
+# Rounds of the process fault test: kill -9, SIGTERM and SIGSTOP of leader
+# and follower, partitions (as root), whole-cluster restarts.
+FAULT_ROUNDS ?= 100
+fault-test:
+	LOCKD_FAULT_ROUNDS=$(FAULT_ROUNDS) $(GO) test -race -count=1 -v -timeout 3h -run 'TestProcessFaultRounds' ./cluster
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

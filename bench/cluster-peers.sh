@@ -31,7 +31,15 @@
 # perf's syscall counters, when perf may use them) and lockd's Raft frames
 # per commit.
 #
-# Knobs (environment): DURATION, CALLERS, CONNS, COST_DURATION (the
+# Then both clusters are stopped and lockbench's failover workload runs
+# against a 3-node lockd cluster and a 3-node etcd cluster that it starts
+# itself (data under the same work directory, on disk): 24 callers with all
+# three nodes' addresses cycle over 8 keys with 30 s leases, and at 8 s of
+# a 30 s run each of FAILOVER_FAULTS (default kill,term; stop too with
+# FAILOVER_FAULTS=kill,term,stop) hits the leader, then a follower
+# (docs/cluster.md, "Failover").
+#
+# Knobs (environment): DURATION, CALLERS, CONNS, FAILOVER_FAULTS, COST_DURATION (the
 # one-caller cost run, default 5s), LOCKD_GROUPS (Raft groups of
 # the lockd cluster, default lockd's own; not GROUPS, which bash reserves), LOCKD_FLAGS (more
 # flags for every lockd node, space-separated), OUT (results
@@ -44,6 +52,7 @@ cd "$(dirname "$0")/.."
 DURATION=${DURATION:-10s}
 CALLERS=${CALLERS:-1,64,256,1024}
 CONNS=${CONNS:-8}
+FAILOVER_FAULTS=${FAILOVER_FAULTS:-kill,term}
 group_flags=()
 if [[ -n ${LOCKD_GROUPS:-} ]]; then
 	group_flags=(--groups "$LOCKD_GROUPS")
@@ -220,4 +229,11 @@ fi
 	--server-pids "$lockd_group,$etcd_group" --workload uncontended \
 	--callers "$CALLERS" --conns "$CONNS" --duration "$DURATION" --progress 0 \
 	--json "$OUT/cluster.json" --report "$OUT/cluster" | tee "$OUT/cluster.txt"
+echo "== failover: clusters of lockbench's own, $FAILOVER_FAULTS of the leader and of a follower"
+kill "${pids[@]}" 2>/dev/null || true
+wait "${pids[@]}" 2>/dev/null || true
+pids=()
+"$BIN/lockbench" --workload failover --cluster lockd,etcd --fault "$FAILOVER_FAULTS" --victim leader,follower \
+	--lockd-bin "$BIN/lockd" --etcd-bin "$(command -v etcd)" --data-dir "$work" --progress 0 \
+	--json "$OUT/failover.json" | tee "$OUT/failover.txt"
 echo "== results in $OUT/"

@@ -62,6 +62,7 @@ type Result struct {
 	Admission *AdmissionResult       `json:"admission,omitempty"`
 	Timeouts  *TimeoutsResult        `json:"timeouts,omitempty"`
 	Keepalive *KeepaliveResult       `json:"keepalive,omitempty"`
+	Failover  *FailoverResult        `json:"failover,omitempty"`
 }
 
 // TimeoutsResult is what the timeouts workload adds.

@@ -53,6 +53,9 @@ func (r *Result) describe() string {
 	if r.Mode == "open" {
 		s += fmt.Sprintf("  rate %.0f/s", r.Rate)
 	}
+	if f := r.Failover; f != nil {
+		s += fmt.Sprintf("  %s of the %s", faultName(f.Fault), f.Victim)
+	}
 	return s
 }
 
@@ -100,6 +103,9 @@ func WriteTable(w io.Writer, results []*Result) {
 		}
 		if r.Keepalive != nil {
 			writeKeepalive(w, r.Keepalive)
+		}
+		if r.Failover != nil {
+			writeFailover(w, r.Failover)
 		}
 	}
 }

@@ -157,6 +157,44 @@ func dialInNetns(ctx context.Context, ns, network, addr string) (net.Conn, error
 	return r.nc, r.err
 }
 
+// startNetnsProcesses starts 3 lockd cluster processes of bin, node id in
+// network's namespace of node id, with groups Raft groups, their data and
+// logs in dir, killed at the end of the test (before the namespaces go).
+// It returns them and the executable their start takes (ip, which execs
+// lockd in place, so the PID a signal goes to is lockd's).
+func startNetnsProcesses(t *testing.T, network *netnsNetwork, bin, dir string, groups int) ([]*proc, string) {
+	t.Helper()
+	ipPath, err := exec.LookPath("ip")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var peers []string
+	for id := uint64(1); id <= 3; id++ {
+		peers = append(peers, fmt.Sprintf("%d=%s:7451", id, network.nodeAddr(id)))
+	}
+	procs := make([]*proc, 3)
+	for i := range procs {
+		id := uint64(i + 1)
+		p := &proc{
+			id:     id,
+			listen: "127.0.0.1:7431",
+			admin:  "127.0.0.1:7441",
+			log:    filepath.Join(dir, fmt.Sprintf("node%d.log", id)),
+			dial:   network.dialer(id),
+		}
+		p.args = append([]string{"netns", "exec", network.nodeNS(id), bin},
+			p.serveArgs(network.nodeAddr(id)+":7451", peers, dir, groups, 2*time.Second)...)
+		procs[i] = p
+	}
+	// Registered after the network's cleanup, so it runs first: the
+	// namespaces are deleted only once the processes in them are gone.
+	killOnCleanup(t, procs)
+	for _, p := range procs {
+		p.start(t, ipPath)
+	}
+	return procs, ipPath
+}
+
 // keyInGroup returns a key named after prefix that hashes to group g.
 func keyInGroup(prefix string, g, groups int) string {
 	for i := 0; ; i++ {
@@ -211,42 +249,12 @@ func TestProcessesPartitions(t *testing.T) {
 	}
 	testStart := time.Now()
 	network := newNetnsNetwork(t, 3)
-	ipPath, err := exec.LookPath("ip")
-	if err != nil {
-		t.Fatal(err)
-	}
 	dir := t.TempDir()
-	bin := buildLockd(t, dir)
 	const (
-		groups         = 4
-		proposeTimeout = 2 * time.Second
-		rounds         = 4
+		groups = 4
+		rounds = 4
 	)
-	var peers []string
-	for id := uint64(1); id <= 3; id++ {
-		peers = append(peers, fmt.Sprintf("%d=%s:7451", id, network.nodeAddr(id)))
-	}
-	procs := make([]*proc, 3)
-	for i := range procs {
-		id := uint64(i + 1)
-		p := &proc{
-			id:     id,
-			listen: "127.0.0.1:7431",
-			admin:  "127.0.0.1:7441",
-			log:    filepath.Join(dir, fmt.Sprintf("node%d.log", id)),
-			dial:   network.dialer(id),
-		}
-		// ip netns exec execs lockd in place, so the PID kill9 signals is lockd's.
-		p.args = append([]string{"netns", "exec", network.nodeNS(id), bin},
-			p.serveArgs(network.nodeAddr(id)+":7451", peers, dir, groups, proposeTimeout)...)
-		procs[i] = p
-	}
-	// Registered after the network's cleanup, so it runs first: the
-	// namespaces are deleted only once the processes in them are gone.
-	killOnCleanup(t, procs)
-	for _, p := range procs {
-		p.start(t, ipPath)
-	}
+	procs, _ := startNetnsProcesses(t, network, buildLockd(t, dir), dir, groups)
 	const key0 = "part/0"
 	g0 := groupOf("default", []byte(key0), groups)
 	groupLeader(t, procs, g0)

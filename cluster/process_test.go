@@ -376,14 +376,37 @@ func (lt *lockTraffic) worker(w int) {
 
 // checkHistory checks the recorded claims (after finish): per key, no claim
 // began before the previous one ended, and tokens strictly increased. It
-// returns the number of claims checked.
+// fails the test for each violation and returns the number of claims
+// checked.
 func (lt *lockTraffic) checkHistory(t *testing.T) int {
 	t.Helper()
+	total, violations := lt.violations()
+	for _, v := range violations {
+		t.Error(v)
+	}
+	return total
+}
+
+// historyViolation is one breach of the lock's rules in the recorded
+// history: an exclusion violation (two claims on a key overlapped) or a
+// fencing violation (a token was not above the one before it).
+type historyViolation struct {
+	fencing bool
+	at      time.Time // when the offending claim began
+	msg     string
+}
+
+func (v historyViolation) String() string { return v.msg }
+
+// violations judges the recorded claims (after finish), returning how many
+// it checked and every violation found.
+func (lt *lockTraffic) violations() (int, []historyViolation) {
 	byKey := map[string][]interval{}
 	for _, iv := range lt.history {
 		byKey[iv.key] = append(byKey[iv.key], iv)
 	}
 	total := 0
+	var found []historyViolation
 	for key, ivs := range byKey {
 		sort.Slice(ivs, func(i, j int) bool { return ivs[i].start.Before(ivs[j].start) })
 		var prev interval
@@ -391,11 +414,13 @@ func (lt *lockTraffic) checkHistory(t *testing.T) int {
 			total++
 			if i > 0 {
 				if iv.token <= prev.token {
-					t.Errorf("%s: token went back: %d granted after %d", key, iv.token, prev.token)
+					found = append(found, historyViolation{fencing: true, at: iv.start,
+						msg: fmt.Sprintf("%s: token went back: %d granted after %d", key, iv.token, prev.token)})
 				}
 				if iv.start.Before(prev.end) {
-					t.Errorf("%s: token %d granted %v before token %d's claim ended (abandoned %v)",
-						key, iv.token, prev.end.Sub(iv.start), prev.token, prev.abandoned)
+					found = append(found, historyViolation{at: iv.start,
+						msg: fmt.Sprintf("%s: token %d granted %v before token %d's claim ended (abandoned %v)",
+							key, iv.token, prev.end.Sub(iv.start), prev.token, prev.abandoned)})
 				}
 			}
 			if i == 0 || iv.end.After(prev.end) {
@@ -405,7 +430,7 @@ func (lt *lockTraffic) checkHistory(t *testing.T) int {
 			}
 		}
 	}
-	return total
+	return total, found
 }
 
 // TestProcessesKillLeader runs 3 lockd processes under continuous lock

@@ -54,7 +54,12 @@ at --rate 1000/s throughout; in the second half --keepalive-holders 64
 callers, each holding a lock, also renew it every --keepalive-every 100ms
 through Ticket.Renew; reports the renewals' latencies and what each
 renewal cost in CPU time, syscalls and context switches, as the second
-half's usage over the first's).
+half's usage over the first's), failover (starts a 3-node --cluster
+lockd or etcd itself, ignoring --target; 24 callers, each with a client
+of its own given all three nodes, cycle over --keys 8 keys with --lease
+30s, --wait 5s, --hold 5ms; at 8 s --fault hits the --victim; reports how
+long a key went without a grant from the fault, grants/s after ÷ before,
+and outcomes by kind; --duration 30s unless given).
 
 With --server-pids, each run reports the server's CPU time, read and write
 syscalls and context switches per cycle beside lockbench's own.
@@ -97,6 +102,7 @@ type options struct {
 	target     bench.TargetOptions
 	admission  bench.AdmissionConfig
 	keepalive  bench.KeepaliveConfig
+	failover   failoverOptions
 	jsonPath   string
 	reportDir  string
 	progress   time.Duration
@@ -111,7 +117,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
 	targets := fs.String("target", "lockd://127.0.0.1:7420", "comma-separated targets: lockd://HOST:PORT, redis://HOST:PORT (rueidis), goredis://HOST:PORT (go-redis), etcd://HOST:PORT, or inproc")
-	workloads := fs.String("workload", bench.Uncontended, "comma-separated workloads: uncontended, contended, admission, timeouts, keepalive, or all")
+	workloads := fs.String("workload", bench.Uncontended, "comma-separated workloads: uncontended, contended, admission, timeouts, keepalive, failover, or all (failover not included)")
 	callers := fs.String("callers", "64", "comma-separated numbers of concurrent callers (open loop: the most cycles in flight)")
 	rates := fs.String("rate", "0", fmt.Sprintf("comma-separated arrival rates per second for open loop; 0 runs closed loop (admission, timeouts and keepalive: their probes' rate, 0 meaning %d)", bench.DefaultProbeRate))
 	pids := fs.String("server-pids", "", "comma-separated pids of the targets' server processes, in --target order (0: unknown), to report their CPU time, read/write syscalls and context switches per lock cycle (syscalls need the server's user or root); a target served by several processes, such as a cluster's nodes, takes their pids joined by '+' (101+102+103) and reports the sum")
@@ -136,7 +142,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.reportDir, "report", "", "write an HTML report with charts into this directory")
 	fs.DurationVar(&o.progress, "progress", time.Second, "interval of the progress line on stderr; 0 for none")
 	fs.BoolVar(&o.check, "check", false, "exit non-zero unless every run is sane: cycles done, no errors, no indeterminate outcome (timeouts: some wait ran out instead), percentiles in order (never a speed threshold)")
+	failoverParsed := o.failover.register(fs)
 	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if err := failoverParsed(); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
@@ -249,6 +259,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	started := time.Now()
 	var results []*bench.Result
 	for _, workload := range o.workloads {
+		if workload == bench.Failover {
+			res, err := runFailovers(ctx, o, stderr)
+			if err != nil {
+				return err
+			}
+			results = append(results, res...)
+			continue
+		}
 		for _, callers := range o.callers {
 			for _, rate := range o.rates {
 				for i, target := range o.targets {
