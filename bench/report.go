@@ -40,10 +40,14 @@ type Machine struct {
 	LoadAvg string `json:"load_avg,omitempty"`
 }
 
+// reportVersion is the JSON layout's version; a baseline of another
+// version is refused.
+const reportVersion = 1
+
 // NewReport gathers the results of one command.
 func NewReport(command string, started time.Time, results []*Result) *Report {
 	rep := &Report{
-		Version: 1,
+		Version: reportVersion,
 		Started: started,
 		Command: command,
 		Machine: Machine{
