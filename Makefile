@@ -15,7 +15,7 @@ FUZZ_TARGETS := \
 	./server:FuzzReliabilityServerAnswers \
 	./client:FuzzClientAnswers
 
-.PHONY: help build dist test bench bench-peers bench-cluster fuzz reliability run cluster clean
+.PHONY: help build dist test bench bench-peers bench-cluster bench-gate fuzz reliability run cluster clean
 
 help:
 	@echo "make build   build bin/lockd, bin/lockctl, bin/lockbench"
@@ -24,6 +24,7 @@ help:
 	@echo "make bench   Go benchmarks with -benchmem"
 	@echo "make bench-peers  lockd vs Redis (through rueidis and go-redis) vs etcd on loopback (installs redis-server, etcd-server if missing)"
 	@echo "make bench-cluster  3-node lockd cluster vs 3-node etcd cluster on loopback, data on disk, fsync on (installs etcd-server if missing)"
+	@echo "make bench-gate  lockbench's baseline gate on this machine: false alarms over GATE_TRIALS (default $(GATE_TRIALS)) self-comparisons, and how many repeats a 10 % slowdown needs"
 	@echo "make fuzz    each fuzz target for FUZZTIME (default $(FUZZTIME))"
 	@echo "make reliability  the hostile-client, overload and model-check suite, figures in the log"
 	@echo "make cluster  start a 3-node cluster on loopback (clients 127.0.0.1:7431-7433)"
@@ -72,6 +73,12 @@ bench-peers:
 
 bench-cluster:
 	bash bench/cluster-peers.sh
+
+# Minutes: GATE_TRIALS self-comparisons of 2 × 5 one-second runs, then a
+# 10 % slowdown at three repeat counts (docs/performance.md).
+GATE_TRIALS ?= 20
+bench-gate:
+	LOCKBENCH_GATE_TRIALS=$(GATE_TRIALS) $(GO) test -count=1 -v -timeout 60m -run '^TestGateNoiseAndPower$$' ./bench
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

@@ -59,6 +59,22 @@ half's usage over the first's).
 With --server-pids, each run reports the server's CPU time, read and write
 syscalls and context switches per cycle beside lockbench's own.
 
+Baseline gate: --repeat N runs every configuration N times, the targets
+interleaved, each round in another order. --save-baseline FILE writes the
+runs (every sample) as JSON once they pass --check's tests; a later
+--baseline FILE compares this build's runs with them, per target,
+workload, callers and rate, on cycles/s, A p99 and server CPU per cycle
+(with --server-pids): a figure regressed when its median is worse by more
+than --max-regression and a two-sided Mann-Whitney U test over all the
+samples of both sides gives p < --alpha.
+
+  lockbench --target inproc --repeat 8 --save-baseline base.json   # on main
+  lockbench --target inproc --repeat 8 --baseline base.json        # on a change
+
+Exit status: 0 done (and passed the check and the gate when asked), 1 an
+error or a failed --check, 2 bad flags, 3 the baseline gate found a
+regression.
+
 `
 
 // inprocTarget is the --target value that starts an in-process lockd.
@@ -74,6 +90,9 @@ func main() {
 	case errors.As(err, new(usageError)):
 		fmt.Fprintln(os.Stderr, "lockbench:", err)
 		os.Exit(2)
+	case errors.As(err, new(regressionError)):
+		fmt.Fprintln(os.Stderr, "lockbench:", err)
+		os.Exit(3)
 	case err != nil:
 		fmt.Fprintln(os.Stderr, "lockbench:", err)
 		os.Exit(1)
@@ -81,6 +100,10 @@ func main() {
 }
 
 type usageError struct{ error }
+
+// regressionError is the baseline gate's failure: its own exit status, so
+// that CI tells a slower build from a broken run.
+type regressionError struct{ error }
 
 // options are the parsed flags.
 type options struct {
@@ -101,6 +124,10 @@ type options struct {
 	reportDir  string
 	progress   time.Duration
 	check      bool
+	repeat     int
+	baseline   string
+	saveTo     string
+	gate       bench.GateConfig
 	secretFile string
 	tls        tlsflags.Flags
 }
@@ -136,11 +163,33 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.reportDir, "report", "", "write an HTML report with charts into this directory")
 	fs.DurationVar(&o.progress, "progress", time.Second, "interval of the progress line on stderr; 0 for none")
 	fs.BoolVar(&o.check, "check", false, "exit non-zero unless every run is sane: cycles done, no errors, no indeterminate outcome (timeouts: some wait ran out instead), percentiles in order (never a speed threshold)")
+	fs.IntVar(&o.repeat, "repeat", 1, "run every configuration this many times, the targets interleaved, each round in another order (the baseline gate needs 5 or more)")
+	fs.StringVar(&o.saveTo, "save-baseline", "", "write the runs as JSON to this file, for a later --baseline, once they pass --check's tests")
+	fs.StringVar(&o.baseline, "baseline", "", "compare the runs with those of this lockbench JSON file and exit 3 on a regression")
+	o.gate = bench.GateConfig{MaxRegression: bench.DefaultMaxRegression, Alpha: bench.DefaultAlpha}
+	fs.Func("max-regression", fmt.Sprintf("how much worse, in percent, a median may be before the baseline gate can flag it (default %g%%)", 100*bench.DefaultMaxRegression), func(s string) error {
+		pct, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(s), "%"), 64)
+		if err != nil || !(pct >= 0 && pct < 1000) {
+			return fmt.Errorf("%q is not a percentage between 0 and 1000", s)
+		}
+		o.gate.MaxRegression = pct / 100
+		return nil
+	})
+	fs.Float64Var(&o.gate.Alpha, "alpha", bench.DefaultAlpha, "significance level of the baseline gate's test: a worse median counts only when p is below it")
 	if err := fs.Parse(args); err != nil {
-		return nil, err
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, usageError{err}
 	}
 	if fs.NArg() > 0 {
 		return nil, usageError{fmt.Errorf("unexpected arguments %q", fs.Args())}
+	}
+	if o.repeat < 1 {
+		return nil, usageError{fmt.Errorf("--repeat %d: at least 1", o.repeat)}
+	}
+	if !(o.gate.Alpha > 0 && o.gate.Alpha < 1) {
+		return nil, usageError{fmt.Errorf("--alpha %v: a probability between 0 and 1", o.gate.Alpha)}
 	}
 	var err error
 	o.targets = splitList(*targets)
@@ -246,25 +295,41 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	var baseline *bench.Report
+	if o.baseline != "" {
+		if baseline, err = bench.ReadReport(o.baseline); err != nil {
+			return fmt.Errorf("--baseline: %w", err)
+		}
+	}
 	started := time.Now()
 	var results []*bench.Result
-	for _, workload := range o.workloads {
-		for _, callers := range o.callers {
-			for _, rate := range o.rates {
-				for i, target := range o.targets {
-					if ctx.Err() != nil {
-						return ctx.Err()
-					}
-					var serverPIDs []int
-					if o.serverPIDs != nil {
-						serverPIDs = o.serverPIDs[i]
-					}
-					res, err := runOne(ctx, o, target, serverPIDs, workload, callers, rate, stderr)
-					if err != nil {
-						return fmt.Errorf("%s %s: %w", target, workload, err)
-					}
-					if res != nil {
-						results = append(results, res)
+	// Round by round, so that a machine whose speed drifts weighs on every
+	// configuration's samples alike; each round starts at another target,
+	// so that none always runs first.
+	for round := range o.repeat {
+		for _, workload := range o.workloads {
+			for _, callers := range o.callers {
+				for _, rate := range o.rates {
+					for j := range o.targets {
+						i := (round + j) % len(o.targets)
+						target := o.targets[i]
+						if ctx.Err() != nil {
+							return ctx.Err()
+						}
+						var serverPIDs []int
+						if o.serverPIDs != nil {
+							serverPIDs = o.serverPIDs[i]
+						}
+						res, err := runOne(ctx, o, target, serverPIDs, workload, callers, rate, stderr)
+						if err != nil {
+							return fmt.Errorf("%s %s: %w", target, workload, err)
+						}
+						if res != nil {
+							if o.repeat > 1 {
+								res.Sample = round + 1
+							}
+							results = append(results, res)
+						}
 					}
 				}
 			}
@@ -279,6 +344,26 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
+	checkErr := bench.Check(results)
+	if o.saveTo != "" {
+		// A broken run would make every later comparison meaningless.
+		if checkErr != nil {
+			return fmt.Errorf("baseline not saved, the runs failed the check:\n%w", checkErr)
+		}
+		if err := rep.WriteJSON(o.saveTo); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "baseline saved: %s (%d runs)\n", o.saveTo, len(results))
+	}
+	var gateErr error
+	if baseline != nil {
+		gate := bench.Compare(baseline.Runs, results, o.gate)
+		gate.Notes = append(baseline.MachineNotes(rep.Machine), gate.Notes...)
+		gate.Write(stdout)
+		if n := len(gate.Regressions()); n > 0 {
+			gateErr = regressionError{fmt.Errorf("%d figure(s) regressed against %s", n, o.baseline)}
+		}
+	}
 	if o.reportDir != "" {
 		path, err := rep.WriteHTML(o.reportDir)
 		if err != nil {
@@ -287,12 +372,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "\nreport: %s\n", path)
 	}
 	if o.check {
-		if err := bench.Check(results); err != nil {
-			return fmt.Errorf("check failed:\n%w", err)
+		if checkErr != nil {
+			return fmt.Errorf("check failed:\n%w", checkErr)
 		}
 		fmt.Fprintf(stdout, "check passed (%d runs)\n", len(results))
 	}
-	return nil
+	return gateErr
 }
 
 // runOne runs one workload against one target; it returns nil, nil for a
@@ -328,7 +413,6 @@ func runOne(ctx context.Context, o *options, target string, serverPIDs []int, wo
 		}
 		defer srv.Close()
 		spec = bench.TargetSpec{Scheme: bench.SchemeLockd, Addr: srv.Addr()}
-		label = "inproc " + spec.String()
 	} else {
 		spec, _ = bench.ParseTarget(target) // checked by parseFlags
 	}
