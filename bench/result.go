@@ -243,13 +243,8 @@ func (r *run) result(elapsed time.Duration) *Result {
 	}
 	steps := r.rec.counts()
 	res.Timeline = timeline(steps)
-	switch cfg.Workload {
-	case Admission:
-		res.Admission = r.admissionResult(steps)
-	case Timeouts:
-		res.Timeouts = r.timeoutsResult()
-	case Keepalive:
-		res.Keepalive = r.keepaliveResult()
+	if r.workload.result != nil {
+		r.workload.result(r, res, steps)
 	}
 	return res
 }

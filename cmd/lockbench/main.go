@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -196,6 +197,11 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	o.workloads = splitList(*workloads)
 	if len(o.workloads) == 1 && o.workloads[0] == "all" {
 		o.workloads = bench.Workloads
+	}
+	for _, w := range o.workloads {
+		if !slices.Contains(bench.Workloads, w) {
+			return nil, usageError{fmt.Errorf("unknown workload %q (want one of %s, or all)", w, strings.Join(bench.Workloads, ", "))}
+		}
 	}
 	if o.callers, err = parseList(*callers, strconv.Atoi); err != nil {
 		return nil, usageError{fmt.Errorf("--callers: %w", err)}
@@ -400,7 +406,6 @@ func runOne(ctx context.Context, o *options, target string, serverPIDs []int, wo
 	if o.progress > 0 {
 		cfg.Progress = stderr
 	}
-	label := target
 	var spec bench.TargetSpec
 	if target == inprocTarget {
 		limit := 0
@@ -416,16 +421,12 @@ func runOne(ctx context.Context, o *options, target string, serverPIDs []int, wo
 	} else {
 		spec, _ = bench.ParseTarget(target) // checked by parseFlags
 	}
-	if workload == bench.Admission && spec.Scheme != bench.SchemeLockd {
-		fmt.Fprintf(stderr, "skipping admission against %s: it has no admission gate\n", target)
+	if err := bench.CanRun(workload, spec, o.target.Raw); err != nil {
+		fmt.Fprintf(stderr, "skipping %s against %s: %v\n", workload, target, err)
 		return nil, nil
 	}
-	if workload == bench.Keepalive && (spec.Scheme != bench.SchemeLockd || o.target.Raw) {
-		fmt.Fprintf(stderr, "skipping keepalive against %s: only the lockd client renews leases\n", target)
-		return nil, nil
-	}
-	fmt.Fprintf(stderr, "%s: %s for %v, callers %d", label, workload, o.duration, callers)
-	if rate > 0 || workload == bench.Admission || workload == bench.Timeouts || workload == bench.Keepalive {
+	fmt.Fprintf(stderr, "%s: %s for %v, callers %d", target, workload, o.duration, callers)
+	if rate > 0 || bench.ProbesAtRate(workload) {
 		fmt.Fprintf(stderr, ", open loop")
 	}
 	fmt.Fprintln(stderr)
@@ -433,6 +434,8 @@ func runOne(ctx context.Context, o *options, target string, serverPIDs []int, wo
 	if err != nil {
 		return nil, err
 	}
-	res.Target = label
+	// The target as given: "inproc" for every in-process server, whatever
+	// its port, so that a baseline's runs meet this build's.
+	res.Target = target
 	return res, nil
 }
