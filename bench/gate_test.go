@@ -85,7 +85,7 @@ func TestGateFlagsAnInjectedSlowdownAndNotTheSameBuild(t *testing.T) {
 // result is a synthetic run of one configuration.
 func gateResult(target string, cyclesPerS, p99, serverCPUS float64) *Result {
 	return &Result{
-		Target: target, Kind: "lockd", Workload: Uncontended, Mode: "closed", Callers: 4,
+		Target: target, Kind: "lockd", Workload: Uncontended, Mode: "closed", Callers: 4, DurationS: 1,
 		Cycles: uint64(cyclesPerS), CyclesPerS: cyclesPerS, ServerCPUS: serverCPUS,
 		Outcomes: map[string]Percentiles{Acquired.String(): {Count: 100, P99: p99}},
 	}
@@ -180,17 +180,40 @@ func TestGateNoiseAndPower(t *testing.T) {
 	probe := block(repeat, 0)
 	perCycle := time.Duration(float64(cfg.Callers) / medianOf(probe) * float64(time.Second))
 	delay := perCycle / 10
-	for _, n := range []int{3, 5, 8} {
-		caught := 0
-		var seen []string
-		for range max(trials/4, 3) {
-			g := Compare(block(n, 0), block(n, delay), gate)
-			if len(g.Regressions()) > 0 {
-				caught++
+	// sequential runs the baseline's samples, then the slowed build's, as
+	// a CI job does; alternating alternates them run by run, each round
+	// in another order, as --repeat does with targets.
+	sequential := func(n int) ([]*Result, []*Result) { return block(n, 0), block(n, delay) }
+	alternating := func(n int) (base, slowed []*Result) {
+		for i := range n {
+			if i%2 == 0 {
+				base = append(base, gateSample(t, cfg, 0))
 			}
-			seen = append(seen, fmt.Sprintf("%+.1f%% p %.3f", 100*g.Comparisons[0].Change, g.Comparisons[0].P))
+			slowed = append(slowed, gateSample(t, cfg, delay))
+			if i%2 == 1 {
+				base = append(base, gateSample(t, cfg, 0))
+			}
 		}
-		t.Logf("slowed by %v per acquire (a cycle is %v), --repeat %d: caught %d of %d; cycles/s %s",
-			delay, perCycle, n, caught, max(trials/4, 3), strings.Join(seen, ", "))
+		return base, slowed
+	}
+	powerTrials := max(trials/4, 3)
+	for _, order := range []struct {
+		name string
+		runs func(n int) ([]*Result, []*Result)
+	}{{"sequential", sequential}, {"alternating", alternating}} {
+		for _, n := range []int{5, 8} {
+			caught := 0
+			var seen []string
+			for range powerTrials {
+				base, slowed := order.runs(n)
+				g := Compare(base, slowed, gate)
+				if len(g.Regressions()) > 0 {
+					caught++
+				}
+				seen = append(seen, fmt.Sprintf("%+.1f%% p %.3f", 100*g.Comparisons[0].Change, g.Comparisons[0].P))
+			}
+			t.Logf("slowed by %v per acquire (a cycle is %v), %s, --repeat %d: caught %d of %d; cycles/s %s",
+				delay, perCycle, order.name, n, caught, powerTrials, strings.Join(seen, ", "))
+		}
 	}
 }
