@@ -30,10 +30,10 @@ const (
 type GateConfig struct {
 	// MaxRegression is how much worse a median may be, as a fraction of
 	// the baseline's, before it can count as a regression.
-	MaxRegression float64
+	MaxRegression float64 `json:"max_regression"`
 	// Alpha is the significance level: a difference counts only when the
 	// test's p-value is below it.
-	Alpha float64
+	Alpha float64 `json:"alpha"`
 }
 
 // gateMetric is one figure the gate compares.
@@ -100,11 +100,11 @@ type Comparison struct {
 
 // Gate is the baseline gate's verdict on one command's runs.
 type Gate struct {
-	Config      GateConfig
-	Comparisons []Comparison
+	Config      GateConfig   `json:"config"`
+	Comparisons []Comparison `json:"comparisons"`
 	// Notes say what could not be compared, and what weakens the
 	// comparisons made.
-	Notes []string
+	Notes []string `json:"notes,omitempty"`
 }
 
 // configKey names a run's configuration: target, implementation and

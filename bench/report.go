@@ -26,6 +26,9 @@ type Report struct {
 	CyclesPerS float64                `json:"cycles_per_s"`
 	Outcomes   map[string]Percentiles `json:"outcomes"`
 	Runs       []*Result              `json:"runs"`
+	// Gate is the baseline gate's verdict, when the runs were compared
+	// with a baseline.
+	Gate *Gate `json:"gate,omitempty"`
 }
 
 // Machine describes where the numbers were taken.

@@ -345,6 +345,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	bench.WriteTable(stdout, results)
 	bench.WriteComparison(stdout, results)
 	rep := bench.NewReport("lockbench "+strings.Join(args, " "), started, results)
+	var gateErr error
+	if baseline != nil {
+		rep.Gate = bench.Compare(baseline.Runs, results, o.gate)
+		rep.Gate.Notes = append(baseline.MachineNotes(rep.Machine), rep.Gate.Notes...)
+		rep.Gate.Write(stdout)
+		if n := len(rep.Gate.Regressions()); n > 0 {
+			gateErr = regressionError{fmt.Errorf("%d figure(s) regressed against %s", n, o.baseline)}
+		}
+	}
 	if o.jsonPath != "" {
 		if err := rep.WriteJSON(o.jsonPath); err != nil {
 			return err
@@ -360,15 +369,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		fmt.Fprintf(stdout, "baseline saved: %s (%d runs)\n", o.saveTo, len(results))
-	}
-	var gateErr error
-	if baseline != nil {
-		gate := bench.Compare(baseline.Runs, results, o.gate)
-		gate.Notes = append(baseline.MachineNotes(rep.Machine), gate.Notes...)
-		gate.Write(stdout)
-		if n := len(gate.Regressions()); n > 0 {
-			gateErr = regressionError{fmt.Errorf("%d figure(s) regressed against %s", n, o.baseline)}
-		}
 	}
 	if o.reportDir != "" {
 		path, err := rep.WriteHTML(o.reportDir)

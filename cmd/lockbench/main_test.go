@@ -235,7 +235,7 @@ func TestServerPIDGroups(t *testing.T) {
 func TestBaselineGate(t *testing.T) {
 	dir := t.TempDir()
 	base := filepath.Join(dir, "base.json")
-	args := []string{"--target", "inproc", "--workload", "uncontended", "--callers", "2", "--duration", "200ms", "--repeat", "5", "--progress", "0"}
+	args := []string{"--target", "inproc", "--workload", "uncontended", "--callers", "2", "--duration", "400ms", "--repeat", "5", "--progress", "0"}
 	stdout, stderr, err := runCommand(t, append(args, "--save-baseline", base)...)
 	if err != nil || !strings.Contains(stdout, "baseline saved: "+base+" (5 runs)") || !strings.Contains(stdout, "sample 5") {
 		t.Fatalf("%v\nstdout:\n%s\nstderr:\n%s", err, stdout, stderr)
@@ -266,7 +266,8 @@ func TestBaselineGate(t *testing.T) {
 		return path
 	}
 
-	stdout, stderr, err = runCommand(t, append(args, "--baseline", scaled("faster.json", 100))...)
+	jsonPath := filepath.Join(dir, "gated.json")
+	stdout, stderr, err = runCommand(t, append(args, "--baseline", scaled("faster.json", 100), "--json", jsonPath)...)
 	if !errors.As(err, new(regressionError)) || !strings.Contains(err.Error(), "2 figure(s) regressed") {
 		t.Fatalf("against a faster baseline: %v, want a regression\nstdout:\n%s\nstderr:\n%s", err, stdout, stderr)
 	}
@@ -274,6 +275,10 @@ func TestBaselineGate(t *testing.T) {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("report lacks %q:\n%s", want, stdout)
 		}
+	}
+	gated, err := bench.ReadReport(jsonPath)
+	if err != nil || gated.Gate == nil || len(gated.Gate.Regressions()) != 2 || gated.Gate.Config.MaxRegression != 0.10 {
+		t.Fatalf("the JSON's gate: %v %+v", err, gated.Gate)
 	}
 	stdout, stderr, err = runCommand(t, append(args, "--baseline", scaled("slower.json", 0.01), "--max-regression", "5%", "--alpha", "0.01")...)
 	if err != nil || !strings.Contains(stdout, "better") || !strings.Contains(stdout, "baseline gate passed (2 comparisons)") ||
