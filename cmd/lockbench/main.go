@@ -350,7 +350,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		rep.Gate = bench.Compare(baseline.Runs, results, o.gate)
 		rep.Gate.Notes = append(baseline.MachineNotes(rep.Machine), rep.Gate.Notes...)
 		rep.Gate.Write(stdout)
-		if n := len(rep.Gate.Regressions()); n > 0 {
+		switch n := len(rep.Gate.Regressions()); {
+		case len(rep.Gate.Comparisons) == 0:
+			// A gate that compared nothing must not pass for one that
+			// found nothing: the flags differ from the baseline's.
+			gateErr = fmt.Errorf("no configuration of this run is in %s: nothing compared", o.baseline)
+		case n > 0:
 			gateErr = regressionError{fmt.Errorf("%d figure(s) regressed against %s", n, o.baseline)}
 		}
 	}
