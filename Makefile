@@ -15,7 +15,7 @@ FUZZ_TARGETS := \
 	./server:FuzzReliabilityServerAnswers \
 	./client:FuzzClientAnswers
 
-.PHONY: help build dist test test-python bench bench-peers bench-cluster bench-python bench-failover fault-test fuzz reliability run cluster clean
+.PHONY: help build dist test test-python bench bench-peers bench-cluster bench-python bench-failover bench-gate fault-test fuzz reliability run cluster clean
 
 help:
 	@echo "make build   build bin/lockd, bin/lockctl, bin/lockbench"
@@ -28,6 +28,7 @@ help:
 	@echo "make bench-cluster  3-node lockd cluster vs 3-node etcd cluster on loopback, data on disk, fsync on (installs etcd-server if missing)"
 	@echo "make bench-failover  3-node lockd cluster under contended load, kill -9, SIGTERM and SIGSTOP of its leader and of a follower (FAILOVER_FLAGS for more lockbench flags)"
 	@echo "make fault-test  the multi-process fault test, $(FAULT_ROUNDS) rounds of faults under lock traffic with the history checker"
+	@echo "make bench-gate  lockbench's baseline gate on this machine: false alarms over GATE_TRIALS (default $(GATE_TRIALS)) self-comparisons, and how many repeats a 10 % slowdown needs"
 	@echo "make fuzz    each fuzz target for FUZZTIME (default $(FUZZTIME))"
 	@echo "make reliability  the hostile-client, overload and model-check suite, figures in the log"
 	@echo "make cluster  start a 3-node cluster on loopback (clients 127.0.0.1:7431-7433)"
@@ -106,6 +107,12 @@ bench-failover: build
 FAULT_ROUNDS ?= 100
 fault-test:
 	LOCKD_FAULT_ROUNDS=$(FAULT_ROUNDS) $(GO) test -race -count=1 -v -timeout 3h -run 'TestProcessFaultRounds' ./cluster
+
+# Minutes: GATE_TRIALS self-comparisons of 2 × 5 one-second runs, then a
+# 10 % slowdown at three repeat counts (docs/performance.md).
+GATE_TRIALS ?= 20
+bench-gate:
+	LOCKBENCH_GATE_TRIALS=$(GATE_TRIALS) $(GO) test -count=1 -v -timeout 60m -run '^TestGateNoiseAndPower$$' ./bench
 
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \

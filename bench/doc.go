@@ -8,7 +8,10 @@
 // cycle (CPU time, read and write syscalls, context switches, from /proc),
 // the admission gate's behaviour over time, the timeouts workload's
 // outcomes by kind, what a lease renewal costs, a text table, a JSON file and an HTML page with SVG
-// charts.
+// charts. Its baseline gate (gate.go) tells whether this build's runs are
+// slower than a saved baseline's, with a Mann-Whitney U test over every
+// sample of both sides. Each workload is one entry of the workload table
+// (workload.go).
 //
 // Targets sit behind one small interface: lockd through the official
 // client or through bare frames (--raw); Redis's single-instance lock (SET

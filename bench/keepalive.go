@@ -94,12 +94,8 @@ type holderRecord struct {
 }
 
 func (a *KeepaliveConfig) applyDefaults(lease time.Duration) error {
-	if a.Holders <= 0 {
-		a.Holders = DefaultKeepaliveHolders
-	}
-	if a.Every <= 0 {
-		a.Every = DefaultKeepaliveEvery
-	}
+	a.Holders = orDefault(a.Holders, DefaultKeepaliveHolders)
+	a.Every = orDefault(a.Every, DefaultKeepaliveEvery)
 	if 2*a.Every > lease {
 		return fmt.Errorf("keepalive renews every %v: the lease %v must be at least twice that", a.Every, lease)
 	}

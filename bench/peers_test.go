@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -17,8 +19,52 @@ import (
 // redis-server or etcd is not installed (`make bench-peers` installs both;
 // `apt-get install redis-server etcd-server` does too).
 
-// freePort returns a loopback port that was free a moment ago.
-func freePort(t *testing.T) int {
+// startPeer runs a server binary for the test on n loopback ports of its
+// own, given to it by args, and returns them once the server listens on
+// them all. A port cannot be handed to another process already bound, so
+// the kernel picks it free and the server binds it; the test then takes
+// the server's word, not the port's: it waits until the kernel shows the
+// sockets listening on those ports among the server's own file
+// descriptors. Another test that took a port in between makes the server
+// exit, and it is started again on new ports; no test ever talks to a
+// server not its own.
+func startPeer(t *testing.T, binary string, n int, args func(ports []int) []string) []int {
+	t.Helper()
+	path, err := exec.LookPath(binary)
+	if err != nil {
+		t.Skipf("%s is not installed, so its target cannot be tested (apt-get install %s-server)", binary, binary)
+	}
+	for range 5 {
+		ports := make([]int, n)
+		for i := range ports {
+			ports[i] = pickPort(t)
+		}
+		cmd := exec.Command(path, args(ports)...)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan struct{})
+		go func() { cmd.Wait(); close(exited) }()
+		t.Cleanup(func() {
+			cmd.Process.Kill()
+			<-exited
+		})
+		if waitListening(t, cmd.Process.Pid, ports, exited) {
+			return ports
+		}
+	}
+	t.Fatalf("%s exited five times before it listened", binary)
+	return nil
+}
+
+// pickPort is pickedPort, but for the test that makes it pick a port
+// already taken.
+var pickPort = pickedPort
+
+// pickedPort is a loopback port the kernel found free; it is free no
+// longer once the server it is meant for binds it, or another process
+// does first.
+func pickedPort(t *testing.T) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -28,39 +74,99 @@ func freePort(t *testing.T) int {
 	return ln.Addr().(*net.TCPAddr).Port
 }
 
-// startPeer runs a server binary for the test and waits until addr
-// accepts connections.
-func startPeer(t *testing.T, binary, addr string, args ...string) {
+// waitListening waits until process pid listens on every port, and says
+// false if it exits first.
+func waitListening(t *testing.T, pid int, ports []int, exited <-chan struct{}) bool {
 	t.Helper()
-	path, err := exec.LookPath(binary)
-	if err != nil {
-		t.Skipf("%s is not installed, so its target cannot be tested (apt-get install %s-server)", binary, binary)
-	}
-	cmd := exec.Command(path, args...)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	})
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
-			return
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(15 * time.Second)
+	for {
+		select {
+		case <-exited:
+			return false
+		case <-deadline:
+			t.Fatalf("pid %d did not listen on %v", pid, ports)
+		case <-tick.C:
+		}
+		listening := listeningPorts(pid)
+		all := true
+		for _, p := range ports {
+			all = all && listening[p]
+		}
+		if all {
+			return true
 		}
 	}
-	t.Fatalf("%s did not listen on %s", binary, addr)
+}
+
+// listeningPorts reads, from /proc, the TCP ports on which sockets among
+// pid's own file descriptors listen.
+func listeningPorts(pid int) map[int]bool {
+	dir := fmt.Sprintf("/proc/%d", pid)
+	fds, _ := os.ReadDir(dir + "/fd")
+	inodes := make(map[string]bool)
+	for _, fd := range fds {
+		link, err := os.Readlink(dir + "/fd/" + fd.Name())
+		if inode, ok := strings.CutPrefix(link, "socket:["); ok && err == nil {
+			inodes[strings.TrimSuffix(inode, "]")] = true
+		}
+	}
+	ports := make(map[int]bool)
+	for _, table := range []string{"tcp", "tcp6"} {
+		data, _ := os.ReadFile(dir + "/net/" + table)
+		for line := range strings.Lines(string(data)) {
+			// sl local_address rem_address st ... inode: the state 0A is
+			// LISTEN, the address HEX-IP:HEX-PORT.
+			f := strings.Fields(line)
+			if len(f) < 10 || f[3] != "0A" || !inodes[f[9]] {
+				continue
+			}
+			_, hexPort, _ := strings.Cut(f[1], ":")
+			if port, err := strconv.ParseUint(hexPort, 16, 16); err == nil {
+				ports[int(port)] = true
+			}
+		}
+	}
+	return ports
 }
 
 // startRedis runs a redis-server without persistence for the test.
 func startRedis(t *testing.T) string {
 	t.Helper()
-	port := freePort(t)
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	startPeer(t, "redis-server", addr,
-		"--port", fmt.Sprint(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning")
-	return addr
+	port := startPeer(t, "redis-server", 1, func(ports []int) []string {
+		return []string{"--port", fmt.Sprint(ports[0]), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning"}
+	})[0]
+	return fmt.Sprintf("127.0.0.1:%d", port)
+}
+
+// A port taken between its pick and the server's bind (here: taken
+// before) makes the server exit, and startPeer starts it again on another
+// port rather than talk to whatever holds the first.
+func TestStartPeerTalksOnlyToItsOwnServer(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	takenPort := taken.Addr().(*net.TCPAddr).Port
+	picks := 0
+	pickPort = func(t *testing.T) int {
+		if picks++; picks == 1 {
+			return takenPort
+		}
+		return pickedPort(t)
+	}
+	defer func() { pickPort = pickedPort }()
+	addr := startRedis(t)
+	if addr == taken.Addr().String() || picks != 2 {
+		t.Fatalf("redis at %s after %d picks; %s was taken", addr, picks, taken.Addr())
+	}
+	admin := redis.NewClient(&redis.Options{Addr: addr})
+	defer admin.Close()
+	if err := admin.Ping(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // redisTargets are the two client libraries' targets.
@@ -278,12 +384,14 @@ func TestCountNamedClients(t *testing.T) {
 }
 
 func TestEtcdTargetAgainstEtcdServer(t *testing.T) {
-	client := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	peer := fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
-	startPeer(t, "etcd", client,
-		"--name", "lockbench", "--data-dir", t.TempDir(),
-		"--listen-client-urls", "http://"+client, "--advertise-client-urls", "http://"+client,
-		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-		"--initial-cluster", "lockbench="+peer, "--log-level", "error")
+	ports := startPeer(t, "etcd", 2, func(ports []int) []string {
+		client := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+		peer := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
+		return []string{"--name", "lockbench", "--data-dir", t.TempDir(),
+			"--listen-client-urls", client, "--advertise-client-urls", client,
+			"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+			"--initial-cluster", "lockbench=" + peer, "--log-level", "error"}
+	})
+	client := fmt.Sprintf("127.0.0.1:%d", ports[0])
 	runPeerWorkloads(t, TargetSpec{Scheme: SchemeEtcd, Addr: client}, SchemeEtcd)
 }

@@ -26,6 +26,9 @@ type Report struct {
 	CyclesPerS float64                `json:"cycles_per_s"`
 	Outcomes   map[string]Percentiles `json:"outcomes"`
 	Runs       []*Result              `json:"runs"`
+	// Gate is the baseline gate's verdict, when the runs were compared
+	// with a baseline.
+	Gate *Gate `json:"gate,omitempty"`
 }
 
 // Machine describes where the numbers were taken.
@@ -40,10 +43,14 @@ type Machine struct {
 	LoadAvg string `json:"load_avg,omitempty"`
 }
 
+// reportVersion is the JSON layout's version; a baseline of another
+// version is refused.
+const reportVersion = 1
+
 // NewReport gathers the results of one command.
 func NewReport(command string, started time.Time, results []*Result) *Report {
 	rep := &Report{
-		Version: 1,
+		Version: reportVersion,
 		Started: started,
 		Command: command,
 		Machine: Machine{

@@ -14,6 +14,9 @@ type Result struct {
 	Workload string `json:"workload"`
 	Mode     string `json:"mode"` // "closed" or "open"
 	Callers  int    `json:"callers"`
+	// Sample is the run's place, from 1, among the runs of its
+	// configuration when lockbench repeats each (--repeat); 0 otherwise.
+	Sample int `json:"sample,omitempty"`
 	// Conns is the connections the target had open at the end of the run,
 	// as the client or the server counts them; Transport how they were
 	// configured, in the client library's terms.
@@ -241,13 +244,8 @@ func (r *run) result(elapsed time.Duration) *Result {
 	}
 	steps := r.rec.counts()
 	res.Timeline = timeline(steps)
-	switch cfg.Workload {
-	case Admission:
-		res.Admission = r.admissionResult(steps)
-	case Timeouts:
-		res.Timeouts = r.timeoutsResult()
-	case Keepalive:
-		res.Keepalive = r.keepaliveResult()
+	if r.workload.result != nil {
+		r.workload.result(r, res, steps)
 	}
 	return res
 }

@@ -63,7 +63,11 @@ func (r *Result) describe() string {
 // cycle, and its per-outcome latencies.
 func WriteTable(w io.Writer, results []*Result) {
 	for _, r := range results {
-		fmt.Fprintf(w, "\n%s (%s)  %s  %.1fs\n", r.Target, r.Kind, r.describe(), r.DurationS)
+		fmt.Fprintf(w, "\n%s (%s)  %s  %.1fs", r.Target, r.Kind, r.describe(), r.DurationS)
+		if r.Sample > 0 {
+			fmt.Fprintf(w, "  sample %d", r.Sample)
+		}
+		fmt.Fprintln(w)
 		fmt.Fprintf(w, "  %d connections: %s\n", r.Conns, r.Transport)
 		fmt.Fprintf(w, "  cycles %d  %.0f/s  requests %d  errors %d  drops %d\n", r.Cycles, r.CyclesPerS, r.Requests, r.Errors, r.Drops)
 		if r.DurationS > 0 {

@@ -72,6 +72,11 @@ type TargetOptions struct {
 	// RedisRetry is the mean pause between the SET NX attempts of a Redis
 	// caller that waits for a held lock.
 	RedisRetry time.Duration
+	// acquireDelay, set by tests only, makes the target slower: every
+	// acquire first spins this long, inside its measured latency, as a
+	// slower server would make it wait. It is how the baseline gate's
+	// tests inject a regression.
+	acquireDelay time.Duration
 }
 
 // defaultConns is the connections of the targets whose library has no
@@ -118,6 +123,14 @@ func ParseTarget(s string) (TargetSpec, error) {
 
 // Open connects to the target the spec names.
 func Open(ctx context.Context, spec TargetSpec, opts TargetOptions) (Target, error) {
+	target, err := open(ctx, spec, opts)
+	if err != nil || opts.acquireDelay <= 0 {
+		return target, err
+	}
+	return slowTarget{target, opts.acquireDelay}, nil
+}
+
+func open(ctx context.Context, spec TargetSpec, opts TargetOptions) (Target, error) {
 	if opts.Conns < 0 {
 		return nil, fmt.Errorf("%d connections", opts.Conns)
 	}
@@ -148,4 +161,33 @@ func Open(ctx context.Context, spec TargetSpec, opts TargetOptions) (Target, err
 // wait fields and of an etcd lease's TTL.
 func wholeSeconds(d time.Duration) int64 {
 	return int64((d + time.Second - 1) / time.Second)
+}
+
+// slowTarget is a target whose acquires each first spin for delay (see
+// TargetOptions.acquireDelay).
+type slowTarget struct {
+	Target
+	delay time.Duration
+}
+
+func (t slowTarget) NewCaller(ctx context.Context, id int) (Caller, error) {
+	c, err := t.Target.NewCaller(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	return slowCaller{c, t.delay}, nil
+}
+
+type slowCaller struct {
+	Caller
+	delay time.Duration
+}
+
+// Acquire spins rather than sleeps: a timer's wake-up on a busy machine
+// is late by more than the delays injected, and a slower server costs
+// CPU time too.
+func (c slowCaller) Acquire(ctx context.Context, key string, wait time.Duration) (Outcome, error) {
+	for start := time.Now(); time.Since(start) < c.delay; {
+	}
+	return c.Caller.Acquire(ctx, key, wait)
 }

@@ -10,6 +10,7 @@ import (
 	"math"
 	mrand "math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,8 +25,114 @@ const (
 	Keepalive   = "keepalive"
 )
 
+// workload is one entry of the workload table: what sets one workload
+// apart from the others. Only name and load are required.
+type workload struct {
+	name string
+	// defaults fills the workload's zero fields of cfg, and what it needs
+	// of opts, and refuses a shape that cannot measure anything. The
+	// fields every workload shares are checked before, and Wait filled
+	// after (so that a workload can have a default of its own).
+	defaults func(cfg *Config, opts *TargetOptions) error
+	// supports says why the workload cannot run against spec, through
+	// bare frames when raw, or nil; a nil supports runs against any.
+	supports func(spec TargetSpec, raw bool) error
+	// probesAtRate: the workload's measured stream is probes at
+	// Config.Rate, open loop whatever the caller asked.
+	probesAtRate bool
+	// The functions take the run first, so that its methods fill them.
+	//
+	// setUp, before the clock starts, makes the callers the workload adds
+	// to the measured ones and says how many series the recorder keeps;
+	// warmExtra, whether those callers are warmed up with the measured
+	// ones. A nil setUp adds none and keeps one series.
+	setUp     func(r *run, ctx context.Context) (extra []Caller, series int, err error)
+	warmExtra bool
+	// load runs the measured load until the run's end.
+	load func(r *run, ctx context.Context, callers, extra []Caller) error
+	// result adds the workload's own figures to res.
+	result func(r *run, res *Result, steps [][numOutcomes]uint64)
+}
+
+// workloads is the workload table, in the order a full run takes them. A
+// new workload is one entry here, its functions in a file of its own.
+var workloads = []workload{
+	{name: Uncontended, defaults: keysOrDefault(DefaultUncontendedKeys), load: (*run).callLoop},
+	{name: Contended, defaults: keysOrDefault(DefaultContendedKeys), load: (*run).callLoop},
+	{name: Admission, defaults: admissionDefaults, supports: lockdOnly, probesAtRate: true,
+		setUp: (*run).admissionSetUp, load: (*run).admission,
+		result: func(r *run, res *Result, steps [][numOutcomes]uint64) { res.Admission = r.admissionResult(steps) }},
+	{name: Timeouts, defaults: timeoutsDefaults, probesAtRate: true,
+		setUp: (*run).timeoutsSetUp, warmExtra: true, load: (*run).timeouts,
+		result: func(r *run, res *Result, _ [][numOutcomes]uint64) { res.Timeouts = r.timeoutsResult() }},
+	{name: Keepalive, defaults: keepaliveDefaults, supports: lockdClientOnly, probesAtRate: true,
+		setUp: (*run).keepaliveSetUp, warmExtra: true, load: (*run).keepaliveLoad,
+		result: func(r *run, res *Result, _ [][numOutcomes]uint64) { res.Keepalive = r.keepaliveResult() }},
+}
+
 // Workloads lists the workloads in the order a full run takes them.
-var Workloads = []string{Uncontended, Contended, Admission, Timeouts, Keepalive}
+var Workloads = workloadNames()
+
+func workloadNames() []string {
+	names := make([]string, len(workloads))
+	for i, w := range workloads {
+		names[i] = w.name
+	}
+	return names
+}
+
+func lookupWorkload(name string) (*workload, error) {
+	for i := range workloads {
+		if workloads[i].name == name {
+			return &workloads[i], nil
+		}
+	}
+	return nil, fmt.Errorf("unknown workload %q (want one of %s)", name, strings.Join(Workloads, ", "))
+}
+
+// CanRun says why the workload cannot run against spec (through bare
+// frames when raw), or nil when it can.
+func CanRun(name string, spec TargetSpec, raw bool) error {
+	w, err := lookupWorkload(name)
+	if err != nil || w.supports == nil {
+		return err
+	}
+	return w.supports(spec, raw)
+}
+
+// ProbesAtRate says whether the workload measures probes at Config.Rate,
+// open loop, whatever the rate asked.
+func ProbesAtRate(name string) bool {
+	w, err := lookupWorkload(name)
+	return err == nil && w.probesAtRate
+}
+
+func lockdOnly(spec TargetSpec, _ bool) error {
+	if spec.Scheme != SchemeLockd {
+		return fmt.Errorf("%s has no admission gate", spec.Scheme)
+	}
+	return nil
+}
+
+func lockdClientOnly(spec TargetSpec, raw bool) error {
+	if spec.Scheme != SchemeLockd || raw {
+		kind := spec.Scheme
+		if raw {
+			kind = "lockd in bare frames"
+		}
+		return fmt.Errorf("%s renews no lease: only the lockd client does", kind)
+	}
+	return nil
+}
+
+// orDefault is v, or def when v is zero or less: a Config's zero field
+// means its default, as the engine's Config's do.
+func orDefault[T int | float64 | time.Duration](v, def T) T {
+	if v > 0 {
+		return v
+	}
+	return def
+}
 
 // Defaults of a Config's zero fields.
 const (
@@ -109,78 +216,75 @@ type AdmissionConfig struct {
 	Loads []float64
 }
 
-func (cfg *Config) applyDefaults() error {
+// applyDefaults fills cfg's zero fields, and what its workload needs of
+// opts, and returns the workload's entry.
+func (cfg *Config) applyDefaults(opts *TargetOptions) (*workload, error) {
+	w, err := lookupWorkload(cfg.Workload)
+	if err != nil {
+		return nil, err
+	}
 	if cfg.Duration <= 0 {
-		return errors.New("duration must be positive")
+		return nil, errors.New("duration must be positive")
 	}
-	cfg.Callers = max(cfg.Callers, 1)
-	if cfg.Wait <= 0 {
-		cfg.Wait = DefaultWait
-		if cfg.Workload == Timeouts {
-			cfg.Wait = DefaultTimeoutsWait
+	cfg.Callers = orDefault(cfg.Callers, 1)
+	cfg.ProgressEvery = orDefault(cfg.ProgressEvery, time.Second)
+	if w.defaults != nil {
+		if err := w.defaults(cfg, opts); err != nil {
+			return nil, err
 		}
 	}
-	switch cfg.Workload {
-	case Timeouts:
-		if cfg.Keys <= 0 {
-			cfg.Keys = DefaultTimeoutsKeys
-		}
-		if cfg.Hold <= 0 {
-			cfg.Hold = DefaultTimeoutsHold
-		}
-		if cfg.Rate <= 0 {
-			cfg.Rate = DefaultProbeRate
-		}
-		cfg.Rounds = max(cfg.Rounds, 1)
-		// Every window with the waiting callers must see waits run out
-		// more than once.
-		if least := 4 * cfg.Wait * time.Duration(cfg.Rounds); cfg.Duration < least {
-			return fmt.Errorf("timeouts needs a run of at least 4 × the wait %v per round, half of each round with waits running out: use --duration ≥ %v", cfg.Wait, least)
-		}
-	case Uncontended:
-		if cfg.Keys <= 0 {
-			cfg.Keys = DefaultUncontendedKeys
-		}
-	case Keepalive:
-		if cfg.Rate <= 0 {
-			cfg.Rate = DefaultProbeRate
-		}
-	case Contended:
-		if cfg.Keys <= 0 {
-			cfg.Keys = DefaultContendedKeys
-		}
-	case Admission:
-		if cfg.Keys <= 0 {
-			cfg.Keys = DefaultUncontendedKeys
-		}
-		if cfg.Rate <= 0 {
-			cfg.Rate = DefaultProbeRate
-		}
-		a := &cfg.Admission
-		if a.Limit <= 0 {
-			a.Limit = DefaultAdmissionLimit
-		}
-		if a.Wait <= 0 {
-			a.Wait = DefaultAdmissionWait
-		}
-		a.Wait = time.Duration(wholeSeconds(a.Wait)) * time.Second // as the wire carries it
-		if len(a.Loads) == 0 {
-			a.Loads = DefaultAdmissionLoads
-		}
-		for _, l := range a.Loads {
-			if !(l >= 0 && l <= 10) {
-				return fmt.Errorf("admission load %v is not a fraction of the limit between 0 and 10", l)
-			}
-		}
-		if phase := cfg.Duration / time.Duration(len(a.Loads)); phase < 3*a.Wait/2 {
-			return fmt.Errorf("admission needs phases of at least 1.5 × the pressure wait %v to fill the gate: use --duration ≥ %v",
-				a.Wait, time.Duration(len(a.Loads))*3*a.Wait/2)
-		}
-	default:
-		return fmt.Errorf("unknown workload %q (want %s, %s, %s, %s or %s)", cfg.Workload, Uncontended, Contended, Admission, Timeouts, Keepalive)
+	cfg.Wait = orDefault(cfg.Wait, DefaultWait)
+	return w, nil
+}
+
+func keysOrDefault(keys int) func(*Config, *TargetOptions) error {
+	return func(cfg *Config, _ *TargetOptions) error {
+		cfg.Keys = orDefault(cfg.Keys, keys)
+		return nil
 	}
-	if cfg.ProgressEvery <= 0 {
-		cfg.ProgressEvery = time.Second
+}
+
+func timeoutsDefaults(cfg *Config, _ *TargetOptions) error {
+	cfg.Keys = orDefault(cfg.Keys, DefaultTimeoutsKeys)
+	cfg.Wait = orDefault(cfg.Wait, DefaultTimeoutsWait)
+	cfg.Hold = orDefault(cfg.Hold, DefaultTimeoutsHold)
+	cfg.Rate = orDefault(cfg.Rate, DefaultProbeRate)
+	cfg.Rounds = orDefault(cfg.Rounds, 1)
+	// Every window with the waiting callers must see waits run out
+	// more than once.
+	if least := 4 * cfg.Wait * time.Duration(cfg.Rounds); cfg.Duration < least {
+		return fmt.Errorf("timeouts needs a run of at least 4 × the wait %v per round, half of each round with waits running out: use --duration ≥ %v", cfg.Wait, least)
+	}
+	return nil
+}
+
+func keepaliveDefaults(cfg *Config, opts *TargetOptions) error {
+	cfg.Rate = orDefault(cfg.Rate, DefaultProbeRate)
+	if err := cfg.Keepalive.applyDefaults(opts.Lease); err != nil {
+		return err
+	}
+	opts.MaxInFlight += cfg.Keepalive.Holders
+	return nil
+}
+
+func admissionDefaults(cfg *Config, _ *TargetOptions) error {
+	cfg.Keys = orDefault(cfg.Keys, DefaultUncontendedKeys)
+	cfg.Rate = orDefault(cfg.Rate, DefaultProbeRate)
+	a := &cfg.Admission
+	a.Limit = orDefault(a.Limit, DefaultAdmissionLimit)
+	a.Wait = orDefault(a.Wait, DefaultAdmissionWait)
+	a.Wait = time.Duration(wholeSeconds(a.Wait)) * time.Second // as the wire carries it
+	if len(a.Loads) == 0 {
+		a.Loads = DefaultAdmissionLoads
+	}
+	for _, l := range a.Loads {
+		if !(l >= 0 && l <= 10) {
+			return fmt.Errorf("admission load %v is not a fraction of the limit between 0 and 10", l)
+		}
+	}
+	if phase := cfg.Duration / time.Duration(len(a.Loads)); phase < 3*a.Wait/2 {
+		return fmt.Errorf("admission needs phases of at least 1.5 × the pressure wait %v to fill the gate: use --duration ≥ %v",
+			a.Wait, time.Duration(len(a.Loads))*3*a.Wait/2)
 	}
 	return nil
 }
@@ -199,49 +303,27 @@ func (a AdmissionConfig) pressurePool() int {
 // connection. Its time is bounded by cfg.Duration plus the longest wait
 // any request may still be in.
 func Run(ctx context.Context, spec TargetSpec, opts TargetOptions, cfg Config) (*Result, error) {
-	if err := cfg.applyDefaults(); err != nil {
+	opts.MaxInFlight = max(cfg.Callers, 1)
+	w, err := cfg.applyDefaults(&opts)
+	if err != nil {
 		return nil, err
 	}
-	opts.MaxInFlight = cfg.Callers
-	if cfg.Workload == Admission && spec.Scheme != SchemeLockd {
-		return nil, fmt.Errorf("the admission workload needs a lockd target: %s has no admission gate", spec.Scheme)
-	}
-	if cfg.Workload == Keepalive {
-		if spec.Scheme != SchemeLockd || opts.Raw {
-			return nil, fmt.Errorf("the keepalive workload needs a lockd target through the client: %s renews no lease", spec.Scheme)
+	if w.supports != nil {
+		if err := w.supports(spec, opts.Raw); err != nil {
+			return nil, fmt.Errorf("the %s workload cannot run here: %w", w.name, err)
 		}
-		if err := cfg.Keepalive.applyDefaults(opts.Lease); err != nil {
-			return nil, err
-		}
-		opts.MaxInFlight += cfg.Keepalive.Holders
 	}
 	target, err := Open(ctx, spec, opts)
 	if err != nil {
 		return nil, err
 	}
 	defer target.Close()
-	r := &run{cfg: cfg, target: target, keyPrefix: runKeyPrefix(cfg.Workload)}
-
-	if cfg.Workload == Admission {
-		// The pressure only fills the gate; it is not what is measured, so
-		// it goes in bare frames whatever the probes use. Through the
-		// client, a queued acquire whose wait runs out would close its
-		// session (see docs/performance.md) and take the probes on that
-		// session with it.
-		pool := cfg.Admission.pressurePool()
-		pressureOpts := opts
-		pressureOpts.Raw = true
-		pressureOpts.MaxInFlight = pool
-		// Below the server's default per-connection in-flight limit.
-		pressureOpts.Conns = max(opts.Conns, defaultConns, pool/2048+1)
-		// The blocker must hold its key for the whole run: if its lease
-		// lapsed, the pressure would be granted instead of queued.
-		pressureOpts.Lease = max(opts.Lease, cfg.Duration+cfg.Admission.Wait+answerSlack)
-		if r.pressure, err = Open(ctx, spec, pressureOpts); err != nil {
-			return nil, err
+	r := &run{cfg: cfg, workload: w, spec: spec, opts: opts, target: target, keyPrefix: runKeyPrefix(cfg.Workload)}
+	defer func() {
+		if r.pressure != nil {
+			r.pressure.Close()
 		}
-		defer r.pressure.Close()
-	}
+	}()
 	res, err := r.execute(ctx)
 	if err != nil {
 		return nil, err
@@ -264,8 +346,11 @@ func runKeyPrefix(workload string) string {
 }
 
 type run struct {
-	cfg    Config
-	target Target
+	cfg      Config
+	workload *workload
+	spec     TargetSpec
+	opts     TargetOptions
+	target   Target
 	// pressure carries the admission workload's pressure stream and its
 	// blocker.
 	pressure  Target
@@ -294,11 +379,11 @@ const (
 const timeoutsPhases = 2
 
 func (r *run) execute(ctx context.Context) (*Result, error) {
-	cfg := r.cfg
+	cfg, w := r.cfg, r.workload
 	series := 1
-	var callers, pressure []Caller
+	var callers, extra []Caller
 	defer func() {
-		for _, c := range append(callers, pressure...) {
+		for _, c := range append(callers, extra...) {
 			c.Close()
 		}
 	}()
@@ -307,28 +392,13 @@ func (r *run) execute(ctx context.Context) (*Result, error) {
 		return nil, err
 	}
 	warm := callers
-	switch cfg.Workload {
-	case Admission:
-		series = streams * len(cfg.Admission.Loads)
-		// One more than the pool: the blocker.
-		if pressure, err = newCallers(ctx, r.pressure, 0, cfg.Admission.pressurePool()+1); err != nil {
+	if w.setUp != nil {
+		if extra, series, err = w.setUp(r, ctx); err != nil {
 			return nil, err
 		}
-	case Timeouts:
-		series = streams * timeoutsPhases
-		// The waiting callers share the probes' target: the client, its
-		// sessions, its connections.
-		if pressure, err = newCallers(ctx, r.target, cfg.Callers, cfg.Callers); err != nil {
-			return nil, err
+		if w.warmExtra {
+			warm = append(callers[:len(callers):len(callers)], extra...)
 		}
-		warm = append(callers[:len(callers):len(callers)], pressure...)
-	case Keepalive:
-		series = streams * timeoutsPhases
-		// The holders share the probes' client, as an application's would.
-		if pressure, err = newCallers(ctx, r.target, cfg.Callers, cfg.Keepalive.Holders); err != nil {
-			return nil, err
-		}
-		warm = append(callers[:len(callers):len(callers)], pressure...)
 	}
 
 	// Bound everything: a request still waiting after the run and its
@@ -345,18 +415,7 @@ func (r *run) execute(ctx context.Context) (*Result, error) {
 	r.end = r.start.Add(cfg.Duration)
 	r.rec = newRecorder(r.start, series, cfg.Duration+longest, cfg.Rate > 0)
 	stopProgress := r.startProgress()
-	switch {
-	case cfg.Workload == Admission:
-		err = r.admission(ctx, callers, pressure[1:], pressure[0])
-	case cfg.Workload == Timeouts:
-		r.timeouts(ctx, callers, pressure)
-	case cfg.Workload == Keepalive:
-		err = r.keepaliveLoad(ctx, callers, pressure)
-	case cfg.Rate > 0:
-		r.openLoop(ctx, callers)
-	default:
-		r.closedLoop(ctx, callers)
-	}
+	err = w.load(r, ctx, callers, extra)
 	elapsed := time.Since(r.start)
 	self, server, notes := m.stop()
 	stopProgress()
@@ -367,6 +426,56 @@ func (r *run) execute(ctx context.Context) (*Result, error) {
 	res.setUsage(self, server)
 	res.Notes = append(res.Notes, notes...)
 	return res, nil
+}
+
+// callLoop runs the measured callers' lock cycles: open loop at
+// Config.Rate when it is set, else closed loop.
+func (r *run) callLoop(ctx context.Context, callers, _ []Caller) error {
+	if r.cfg.Rate > 0 {
+		r.openLoop(ctx, callers)
+	} else {
+		r.closedLoop(ctx, callers)
+	}
+	return nil
+}
+
+// admissionSetUp opens the admission workload's pressure target and makes
+// its callers: the pressure pool, and the blocker first.
+func (r *run) admissionSetUp(ctx context.Context) ([]Caller, int, error) {
+	// The pressure only fills the gate; it is not what is measured, so it
+	// goes in bare frames whatever the probes use. Through the client, a
+	// queued acquire whose wait runs out would close its session (see
+	// docs/performance.md) and take the probes on that session with it.
+	a := r.cfg.Admission
+	pool := a.pressurePool()
+	opts := r.opts
+	opts.Raw = true
+	opts.MaxInFlight = pool
+	// Below the server's default per-connection in-flight limit.
+	opts.Conns = max(r.opts.Conns, defaultConns, pool/2048+1)
+	// The blocker must hold its key for the whole run: if its lease
+	// lapsed, the pressure would be granted instead of queued.
+	opts.Lease = max(r.opts.Lease, r.cfg.Duration+a.Wait+answerSlack)
+	var err error
+	if r.pressure, err = Open(ctx, r.spec, opts); err != nil {
+		return nil, 0, err
+	}
+	pressure, err := newCallers(ctx, r.pressure, 0, pool+1)
+	return pressure, streams * len(a.Loads), err
+}
+
+// timeoutsSetUp makes the waiting callers: they share the probes' target,
+// the client, its sessions, its connections.
+func (r *run) timeoutsSetUp(ctx context.Context) ([]Caller, int, error) {
+	waiting, err := newCallers(ctx, r.target, r.cfg.Callers, r.cfg.Callers)
+	return waiting, streams * timeoutsPhases, err
+}
+
+// keepaliveSetUp makes the holders: they share the probes' client, as an
+// application's would.
+func (r *run) keepaliveSetUp(ctx context.Context) ([]Caller, int, error) {
+	holders, err := newCallers(ctx, r.target, r.cfg.Callers, r.cfg.Keepalive.Holders)
+	return holders, streams * timeoutsPhases, err
 }
 
 // warmUp runs one unrecorded lock cycle per caller before the clock
@@ -534,7 +643,8 @@ func (r *run) schedule(ctx context.Context, rateAt rateFunc, out chan<- arrival,
 // admission runs the admission workload: a blocker holds the hot key, the
 // pressure stream queues behind it at each phase's load, the probe stream
 // runs uncontended cycles at Config.Rate throughout.
-func (r *run) admission(ctx context.Context, probes, pressure []Caller, blocker Caller) error {
+func (r *run) admission(ctx context.Context, probes, pool []Caller) error {
+	blocker, pressure := pool[0], pool[1:]
 	a := r.cfg.Admission
 	hotKey := r.keyPrefix + "hot"
 	if out, err := blocker.Acquire(ctx, hotKey, 0); out != Acquired {
@@ -598,7 +708,7 @@ type timeoutsRun struct {
 // so that most of their waits run out while the probes share the same
 // client. A loaded window lasts until the waiting callers' last cycles
 // have ended, up to a wait and a hold past its end.
-func (r *run) timeouts(ctx context.Context, probes, waiting []Caller) {
+func (r *run) timeouts(ctx context.Context, probes, waiting []Caller) error {
 	reconnects := r.reconnectCount()
 	first := reconnects()
 	window := r.cfg.Duration / time.Duration(2*r.cfg.Rounds)
@@ -630,6 +740,7 @@ func (r *run) timeouts(ctx context.Context, probes, waiting []Caller) {
 		}
 	})
 	t.baselineReconnects = reconnects() - first - t.loadedReconnects
+	return nil
 }
 
 // waitingWindow runs the timeouts workload's waiting callers back to back

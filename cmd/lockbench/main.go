@@ -15,6 +15,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -64,6 +65,22 @@ and outcomes by kind; --duration 30s unless given).
 With --server-pids, each run reports the server's CPU time, read and write
 syscalls and context switches per cycle beside lockbench's own.
 
+Baseline gate: --repeat N runs every configuration N times, the targets
+interleaved, each round in another order. --save-baseline FILE writes the
+runs (every sample) as JSON once they pass --check's tests; a later
+--baseline FILE compares this build's runs with them, per target,
+workload, callers and rate, on cycles/s, A p99 and server CPU per cycle
+(with --server-pids): a figure regressed when its median is worse by more
+than --max-regression and a two-sided Mann-Whitney U test over all the
+samples of both sides gives p < --alpha.
+
+  lockbench --target inproc --repeat 8 --save-baseline base.json   # on main
+  lockbench --target inproc --repeat 8 --baseline base.json        # on a change
+
+Exit status: 0 done (and passed the check and the gate when asked), 1 an
+error or a failed --check, 2 bad flags, 3 the baseline gate found a
+regression.
+
 `
 
 // inprocTarget is the --target value that starts an in-process lockd.
@@ -79,6 +96,9 @@ func main() {
 	case errors.As(err, new(usageError)):
 		fmt.Fprintln(os.Stderr, "lockbench:", err)
 		os.Exit(2)
+	case errors.As(err, new(regressionError)):
+		fmt.Fprintln(os.Stderr, "lockbench:", err)
+		os.Exit(3)
 	case err != nil:
 		fmt.Fprintln(os.Stderr, "lockbench:", err)
 		os.Exit(1)
@@ -86,6 +106,10 @@ func main() {
 }
 
 type usageError struct{ error }
+
+// regressionError is the baseline gate's failure: its own exit status, so
+// that CI tells a slower build from a broken run.
+type regressionError struct{ error }
 
 // options are the parsed flags.
 type options struct {
@@ -107,6 +131,10 @@ type options struct {
 	reportDir  string
 	progress   time.Duration
 	check      bool
+	repeat     int
+	baseline   string
+	saveTo     string
+	gate       bench.GateConfig
 	secretFile string
 	tls        tlsflags.Flags
 }
@@ -117,7 +145,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
 	targets := fs.String("target", "lockd://127.0.0.1:7420", "comma-separated targets: lockd://HOST:PORT, redis://HOST:PORT (rueidis), goredis://HOST:PORT (go-redis), etcd://HOST:PORT, or inproc")
-	workloads := fs.String("workload", bench.Uncontended, "comma-separated workloads: uncontended, contended, admission, timeouts, keepalive, failover, or all (failover not included)")
+	workloads := fs.String("workload", bench.Uncontended, "comma-separated workloads: "+strings.Join(bench.Workloads, ", ")+", failover, or all (failover not included)")
 	callers := fs.String("callers", "64", "comma-separated numbers of concurrent callers (open loop: the most cycles in flight)")
 	rates := fs.String("rate", "0", fmt.Sprintf("comma-separated arrival rates per second for open loop; 0 runs closed loop (admission, timeouts and keepalive: their probes' rate, 0 meaning %d)", bench.DefaultProbeRate))
 	pids := fs.String("server-pids", "", "comma-separated pids of the targets' server processes, in --target order (0: unknown), to report their CPU time, read/write syscalls and context switches per lock cycle (syscalls need the server's user or root); a target served by several processes, such as a cluster's nodes, takes their pids joined by '+' (101+102+103) and reports the sum")
@@ -143,8 +171,24 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.progress, "progress", time.Second, "interval of the progress line on stderr; 0 for none")
 	fs.BoolVar(&o.check, "check", false, "exit non-zero unless every run is sane: cycles done, no errors, no indeterminate outcome (timeouts: some wait ran out instead), percentiles in order (never a speed threshold)")
 	failoverParsed := o.failover.register(fs)
+	fs.IntVar(&o.repeat, "repeat", 1, "run every configuration this many times, the targets interleaved, each round in another order (the baseline gate needs 5 or more)")
+	fs.StringVar(&o.saveTo, "save-baseline", "", "write the runs as JSON to this file, for a later --baseline, once they pass --check's tests")
+	fs.StringVar(&o.baseline, "baseline", "", "compare the runs with those of this lockbench JSON file and exit 3 on a regression")
+	o.gate = bench.GateConfig{MaxRegression: bench.DefaultMaxRegression, Alpha: bench.DefaultAlpha}
+	fs.Func("max-regression", fmt.Sprintf("how much worse, in percent, a median may be before the baseline gate can flag it (default %g%%)", 100*bench.DefaultMaxRegression), func(s string) error {
+		pct, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(s), "%"), 64)
+		if err != nil || !(pct >= 0 && pct < 1000) {
+			return fmt.Errorf("%q is not a percentage between 0 and 1000", s)
+		}
+		o.gate.MaxRegression = pct / 100
+		return nil
+	})
+	fs.Float64Var(&o.gate.Alpha, "alpha", bench.DefaultAlpha, "significance level of the baseline gate's test: a worse median counts only when p is below it")
 	if err := fs.Parse(args); err != nil {
-		return nil, err
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, usageError{err}
 	}
 	if err := failoverParsed(); err != nil {
 		return nil, err
@@ -152,11 +196,22 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	if fs.NArg() > 0 {
 		return nil, usageError{fmt.Errorf("unexpected arguments %q", fs.Args())}
 	}
+	if o.repeat < 1 {
+		return nil, usageError{fmt.Errorf("--repeat %d: at least 1", o.repeat)}
+	}
+	if !(o.gate.Alpha > 0 && o.gate.Alpha < 1) {
+		return nil, usageError{fmt.Errorf("--alpha %v: a probability between 0 and 1", o.gate.Alpha)}
+	}
 	var err error
 	o.targets = splitList(*targets)
 	o.workloads = splitList(*workloads)
 	if len(o.workloads) == 1 && o.workloads[0] == "all" {
 		o.workloads = bench.Workloads
+	}
+	for _, w := range o.workloads {
+		if !slices.Contains(bench.Workloads, w) && w != bench.Failover {
+			return nil, usageError{fmt.Errorf("unknown workload %q (want one of %s, %s, or all)", w, strings.Join(bench.Workloads, ", "), bench.Failover)}
+		}
 	}
 	if o.callers, err = parseList(*callers, strconv.Atoi); err != nil {
 		return nil, usageError{fmt.Errorf("--callers: %w", err)}
@@ -256,33 +311,49 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	var baseline *bench.Report
+	if o.baseline != "" {
+		if baseline, err = bench.ReadReport(o.baseline); err != nil {
+			return fmt.Errorf("--baseline: %w", err)
+		}
+	}
 	started := time.Now()
 	var results []*bench.Result
-	for _, workload := range o.workloads {
-		if workload == bench.Failover {
-			res, err := runFailovers(ctx, o, stderr)
-			if err != nil {
-				return err
+	// Round by round, so that a machine whose speed drifts weighs on every
+	// configuration's samples alike; each round starts at another target,
+	// so that none always runs first.
+	for round := range o.repeat {
+		for _, workload := range o.workloads {
+			if workload == bench.Failover {
+				res, err := runFailovers(ctx, o, stderr)
+				if err != nil {
+					return err
+				}
+				results = append(results, res...)
+				continue
 			}
-			results = append(results, res...)
-			continue
-		}
-		for _, callers := range o.callers {
-			for _, rate := range o.rates {
-				for i, target := range o.targets {
-					if ctx.Err() != nil {
-						return ctx.Err()
-					}
-					var serverPIDs []int
-					if o.serverPIDs != nil {
-						serverPIDs = o.serverPIDs[i]
-					}
-					res, err := runOne(ctx, o, target, serverPIDs, workload, callers, rate, stderr)
-					if err != nil {
-						return fmt.Errorf("%s %s: %w", target, workload, err)
-					}
-					if res != nil {
-						results = append(results, res)
+			for _, callers := range o.callers {
+				for _, rate := range o.rates {
+					for j := range o.targets {
+						i := (round + j) % len(o.targets)
+						target := o.targets[i]
+						if ctx.Err() != nil {
+							return ctx.Err()
+						}
+						var serverPIDs []int
+						if o.serverPIDs != nil {
+							serverPIDs = o.serverPIDs[i]
+						}
+						res, err := runOne(ctx, o, target, serverPIDs, workload, callers, rate, stderr)
+						if err != nil {
+							return fmt.Errorf("%s %s: %w", target, workload, err)
+						}
+						if res != nil {
+							if o.repeat > 1 {
+								res.Sample = round + 1
+							}
+							results = append(results, res)
+						}
 					}
 				}
 			}
@@ -292,10 +363,35 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	bench.WriteTable(stdout, results)
 	bench.WriteComparison(stdout, results)
 	rep := bench.NewReport("lockbench "+strings.Join(args, " "), started, results)
+	var gateErr error
+	if baseline != nil {
+		rep.Gate = bench.Compare(baseline.Runs, results, o.gate)
+		rep.Gate.Notes = append(baseline.MachineNotes(rep.Machine), rep.Gate.Notes...)
+		rep.Gate.Write(stdout)
+		switch n := len(rep.Gate.Regressions()); {
+		case len(rep.Gate.Comparisons) == 0:
+			// A gate that compared nothing must not pass for one that
+			// found nothing: the flags differ from the baseline's.
+			gateErr = fmt.Errorf("no configuration of this run is in %s: nothing compared", o.baseline)
+		case n > 0:
+			gateErr = regressionError{fmt.Errorf("%d figure(s) regressed against %s", n, o.baseline)}
+		}
+	}
 	if o.jsonPath != "" {
 		if err := rep.WriteJSON(o.jsonPath); err != nil {
 			return err
 		}
+	}
+	checkErr := bench.Check(results)
+	if o.saveTo != "" {
+		// A broken run would make every later comparison meaningless.
+		if checkErr != nil {
+			return fmt.Errorf("baseline not saved, the runs failed the check:\n%w", checkErr)
+		}
+		if err := rep.WriteJSON(o.saveTo); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "baseline saved: %s (%d runs)\n", o.saveTo, len(results))
 	}
 	if o.reportDir != "" {
 		path, err := rep.WriteHTML(o.reportDir)
@@ -305,12 +401,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "\nreport: %s\n", path)
 	}
 	if o.check {
-		if err := bench.Check(results); err != nil {
-			return fmt.Errorf("check failed:\n%w", err)
+		if checkErr != nil {
+			return fmt.Errorf("check failed:\n%w", checkErr)
 		}
 		fmt.Fprintf(stdout, "check passed (%d runs)\n", len(results))
 	}
-	return nil
+	return gateErr
 }
 
 // runOne runs one workload against one target; it returns nil, nil for a
@@ -333,7 +429,6 @@ func runOne(ctx context.Context, o *options, target string, serverPIDs []int, wo
 	if o.progress > 0 {
 		cfg.Progress = stderr
 	}
-	label := target
 	var spec bench.TargetSpec
 	if target == inprocTarget {
 		limit := 0
@@ -346,20 +441,15 @@ func runOne(ctx context.Context, o *options, target string, serverPIDs []int, wo
 		}
 		defer srv.Close()
 		spec = bench.TargetSpec{Scheme: bench.SchemeLockd, Addr: srv.Addr()}
-		label = "inproc " + spec.String()
 	} else {
 		spec, _ = bench.ParseTarget(target) // checked by parseFlags
 	}
-	if workload == bench.Admission && spec.Scheme != bench.SchemeLockd {
-		fmt.Fprintf(stderr, "skipping admission against %s: it has no admission gate\n", target)
+	if err := bench.CanRun(workload, spec, o.target.Raw); err != nil {
+		fmt.Fprintf(stderr, "skipping %s against %s: %v\n", workload, target, err)
 		return nil, nil
 	}
-	if workload == bench.Keepalive && (spec.Scheme != bench.SchemeLockd || o.target.Raw) {
-		fmt.Fprintf(stderr, "skipping keepalive against %s: only the lockd client renews leases\n", target)
-		return nil, nil
-	}
-	fmt.Fprintf(stderr, "%s: %s for %v, callers %d", label, workload, o.duration, callers)
-	if rate > 0 || workload == bench.Admission || workload == bench.Timeouts || workload == bench.Keepalive {
+	fmt.Fprintf(stderr, "%s: %s for %v, callers %d", target, workload, o.duration, callers)
+	if rate > 0 || bench.ProbesAtRate(workload) {
 		fmt.Fprintf(stderr, ", open loop")
 	}
 	fmt.Fprintln(stderr)
@@ -367,6 +457,8 @@ func runOne(ctx context.Context, o *options, target string, serverPIDs []int, wo
 	if err != nil {
 		return nil, err
 	}
-	res.Target = label
+	// The target as given: "inproc" for every in-process server, whatever
+	// its port, so that a baseline's runs meet this build's.
+	res.Target = target
 	return res, nil
 }

@@ -57,7 +57,7 @@ func TestSmokeAgainstAnInProcessServer(t *testing.T) {
 	if len(rep.Runs) != 2 || rep.CyclesPerS <= 0 || rep.CyclesPerS != rep.Runs[0].CyclesPerS {
 		t.Fatalf("report: %d runs, cycles_per_s %v", len(rep.Runs), rep.CyclesPerS)
 	}
-	if !strings.HasPrefix(rep.Runs[0].Target, "inproc lockd://127.0.0.1:") {
+	if rep.Runs[0].Target != "inproc" {
 		t.Fatalf("target label %q", rep.Runs[0].Target)
 	}
 	if _, err := os.Stat(filepath.Join(dir, bench.ReportFile)); err != nil {
@@ -165,6 +165,11 @@ func TestFlagErrors(t *testing.T) {
 		{"--target", "inproc,redis://127.0.0.1:1", "--server-pids", "1+2+3"},
 		{"--target", "inproc,redis://127.0.0.1:1", "--server-pids", "1,0+2"},
 		{"extra"},
+		{"--repeat", "0"},
+		{"--max-regression", "ten"},
+		{"--max-regression", "-5%"},
+		{"--alpha", "1"},
+		{"--duration", "soon"},
 	} {
 		_, _, err := runCommand(t, args...)
 		if !errors.As(err, new(usageError)) {
@@ -219,5 +224,104 @@ func TestServerPIDGroups(t *testing.T) {
 	_, err = parseFlags([]string{"--target", "lockd://127.0.0.1:1", "--server-pids", "1+2,3"}, new(bytes.Buffer))
 	if !errors.As(err, new(usageError)) || !strings.Contains(err.Error(), "2 entries for 1 targets") {
 		t.Errorf("two entries for one target: %v", err)
+	}
+}
+
+// The baseline gate end to end: a saved baseline is a plain lockbench JSON
+// with every sample; against a baseline far faster than this build the
+// gate fails with its own error (exit status 3), against one far slower
+// it passes. The statistics are bench's tests'; the injected slowdown is
+// in bench's TestGateFlagsAnInjectedSlowdownAndNotTheSameBuild. α 0.02
+// lets one sample of the five lack an A (a run starved of every cycle on
+// a loaded machine) and still reach p = 0.016.
+func TestBaselineGate(t *testing.T) {
+	dir := t.TempDir()
+	base := filepath.Join(dir, "base.json")
+	args := []string{"--target", "inproc", "--workload", "uncontended", "--callers", "2", "--duration", "400ms", "--repeat", "5", "--progress", "0"}
+	stdout, stderr, err := runCommand(t, append(args, "--save-baseline", base)...)
+	if err != nil || !strings.Contains(stdout, "baseline saved: "+base+" (5 runs)") || !strings.Contains(stdout, "sample 5") {
+		t.Fatalf("%v\nstdout:\n%s\nstderr:\n%s", err, stdout, stderr)
+	}
+	saved, err := bench.ReadReport(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range saved.Runs {
+		if r.Sample != i+1 || r.Target != "inproc" || r.CyclesPerS <= 0 {
+			t.Fatalf("run %d: sample %d, target %q, %v cycles/s", i, r.Sample, r.Target, r.CyclesPerS)
+		}
+	}
+	// scaled writes the saved baseline with its throughput and tail
+	// latency scaled by f.
+	scaled := func(name string, f float64) string {
+		rep, _ := bench.ReadReport(base)
+		for _, r := range rep.Runs {
+			r.CyclesPerS *= f
+			a := r.Outcomes[bench.Acquired.String()]
+			a.P99 /= f
+			r.Outcomes[bench.Acquired.String()] = a
+		}
+		path := filepath.Join(dir, name)
+		if err := rep.WriteJSON(path); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+
+	jsonPath := filepath.Join(dir, "gated.json")
+	stdout, stderr, err = runCommand(t, append(args, "--baseline", scaled("faster.json", 100), "--json", jsonPath)...)
+	if !errors.As(err, new(regressionError)) || !strings.Contains(err.Error(), "2 figure(s) regressed") {
+		t.Fatalf("against a faster baseline: %v, want a regression\nstdout:\n%s\nstderr:\n%s", err, stdout, stderr)
+	}
+	for _, want := range []string{"inproc (lockd)  uncontended  closed loop  callers 2", "cycles/s", "A p99", "p < 0.05", "REGRESSED", "0.008", "baseline gate FAILED"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("report lacks %q:\n%s", want, stdout)
+		}
+	}
+	gated, err := bench.ReadReport(jsonPath)
+	if err != nil || gated.Gate == nil || len(gated.Gate.Regressions()) != 2 || gated.Gate.Config.MaxRegression != 0.10 {
+		t.Fatalf("the JSON's gate: %v %+v", err, gated.Gate)
+	}
+	stdout, stderr, err = runCommand(t, append(args, "--baseline", scaled("slower.json", 0.01), "--max-regression", "5%", "--alpha", "0.02")...)
+	if err != nil || !strings.Contains(stdout, "better") || !strings.Contains(stdout, "baseline gate passed (2 comparisons)") ||
+		!strings.Contains(stdout, "worse by more than 5 % and p < 0.02") {
+		t.Fatalf("against a slower baseline: %v\nstdout:\n%s\nstderr:\n%s", err, stdout, stderr)
+	}
+	args[5] = "3" // callers: a configuration the baseline lacks
+	args[9] = "1" // repeat
+	_, _, err = runCommand(t, append(args, "--baseline", base)...)
+	if err == nil || errors.As(err, new(regressionError)) || !strings.Contains(err.Error(), "nothing compared") {
+		t.Fatalf("a run the baseline has nothing of: %v", err)
+	}
+	if _, _, err := runCommand(t, "--baseline", filepath.Join(dir, "none.json")); err == nil || !strings.Contains(err.Error(), "--baseline") {
+		t.Fatalf("a missing baseline: %v", err)
+	}
+}
+
+// --repeat runs round by round, each round starting at another target.
+func TestRepeatInterleavesTargets(t *testing.T) {
+	srv, err := bench.StartServer(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	other := "lockd://" + srv.Addr()
+	jsonPath := filepath.Join(t.TempDir(), "out.json")
+	stdout, stderr, err := runCommand(t, "--target", "inproc,"+other, "--workload", "uncontended", "--callers", "1", "--duration", "100ms",
+		"--repeat", "3", "--progress", "0", "--json", jsonPath)
+	if err != nil {
+		t.Fatalf("%v\nstdout:\n%s\nstderr:\n%s", err, stdout, stderr)
+	}
+	rep, err := bench.ReadReport(jsonPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var order []string
+	for _, r := range rep.Runs {
+		order = append(order, fmt.Sprintf("%d %s", r.Sample, r.Target))
+	}
+	want := []string{"1 inproc", "1 " + other, "2 " + other, "2 inproc", "3 inproc", "3 " + other}
+	if fmt.Sprint(order) != fmt.Sprint(want) {
+		t.Fatalf("runs %q, want %q", order, want)
 	}
 }
