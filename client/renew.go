@@ -25,6 +25,10 @@ import (
 // Renew changes t; calls on one Ticket must not overlap, and t must not be
 // read by other goroutines meanwhile (copies and Lost may be).
 func (t *Ticket) Renew(ctx context.Context, lease time.Duration) error {
+	return withContextEnd(ctx, t.renew(ctx, lease))
+}
+
+func (t *Ticket) renew(ctx context.Context, lease time.Duration) error {
 	c := t.c
 	if c == nil {
 		return fmt.Errorf("%w: the zero Ticket holds no lock", ErrNotHeld)
