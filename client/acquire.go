@@ -32,7 +32,7 @@ func driftMargin(span time.Duration) time.Duration { return driftFloor + span/dr
 // (context.DeadlineExceeded or context.Canceled) with errors.Is.
 func (c *Client) Acquire(ctx context.Context, key string, opts AcquireOptions) (Ticket, error) {
 	t, err := c.acquire(ctx, key, opts)
-	return t, withContextEnd(ctx, err)
+	return t, c.withContextEnd(ctx, err)
 }
 
 func (c *Client) acquire(ctx context.Context, key string, opts AcquireOptions) (Ticket, error) {
@@ -149,7 +149,7 @@ func (c *Client) Release(ctx context.Context, t Ticket) error {
 // ReleaseToken is Release for a lock known by key and token only, such as
 // one acquired by another process.
 func (c *Client) ReleaseToken(ctx context.Context, key string, token uint64) error {
-	return withContextEnd(ctx, c.releaseToken(ctx, key, token))
+	return c.withContextEnd(ctx, c.releaseToken(ctx, key, token))
 }
 
 func (c *Client) releaseToken(ctx context.Context, key string, token uint64) error {

@@ -140,12 +140,17 @@ func reasonError(r codec.Reason) error {
 // err does not carry it yet, so that a call its context ended satisfies
 // errors.Is(err, context.Canceled) or context.DeadlineExceeded beside
 // the error that says what became of the lock (ErrIndeterminate,
-// ErrWaitElapsed, ErrTimeout …). nil stays nil, without allocating.
-func withContextEnd(ctx context.Context, err error) error {
+// ErrWaitElapsed, ErrTimeout …). A context whose deadline has passed
+// counts as ended even if its own timer has not fired yet: that deadline
+// was the call's. nil stays nil, without allocating.
+func (c *Client) withContextEnd(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
 	}
 	ended := ctx.Err()
+	if deadline, ok := ctx.Deadline(); ended == nil && ok && !c.clock.Now().Before(deadline) {
+		ended = context.DeadlineExceeded
+	}
 	if ended == nil || errors.Is(err, ended) {
 		return err
 	}

@@ -25,7 +25,11 @@ import (
 // Renew changes t; calls on one Ticket must not overlap, and t must not be
 // read by other goroutines meanwhile (copies and Lost may be).
 func (t *Ticket) Renew(ctx context.Context, lease time.Duration) error {
-	return withContextEnd(ctx, t.renew(ctx, lease))
+	err := t.renew(ctx, lease)
+	if t.c == nil {
+		return err
+	}
+	return t.c.withContextEnd(ctx, err)
 }
 
 func (t *Ticket) renew(ctx context.Context, lease time.Duration) error {
