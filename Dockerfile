@@ -1,6 +1,6 @@
 # lockd server image: a static binary on distroless, as a non-root user.
 #
-#   docker build -t lockd .
+#   make image        # docker build with the version stamped (lockd --version)
 #   printf 'billing:%s\n' "$(openssl rand -hex 32)" > auth
 #   chmod 600 auth && sudo chown 65532 auth
 #   docker run --rm -p 7420:7420 -p 7421:7421 \
@@ -22,7 +22,14 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -o /out/lockd ./cmd/lockd
+# The context has no .git, so the version comes from the build: make image,
+# or docker build --build-arg VERSION=$(git describe --tags --always)
+# --build-arg REVISION=$(git rev-parse HEAD).
+ARG VERSION
+ARG REVISION
+RUN CGO_ENABLED=0 go build -trimpath -buildvcs=false \
+    -ldflags "-X github.com/lockd/lockd/cmd/internal/version.version=${VERSION} -X github.com/lockd/lockd/cmd/internal/version.revision=${REVISION}" \
+    -o /out/lockd ./cmd/lockd
 # The data directory, created here because the final image has no shell.
 RUN mkdir /out/data
 

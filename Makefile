@@ -2,6 +2,8 @@
 GO        ?= go
 BIN       := bin
 FUZZTIME  ?= 20s
+# make cluster's first port: clients BASE+1..3, admin BASE+11..13, Raft BASE+21..23.
+CLUSTER_BASE_PORT ?= 7430
 BENCHTIME ?= 1s
 
 # Fuzz targets as package:Target pairs; `make fuzz` runs each for FUZZTIME.
@@ -15,11 +17,12 @@ FUZZ_TARGETS := \
 	./server:FuzzReliabilityServerAnswers \
 	./client:FuzzClientAnswers
 
-.PHONY: help build dist test test-python bench bench-peers bench-cluster bench-python bench-failover bench-gate fault-test fuzz reliability run cluster clean
+.PHONY: help build dist image test test-python bench bench-peers bench-cluster bench-python bench-failover bench-gate fault-test fuzz reliability run cluster clean
 
 help:
 	@echo "make build   build bin/lockd, bin/lockctl, bin/lockbench"
 	@echo "make dist    static lockd and lockctl for $(DIST_PLATFORMS) in $(DIST)/, with SHA256SUMS"
+	@echo "make image   the Docker image lockd:VERSION, with the version stamped (the build context has no .git)"
 	@echo "make test    vet, the allocation checks, then every test with the race detector"
 	@echo "make test-python  the Python client's tests against lockd built from the tree (python3-pytest)"
 	@echo "make bench   Go benchmarks with -benchmem"
@@ -31,15 +34,23 @@ help:
 	@echo "make bench-gate  lockbench's baseline gate on this machine: false alarms over GATE_TRIALS (default $(GATE_TRIALS)) self-comparisons, and how many repeats a 10 % slowdown needs"
 	@echo "make fuzz    each fuzz target for FUZZTIME (default $(FUZZTIME))"
 	@echo "make reliability  the hostile-client, overload and model-check suite, figures in the log"
-	@echo "make cluster  start a 3-node cluster on loopback (clients 127.0.0.1:7431-7433)"
+	@echo "make cluster  start a 3-node cluster on loopback (clients 127.0.0.1:7431-7433; CLUSTER_BASE_PORT=N moves the ports)"
 	@echo "make run     run the server in single mode on 127.0.0.1:7420"
 
+# --version names VERSION and REVISION, stamped with -ldflags from git, so
+# that a build without VCS stamping (GOFLAGS=-buildvcs=false, a tree
+# without .git) still says what it is; both can be given: make dist
+# VERSION=v1.2.3.
+VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null)
+VERSION_PKG := github.com/lockd/lockd/cmd/internal/version
+LDFLAGS  := -X $(VERSION_PKG).version=$(VERSION) -X $(VERSION_PKG).revision=$(REVISION)
+
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 # Release binaries: static (no cgo), with build paths trimmed, named
-# CMD-OS-ARCH. -buildvcs=auto overrides a GOFLAGS that turns VCS stamping
-# off, so that `lockd --version` names the commit of a git checkout.
+# CMD-OS-ARCH, with the version stamped (LDFLAGS).
 DIST           := dist
 DIST_PLATFORMS := linux/amd64 linux/arm64
 DIST_COMMANDS  := lockd lockctl
@@ -51,10 +62,13 @@ dist:
 		os=$${platform%/*}; arch=$${platform#*/}; \
 		for cmd in $(DIST_COMMANDS); do \
 			echo "build $(DIST)/$$cmd-$$os-$$arch"; \
-			CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -buildvcs=auto -o $(DIST)/$$cmd-$$os-$$arch ./cmd/$$cmd; \
+			CGO_ENABLED=0 GOOS=$$os GOARCH=$$arch $(GO) build -trimpath -buildvcs=auto -ldflags "$(LDFLAGS)" -o $(DIST)/$$cmd-$$os-$$arch ./cmd/$$cmd; \
 		done; \
 	done
 	cd $(DIST) && sha256sum $(foreach p,$(DIST_PLATFORMS),$(foreach c,$(DIST_COMMANDS),$(c)-$(subst /,-,$(p)))) > SHA256SUMS
+
+image:
+	docker build --build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t lockd:$(VERSION) -t lockd .
 
 # Packages with zero-allocation checks: the race detector allocates on its
 # own, so those checks (files tagged !race) run in a race-free pass first.
@@ -128,7 +142,7 @@ run:
 	$(GO) run ./cmd/lockd serve
 
 cluster:
-	./cluster/local-cluster.sh
+	CLUSTER_BASE_PORT=$(CLUSTER_BASE_PORT) ./cluster/local-cluster.sh
 
 clean:
 	rm -rf $(BIN) $(DIST)

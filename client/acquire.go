@@ -28,8 +28,14 @@ func driftMargin(span time.Duration) time.Duration { return driftFloor + span/dr
 // it earlier; its deadline then is the call's deadline. The lock is held
 // exactly when the error is nil; ErrIndeterminate means it may be held by
 // nobody who knows its token until its lease expires. Every error says
-// which it is.
+// which it is; when ctx ended the call, the error also matches ctx.Err()
+// (context.DeadlineExceeded or context.Canceled) with errors.Is.
 func (c *Client) Acquire(ctx context.Context, key string, opts AcquireOptions) (Ticket, error) {
+	t, err := c.acquire(ctx, key, opts)
+	return t, c.withContextEnd(ctx, err)
+}
+
+func (c *Client) acquire(ctx context.Context, key string, opts AcquireOptions) (Ticket, error) {
 	now := c.clock.Now()
 	if !codec.ValidClientKey(key) {
 		return Ticket{}, fmt.Errorf("%w: %q", ErrBadKey, key)
@@ -143,6 +149,10 @@ func (c *Client) Release(ctx context.Context, t Ticket) error {
 // ReleaseToken is Release for a lock known by key and token only, such as
 // one acquired by another process.
 func (c *Client) ReleaseToken(ctx context.Context, key string, token uint64) error {
+	return c.withContextEnd(ctx, c.releaseToken(ctx, key, token))
+}
+
+func (c *Client) releaseToken(ctx context.Context, key string, token uint64) error {
 	now := c.clock.Now()
 	if !codec.ValidClientKey(key) {
 		return fmt.Errorf("%w: %q", ErrBadKey, key)

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -12,8 +13,9 @@ import (
 var (
 	// ErrBadKey: the key is not 1..128 bytes of UTF-8 free of space, CR
 	// and LF, or the server answered bad_key. Nothing was acquired or
-	// released by this call; after Acquire the lock is not held.
-	ErrBadKey = errors.New("lockd client: bad key")
+	// released by this call; after Acquire the lock is not held. Its text
+	// states the rule.
+	ErrBadKey = errors.New("lockd client: bad key (want 1..128 bytes of UTF-8 without spaces or line breaks)")
 
 	// ErrUnsupportedDuration: a duration is negative, or out of range
 	// after rounding up to whole seconds (lease 1..3600 s, wait 0..255 s,
@@ -133,3 +135,30 @@ func reasonError(r codec.Reason) error {
 	}
 	return fmt.Errorf("%w (server: %w)", sentinel, r)
 }
+
+// withContextEnd adds ctx's error to err's chain when ctx has ended and
+// err does not carry it yet, so that a call its context ended satisfies
+// errors.Is(err, context.Canceled) or context.DeadlineExceeded beside
+// the error that says what became of the lock (ErrIndeterminate,
+// ErrWaitElapsed, ErrTimeout …). A context whose deadline has passed
+// counts as ended even if its own timer has not fired yet: that deadline
+// was the call's. nil stays nil, without allocating.
+func (c *Client) withContextEnd(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	ended := ctx.Err()
+	if deadline, ok := ctx.Deadline(); ended == nil && ok && !c.clock.Now().Before(deadline) {
+		ended = context.DeadlineExceeded
+	}
+	if ended == nil || errors.Is(err, ended) {
+		return err
+	}
+	return &contextEnded{err: err, ctx: ended}
+}
+
+// contextEnded is an error of a call whose context had ended.
+type contextEnded struct{ err, ctx error }
+
+func (e *contextEnded) Error() string   { return e.err.Error() + " (" + e.ctx.Error() + ")" }
+func (e *contextEnded) Unwrap() []error { return []error{e.err, e.ctx} }

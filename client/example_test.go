@@ -184,3 +184,28 @@ func ExampleTicket_KeepAlive() {
 }
 
 func reindex(ctx context.Context, fence uint64) {}
+
+// Elect one leader among replicas: Campaign returns once this process
+// leads; the term is the fencing token to pass with every write; Lost
+// closes when leadership can no longer be confirmed, before the lease
+// could lapse, and the leader must then stop acting as one.
+func ExampleClient_Campaign() {
+	ctx := context.Background()
+	c, err := client.Dial(ctx, client.Config{Addrs: []string{"127.0.0.1:7420"}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	leader, err := c.Campaign(ctx, "scheduler", client.ElectionOptions{Lease: 15 * time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer leader.Resign(ctx) // the next candidate wins at once
+	fmt.Println("leading with term", leader.Term())
+	select {
+	case <-leader.Lost():
+		log.Printf("no longer the leader: %v", leader.Err())
+	case <-time.After(time.Minute): // the leader's work
+	}
+}

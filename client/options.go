@@ -74,7 +74,7 @@ func (o AcquireOptions) normalize() (acquireParams, error) {
 		return p, err
 	}
 	if !o.MinWorkBudget.set {
-		return p, fmt.Errorf("%w: MinWorkBudget is required (client.Budget(d), 0..%v)", ErrUnsupportedDuration, MaxWorkBudget)
+		return p, fmt.Errorf("%w: MinWorkBudget is required: pass client.Budget(d) with the time you need once the lock is held, 0..%v, or client.Budget(0) for no work after the grant", ErrUnsupportedDuration, MaxWorkBudget)
 	}
 	budgetSeconds, err := wholeSeconds("MinWorkBudget", o.MinWorkBudget.d, 0, int64(MaxWorkBudget/time.Second))
 	if err != nil {

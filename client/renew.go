@@ -25,6 +25,14 @@ import (
 // Renew changes t; calls on one Ticket must not overlap, and t must not be
 // read by other goroutines meanwhile (copies and Lost may be).
 func (t *Ticket) Renew(ctx context.Context, lease time.Duration) error {
+	err := t.renew(ctx, lease)
+	if t.c == nil {
+		return err
+	}
+	return t.c.withContextEnd(ctx, err)
+}
+
+func (t *Ticket) renew(ctx context.Context, lease time.Duration) error {
 	c := t.c
 	if c == nil {
 		return fmt.Errorf("%w: the zero Ticket holds no lock", ErrNotHeld)

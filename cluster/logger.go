@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"strings"
 	"sync"
 
 	"github.com/lni/dragonboat/v4/logger"
@@ -11,18 +12,48 @@ var logOnce sync.Once
 
 // setupLogging routes dragonboat's logs into zerolog, once per process
 // (logger.SetLoggerFactory panics when called twice): the first node's
-// logger receives them. Dragonboat's info chatter becomes debug.
+// logger receives them. Dragonboat's info chatter becomes debug; its
+// routine remarks (routineRemarks) become info.
 func setupLogging(l zerolog.Logger) {
 	logOnce.Do(func() {
-		logger.SetLoggerFactory(func(pkg string) logger.ILogger {
-			// A peer that is down makes the transport log errors every few
-			// milliseconds; they are warnings for an operator.
-			return &zlog{l: l.With().Str("raft_pkg", pkg).Logger(), level: logger.WARNING, errorsAreWarnings: pkg == "transport"}
-		})
+		logger.SetLoggerFactory(func(pkg string) logger.ILogger { return newZlog(l, pkg) })
 		for _, pkg := range []string{"raft", "rsm", "transport", "dragonboat", "logdb", "raftpb", "config", "settings", "grpc"} {
-			logger.GetLogger(pkg).SetLevel(logger.WARNING)
+			level := logger.WARNING
+			if pkg == "raft" { // for "became leader" at info
+				level = logger.INFO
+			}
+			logger.GetLogger(pkg).SetLevel(level)
 		}
 	})
+}
+
+func newZlog(l zerolog.Logger, pkg string) *zlog {
+	// A peer that is down makes the transport log errors every few
+	// milliseconds; they are warnings for an operator.
+	return &zlog{l: l.With().Str("raft_pkg", pkg).Logger(), level: logger.WARNING, errorsAreWarnings: pkg == "transport"}
+}
+
+// routineRemarks are dragonboat's warnings about what a healthy cluster
+// does (elections and their votes, a tick setting lockd chose on
+// purpose), matched on their format strings; they are logged at info.
+var routineRemarks = []string{
+	"became PreVote candidate", "became candidate", "received %s rejection from", "received %s from",
+	"sent RequestPreVote to", "sent RequestVote to", "dropped RequestVote at term", "higher term",
+	"cast preVote from", "rejected preVote", "cast vote from", "rejected vote", "campaign skipped",
+	"ElectionRTT is not a magnitude larger than HeartbeatRTT",
+}
+
+// leadershipChanges are dragonboat's info messages kept at info: the
+// changes of leadership an operator follows.
+var leadershipChanges = []string{"became leader", "became follower"}
+
+func matchesAny(f string, patterns []string) bool {
+	for _, p := range patterns {
+		if strings.Contains(f, p) {
+			return true
+		}
+	}
+	return false
 }
 
 type zlog struct {
@@ -48,13 +79,21 @@ func (z *zlog) Debugf(f string, a ...any) {
 }
 
 func (z *zlog) Infof(f string, a ...any) {
-	if z.on(logger.INFO) {
+	switch {
+	case !z.on(logger.INFO):
+	case matchesAny(f, leadershipChanges):
+		z.l.Info().Msgf(f, a...)
+	default:
 		z.l.Debug().Msgf(f, a...)
 	}
 }
 
 func (z *zlog) Warningf(f string, a ...any) {
-	if z.on(logger.WARNING) {
+	switch {
+	case !z.on(logger.WARNING):
+	case matchesAny(f, routineRemarks):
+		z.l.Info().Msgf(f, a...)
+	default:
 		z.l.Warn().Msgf(f, a...)
 	}
 }

@@ -44,6 +44,52 @@ type Member struct {
 	// LeaderOf lists the groups (1-based, as in metrics) it leads in this
 	// node's view.
 	LeaderOf []int `json:"leader_of"`
+	// Reachable is the answering node's view of it: "self"; "yes" when a
+	// Raft message came from it within reachableWithin; "no" when none
+	// did although a group one of the two leads keeps them talking;
+	// "unknown" otherwise, as followers of the same leader do not talk
+	// to each other (ask a node that leads a group).
+	Reachable string `json:"reachable"`
+	// LastHeardMs is how long ago, in ms, the answering node last had a
+	// Raft message from it; null for itself and for a node it has not
+	// heard since it started.
+	LastHeardMs *int64 `json:"last_heard_ms"`
+}
+
+// Values of Member.Reachable.
+const (
+	ReachableSelf    = "self"
+	ReachableYes     = "yes"
+	ReachableNo      = "no"
+	ReachableUnknown = "unknown"
+)
+
+// reachableWithin is how recently a peer must have been heard to be
+// reachable: leaders send every tick, so this is many missed messages.
+func (n *Node) reachableWithin() time.Duration {
+	return max(2*time.Duration(n.cfg.ElectionRTT)*n.cfg.RTT, time.Second)
+}
+
+// contact fills m's Reachable and LastHeardMs from the instant (node
+// clock) it was last heard, 0 for not since the start; inTouch says
+// whether a group led by either node keeps the two talking.
+func (m *Member) contact(self, inTouch bool, heardAt, now, within time.Duration) {
+	if self {
+		m.Reachable = ReachableSelf
+		return
+	}
+	if heardAt > 0 {
+		ago := (now - heardAt).Milliseconds()
+		m.LastHeardMs = &ago
+	}
+	switch {
+	case heardAt > 0 && now-heardAt <= within:
+		m.Reachable = ReachableYes
+	case inTouch && now > within:
+		m.Reachable = ReachableNo
+	default:
+		m.Reachable = ReachableUnknown
+	}
 }
 
 // Membership is the cluster's membership as every group has committed it.
@@ -126,6 +172,7 @@ func (n *Node) Members(ctx context.Context) (Membership, error) {
 	out := Membership{Node: n.cfg.NodeID, Groups: len(n.groups)}
 	byID := map[uint64]*Member{}
 	removed := map[uint64]bool{}
+	inTouch := map[uint64]bool{}
 	for i, g := range n.groups {
 		m, err := n.groupMembership(ctx, g)
 		if err != nil {
@@ -139,6 +186,7 @@ func (n *Node) Members(ctx context.Context) (Membership, error) {
 				byID[id] = mb
 			}
 			mb.Groups++
+			inTouch[id] = inTouch[id] || leader == id || leader == n.cfg.NodeID
 			if id == leader {
 				mb.LeaderOf = append(mb.LeaderOf, i+1)
 			}
@@ -147,8 +195,15 @@ func (n *Node) Members(ctx context.Context) (Membership, error) {
 			removed[id] = true
 		}
 	}
+	heard, now := n.liveness.snapshot(), n.clock()
 	for _, id := range slices.Sorted(maps.Keys(byID)) {
-		out.Members = append(out.Members, *byID[id])
+		mb := byID[id]
+		var at time.Duration
+		if h := heard[id]; h != nil {
+			at = time.Duration(h.Load())
+		}
+		mb.contact(id == n.cfg.NodeID, inTouch[id], at, now, n.reachableWithin())
+		out.Members = append(out.Members, *mb)
 	}
 	out.Removed = slices.Sorted(maps.Keys(removed))
 	if out.Removed == nil {

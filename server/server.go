@@ -281,10 +281,12 @@ func Start(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("server: listen on %s: %w", cfg.Listen, s.reactorErr)
 	}
 	go s.watchReactor()
+	// A start that fails has served nobody: nothing to drain for.
+	abort := func() { s.cfg.DrainGrace = 0; s.Close() }
 	if cfg.TLSListen != "" {
 		p, err := startTLSPort(s)
 		if err != nil {
-			s.Close()
+			abort()
 			return nil, err
 		}
 		s.tlsPort = p
@@ -292,19 +294,21 @@ func Start(cfg Config) (*Server, error) {
 	if cfg.Admin != "" {
 		admin, err := startAdmin(s)
 		if err != nil {
-			s.Close()
+			abort()
 			return nil, err
 		}
 		s.admin = admin
 	}
 	d, err := s.deriveConnCap()
 	if err != nil {
-		s.Close()
+		abort()
 		return nil, err
 	}
 	s.connCap.Store(int64(d.cap))
 	event := s.log.Info()
-	if d.cap < d.configured {
+	// Below the default --max-conns is routine (the descriptor limit);
+	// below one the operator chose is worth a warning.
+	if d.cap < d.configured && d.configured != DefaultMaxConns {
 		event = s.log.Warn()
 	}
 	event.Uint64("nofile_limit", d.limit).Uint64("nofile_before", d.before).Int("fds_open", d.open).

@@ -1,6 +1,11 @@
 // Pay invoice 42 under a lockd lock. The fencing token goes into the
 // UPDATE, so a holder whose lease ran out unnoticed (a long pause, a
 // partition) cannot overwrite the work of the holder after it.
+//
+// It needs a PostgreSQL database with an invoices table (id, paid,
+// fence) in DATABASE_URL and its database/sql driver linked in: add
+// the import _ "github.com/jackc/pgx/v5/stdlib". Without a database,
+// run examples/lock.
 package main
 
 import (
@@ -10,6 +15,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/lockd/lockd/client"
@@ -23,6 +29,9 @@ func main() {
 }
 
 func payInvoice(ctx context.Context) error {
+	if !slices.Contains(sql.Drivers(), "pgx") || os.Getenv("DATABASE_URL") == "" {
+		return errors.New(`this program needs the "pgx" database/sql driver linked in (import _ "github.com/jackc/pgx/v5/stdlib") and DATABASE_URL; without a database, run examples/lock`)
+	}
 	db, err := sql.Open("pgx", os.Getenv("DATABASE_URL"))
 	if err != nil {
 		return err

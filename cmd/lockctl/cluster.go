@@ -31,6 +31,9 @@ type clusterMembers struct {
 		RaftAddr string `json:"raft_addr"`
 		Groups   int    `json:"groups"`
 		LeaderOf []int  `json:"leader_of"`
+		// Reachable and LastHeardMs are the answering node's view.
+		Reachable   string `json:"reachable"`
+		LastHeardMs *int64 `json:"last_heard_ms"`
 	} `json:"members"`
 	Removed []uint64 `json:"removed"`
 }
@@ -69,10 +72,11 @@ func runCluster(ctx context.Context, o *options, args []string, p proc) int {
 }
 
 // printMembers writes the membership as a table; a node in fewer groups
-// than all is in the middle of a change.
+// than all is in the middle of a change. REACHABLE and LAST HEARD are the
+// view of the node asked (Node).
 func printMembers(w io.Writer, m clusterMembers) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tRAFT ADDRESS\tGROUPS\tLEADER OF")
+	fmt.Fprintln(tw, "NODE\tRAFT ADDRESS\tGROUPS\tLEADER OF\tREACHABLE\tLAST HEARD")
 	for _, mb := range m.Members {
 		leads := make([]string, len(mb.LeaderOf))
 		for i, g := range mb.LeaderOf {
@@ -82,9 +86,17 @@ func printMembers(w io.Writer, m clusterMembers) {
 		if mb.Groups != m.Groups {
 			groups += " (change under way or stopped: repeat it)"
 		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", mb.ID, mb.RaftAddr, groups, strings.Join(leads, ","))
+		heard := "never"
+		switch {
+		case mb.Reachable == "self":
+			heard = "-"
+		case mb.LastHeardMs != nil:
+			heard = (time.Duration(*mb.LastHeardMs) * time.Millisecond).String() + " ago"
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", mb.ID, mb.RaftAddr, groups, strings.Join(leads, ","), mb.Reachable, heard)
 	}
 	_ = tw.Flush()
+	fmt.Fprintf(w, "REACHABLE and LAST HEARD as node %d sees them (unknown: no group either of the two leads, so they do not talk)\n", m.Node)
 	if len(m.Removed) > 0 {
 		ids := make([]string, len(m.Removed))
 		for i, id := range m.Removed {

@@ -91,3 +91,32 @@ func TestClusterCommandOnSingleMode(t *testing.T) {
 		t.Fatalf("cluster list on single mode: exit %d %q", code, errs)
 	}
 }
+
+// cluster list shows, in the asked node's view, whether each member is
+// reachable and how long since it was last heard.
+func TestClusterListShowsReachability(t *testing.T) {
+	var m clusterMembers
+	answer := `{"node": 1, "groups": 2, "members": [
+		{"id": 1, "raft_addr": "10.0.0.1:7450", "groups": 2, "leader_of": [1, 2], "reachable": "self", "last_heard_ms": null},
+		{"id": 2, "raft_addr": "10.0.0.2:7450", "groups": 2, "leader_of": [], "reachable": "yes", "last_heard_ms": 12},
+		{"id": 3, "raft_addr": "10.0.0.3:7450", "groups": 2, "leader_of": [], "reachable": "no", "last_heard_ms": 61500},
+		{"id": 4, "raft_addr": "10.0.0.4:7450", "groups": 2, "leader_of": [], "reachable": "no", "last_heard_ms": null}],
+		"removed": []}`
+	if err := json.Unmarshal([]byte(answer), &m); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	printMembers(&out, m)
+	for _, row := range []string{
+		"NODE  RAFT ADDRESS   GROUPS  LEADER OF  REACHABLE  LAST HEARD\n",
+		"1     10.0.0.1:7450  2/2     1,2        self       -\n",
+		"2     10.0.0.2:7450  2/2                yes        12ms ago\n",
+		"3     10.0.0.3:7450  2/2                no         1m1.5s ago\n",
+		"4     10.0.0.4:7450  2/2                no         never\n",
+		"as node 1 sees them",
+	} {
+		if !strings.Contains(out.String(), row) {
+			t.Errorf("cluster list does not show %q:\n%s", row, out.String())
+		}
+	}
+}

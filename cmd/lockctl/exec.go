@@ -30,23 +30,10 @@ func runExec(ctx context.Context, o *options, key string, argv []string, p proc)
 	defer c.Close()
 	defer release(c, ticket, "exec", p)
 
-	becomeSubreaper()
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Env = append(childEnv(os.Environ()), "LOCKD_KEY="+key, "LOCKD_TOKEN="+strconv.FormatUint(ticket.Token(), 10))
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = p.in, p.out, p.err
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		fmt.Fprintln(p.err, "lockctl exec:", err)
-		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			return exitNotFound
-		}
-		return exitCannotRun
+	cmd, exited, code := startCommand(argv, "exec", p, "LOCKD_KEY="+key, "LOCKD_TOKEN="+strconv.FormatUint(ticket.Token(), 10))
+	if cmd == nil {
+		return code
 	}
-	exited := make(chan struct{})
-	go func() {
-		cmd.Wait()
-		close(exited)
-	}()
 
 	// Lost, watched before the first renewal, follows every confirmed one;
 	// SIGTERM is re-armed on each.
@@ -97,6 +84,31 @@ func runExec(ctx context.Context, o *options, key string, argv []string, p proc)
 			signalGroup(cmd, sig.(syscall.Signal))
 		}
 	}
+}
+
+// startCommand starts argv in its own process group, lockctl its
+// subreaper, with the environment less the secret plus env. exited is
+// closed when the command's first process has been waited for. On failure
+// it reports why and returns a nil cmd and the shell's status.
+func startCommand(argv []string, command string, p proc, env ...string) (cmd *exec.Cmd, exited <-chan struct{}, code int) {
+	becomeSubreaper()
+	cmd = exec.Command(argv[0], argv[1:]...)
+	cmd.Env = append(childEnv(os.Environ()), env...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = p.in, p.out, p.err
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintf(p.err, "lockctl %s: %v\n", command, err)
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+			return nil, nil, exitNotFound
+		}
+		return nil, nil, exitCannotRun
+	}
+	done := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(done)
+	}()
+	return cmd, done, exitOK
 }
 
 // keepAlive renews the lease of ticket every third of lease until ctx

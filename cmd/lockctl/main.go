@@ -31,12 +31,17 @@ const usage = `usage:
   lockctl acquire [flags] KEY             take KEY and print its fencing token
   lockctl release [flags] KEY TOKEN       release the grant TOKEN of KEY
   lockctl exec [flags] KEY -- CMD [ARG…]  run CMD while holding KEY
+  lockctl elect [flags] NAME -- CMD [ARG…]  run CMD while leader of NAME
   lockctl status [flags] KEY              show KEY: held, token, lease left, waiters
   lockctl list [flags] [PREFIX]           the held or waited-for keys, sorted
   lockctl cluster [flags] list            a cluster's nodes, per Raft group
   lockctl cluster [flags] add ID ADDR     add node ID (Raft address ADDR) to every group
   lockctl cluster [flags] remove ID       remove node ID from every group
   lockctl --version
+
+Flags may come before, between or after the arguments; "--" ends them,
+and for exec and elect so does the command. lockctl COMMAND --help shows
+one command's help and flags.
 
 status and list ask lockd's admin endpoint (--admin), which needs no
 secret; --tenant names the tenant whose locks to show. In cluster mode the
@@ -60,15 +65,28 @@ server said the lock was no longer held. When CMD exits, whatever it left
 running in its process group is killed and reaped before the lock is
 released, so nothing it started runs without the lock.
 
+elect campaigns for leadership of NAME — a lock on NAME queued for in
+bounded rounds and held with KEEP, its fencing token the term — until it
+wins or --wait (0: until a signal) runs out, then runs CMD like exec with
+the term in LOCKD_TERM and NAME in LOCKD_KEY. When leadership can no
+longer be confirmed, --grace before the lease could lapse, CMD's group is
+sent SIGTERM, and SIGKILL --grace later; when CMD exits lockctl resigns,
+so the next candidate wins at once.
+
+A lock that stays held reads as one plain line, "lockctl: KEY is held;
+not acquired within 2s", with exit status 75; --verbose adds the client's
+full answer.
+
 Exit status:
   0      done (exec: CMD exited 0)
   1      failure: connection, authentication, an outcome lockctl cannot know
   2      usage
   3      release: NOT HELD, the token was no longer current
   75     not acquired: timeout, busy, unavailable, or --wait ran out on a
-         lock that stayed held; nothing is held by lockctl
-  124    exec: lockctl had to signal CMD because the lease was ending,
-         whatever status CMD then exited with
+         lock that stayed held (elect: not elected within --wait);
+         nothing is held by lockctl
+  124    exec: lockctl had to signal CMD because the lease was ending
+         (elect: leadership was lost), whatever status CMD then exited with
   126    exec: CMD could not be run
   127    exec: CMD was not found
   128+N  a signal N came before the lock was held (130 for Ctrl-C): not
@@ -120,7 +138,7 @@ type proc struct {
 // commandArgs is how many arguments each command takes after its flags,
 // at least; optionalArgs how many more it may take.
 var (
-	commandArgs  = map[string]int{"acquire": 1, "release": 2, "exec": 2, "status": 1, "list": 0, "cluster": 1}
+	commandArgs  = map[string]int{"acquire": 1, "release": 2, "exec": 2, "elect": 2, "status": 1, "list": 0, "cluster": 1}
 	optionalArgs = map[string]int{"list": 1, "cluster": 2}
 )
 
@@ -145,19 +163,26 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	}
 	o, fs, rest, err := parseFlags(command, args, lookupEnv)
 	if errors.Is(err, flag.ErrHelp) {
-		fmt.Fprintf(p.out, "%s\nFlags of lockctl %s:\n", usage, command)
+		fmt.Fprintf(p.out, "%s\nFlags of lockctl %s:\n", commandHelp[command], command)
 		envflag.PrintFlags(p.out, fs)
+		fmt.Fprintf(p.out, "\nlockctl --help describes every command and the exit statuses.\n")
 		return exitOK
 	}
 	if err == nil && len(rest) < minArgs {
 		err = fmt.Errorf("%s needs %d arguments", command, minArgs)
 	}
-	if maxArgs := minArgs + optionalArgs[command]; err == nil && command != "exec" && len(rest) > maxArgs {
+	if maxArgs := minArgs + optionalArgs[command]; err == nil && !takesCommand(command) && len(rest) > maxArgs {
 		err = fmt.Errorf("unexpected arguments: %q", rest[maxArgs:])
 	}
 	if err != nil {
 		fmt.Fprintf(p.err, "lockctl %s: %v\nRun 'lockctl %s --help' for the flags.\n", command, err, command)
 		return exitUsage
+	}
+	if command != "cluster" && command != "list" {
+		if err := checkKey(rest[0]); err != nil {
+			fmt.Fprintf(p.err, "lockctl %s: %v\n", command, err)
+			return exitUsage
+		}
 	}
 	switch command {
 	case "acquire":
@@ -175,20 +200,82 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	case "cluster":
 		return runCluster(ctx, o, rest, p)
 	}
-	argv := rest[1:]
-	if argv[0] == "--" {
-		argv = argv[1:]
+	if command == "elect" {
+		return runElect(ctx, o, rest[0], rest[1:], p)
 	}
-	if len(argv) == 0 {
-		fmt.Fprintln(p.err, "lockctl exec: no command to run")
-		return exitUsage
+	return runExec(ctx, o, rest[0], rest[1:], p)
+}
+
+// takesCommand reports whether command runs a command given after its key.
+func takesCommand(command string) bool { return command == "exec" || command == "elect" }
+
+// checkKey refuses a key the client would refuse, stating the rule.
+func checkKey(key string) error {
+	if !codec.ValidClientKey(key) {
+		return fmt.Errorf("key %q: want 1..%d bytes of UTF-8 without spaces or line breaks", key, codec.MaxKeyLen)
 	}
-	return runExec(ctx, o, rest[0], argv, p)
+	return nil
+}
+
+// commandHelp is the head of lockctl COMMAND --help.
+var commandHelp = map[string]string{
+	"acquire": `usage: lockctl acquire [flags] KEY
+
+Takes KEY and prints its fencing token. The lock stays held until
+lockctl release KEY TOKEN, or until its --lease runs out. Exit status 0
+when held, 75 when not acquired (KEY is held, the server is busy).
+`,
+	"release": `usage: lockctl release [flags] KEY TOKEN
+
+Releases the grant TOKEN of KEY. Exit status 0 when released, 3 when the
+grant was no longer held (NOT HELD: its lease ran out, or the token is
+not current).
+`,
+	"exec": `usage: lockctl exec [flags] KEY -- CMD [ARG…]
+
+Runs CMD while holding KEY, like flock(1), with the fencing token in
+LOCKD_TOKEN and the key in LOCKD_KEY, renewing the lease (KEEP) every
+third of --lease while CMD runs. CMD's process group gets SIGTERM --grace
+before the lease may lapse and SIGKILL when it may have; what CMD left
+running is killed before the lock is released. Exit status: CMD's, 75
+when not acquired, 124 when lockctl had to signal CMD.
+`,
+	"elect": `usage: lockctl elect [flags] NAME -- CMD [ARG…]
+
+Campaigns for leadership of NAME until it wins (or --wait runs out),
+then runs CMD while leader, with the term (the fencing token; a later
+leader's is always higher) in LOCKD_TERM and NAME in LOCKD_KEY. When
+leadership can no longer be confirmed, CMD's process group gets SIGTERM,
+and SIGKILL --grace later, before the lease could lapse. When CMD exits,
+lockctl resigns so that the next candidate wins at once. Exit status:
+CMD's, 75 when not elected within --wait, 124 when leadership was lost.
+`,
+	"status": `usage: lockctl status [flags] KEY
+
+Shows KEY from lockd's admin endpoint (--admin): held, token, lease left,
+waiters. Needs no secret.
+`,
+	"list": `usage: lockctl list [flags] [PREFIX]
+
+Lists the held or waited-for keys (starting with PREFIX), sorted, from
+lockd's admin endpoint (--admin). Needs no secret.
+`,
+	"cluster": `usage: lockctl cluster [flags] list
+       lockctl cluster [flags] add ID ADDR
+       lockctl cluster [flags] remove ID
+
+Shows or changes a cluster's membership through one node's admin
+endpoint (--admin). list shows each node's Raft address, whether the
+node asked can reach it and how long since it last heard from it, its
+groups and the groups it leads. To add a node, start it with lockd serve
+--cluster --join and an empty --data-dir, then add it; to replace a dead
+node, remove it and add a new one with a new id.
+`,
 }
 
 // printHelp is lockctl --help: the usage, then every flag, once.
 func printHelp(w io.Writer) {
-	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant, --secret-file and the --tls ones; --grace and --keepalive are exec's; status and list take only --admin, --tenant and --json, and list --limit; cluster only --admin and --json):\n", usage)
+	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant, --secret-file and the --tls ones; --grace is exec's and elect's, --keepalive and --budget exec's, and elect's --lease and --wait mean its own; status and list take only --admin, --tenant and --json, and list --limit; cluster only --admin and --json):\n", usage)
 	exec := newFlagSet("exec", &options{})
 	envflag.PrintFlags(w, exec)
 	inspection := flag.NewFlagSet("inspection", flag.ContinueOnError)
@@ -209,6 +296,7 @@ type options struct {
 	budget      time.Duration
 	grace       time.Duration
 	keepalive   bool
+	verbose     bool
 	tls         tlsflags.Flags
 	// status and list:
 	admin  string
@@ -229,14 +317,23 @@ func newFlagSet(command string, o *options) *flag.FlagSet {
 	fs.StringVar(&o.tenant, "tenant", "", "tenant `name`; required with a secret")
 	fs.StringVar(&o.secretFile, "secret-file", "", "`file` holding the tenant's secret in hex")
 	o.tls.Register(fs)
-	if command != "release" {
-		fs.DurationVar(&o.lease, "lease", client.DefaultLease, "lease, rounded up to seconds, 1s..1h")
-		fs.DurationVar(&o.wait, "wait", 0, "how long to wait for the lock, 0s..255s; 0 tries once")
-		fs.DurationVar(&o.budget, "budget", 0, "validity the lock must have left when granted, else it is released again; 0s..250s")
+	switch command {
+	case "acquire", "exec":
+		envflag.DurationVar(fs, &o.lease, "lease", client.DefaultLease, "lease, rounded up to seconds, 1s..1h")
+		envflag.DurationVar(fs, &o.wait, "wait", 0, "how long to wait for the lock, 0s..255s; 0 tries once")
+		envflag.DurationVar(fs, &o.budget, "budget", 0, "validity the lock must have left when granted, else it is released again; 0s..250s")
+	case "elect":
+		envflag.DurationVar(fs, &o.lease, "lease", client.DefaultElectionLease, "lease of the leadership, renewed every third of it; a dead leader is replaced within it; 2s..1h")
+		envflag.DurationVar(fs, &o.wait, "wait", 0, "how long to campaign before giving up; 0 campaigns until a signal")
+	}
+	if takesCommand(command) {
+		envflag.DurationVar(fs, &o.grace, "grace", 0, fmt.Sprintf("SIGTERM the command this long before the lease may lapse, SIGKILL when it may have (default a tenth of --lease, at most %v)", maxDefaultGrace))
 	}
 	if command == "exec" {
-		fs.DurationVar(&o.grace, "grace", 2*time.Second, "SIGTERM the command this long before the lease may lapse, SIGKILL when it may have")
 		fs.BoolVar(&o.keepalive, "keepalive", true, "renew the lease every third of --lease while the command runs; false stops the command at the lease")
+	}
+	if command != "release" {
+		fs.BoolVar(&o.verbose, "verbose", false, "when the lock is not acquired, print the client's full answer too")
 	}
 	return fs
 }
@@ -252,13 +349,42 @@ func parseFlags(command string, args []string, lookupEnv func(string) (string, b
 	}
 	o.addrs.replace = true
 	o.envSecret, _ = lookupEnv("LOCKD_SECRET")
-	if err := fs.Parse(args); err != nil {
+	positional, err := parseInterleaved(fs, args, takesCommand(command))
+	if err != nil {
 		return nil, fs, nil, err
+	}
+	graceSet := false
+	fs.Visit(func(f *flag.Flag) { graceSet = graceSet || f.Name == "grace" })
+	if takesCommand(command) && !graceSet {
+		o.grace = min(o.lease/10, maxDefaultGrace)
 	}
 	if err := o.check(command); err != nil {
 		return nil, fs, nil, err
 	}
-	return o, fs, fs.Args(), nil
+	return o, fs, positional, nil
+}
+
+// maxDefaultGrace caps the default --grace of a long lease.
+const maxDefaultGrace = 2 * time.Second
+
+// parseInterleaved parses args with flags anywhere among the positional
+// arguments, which it returns in order. "--" ends the flags; with
+// command, so does the first argument after the key, which starts the
+// command to run: everything from there on is the command's.
+func parseInterleaved(fs *flag.FlagSet, args []string, command bool) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		ended := len(rest) < len(args) && args[len(args)-len(rest)-1] == "--"
+		if ended || len(rest) == 0 || (command && len(positional) == 1) {
+			return append(positional, rest...), nil
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
 }
 
 // check refuses, before anything is sent, the flag values the client or
@@ -276,8 +402,11 @@ func (o *options) check(command string) error {
 	if o.tenant == "" && (o.secretFile != "" || o.envSecret != "") {
 		return errors.New("a secret (--secret-file or LOCKD_SECRET) needs --tenant (LOCKD_TENANT)")
 	}
-	if command == "release" {
+	switch command {
+	case "release":
 		return nil
+	case "elect":
+		return o.checkElect()
 	}
 	lease, err := wholeSeconds("--lease", o.lease, 1, codec.MaxLeaseSeconds)
 	if err != nil {
@@ -295,6 +424,23 @@ func (o *options) check(command string) error {
 	}
 	if command == "exec" && (o.grace < 0 || o.grace >= o.lease) {
 		return fmt.Errorf("--grace %v must be at least 0 and shorter than --lease %v", o.grace, o.lease)
+	}
+	return nil
+}
+
+// checkElect checks elect's durations as client.Campaign would, naming
+// the flags.
+func (o *options) checkElect() error {
+	lease, err := wholeSeconds("--lease", o.lease, 2, codec.MaxLeaseSeconds)
+	if err != nil {
+		return err
+	}
+	if o.wait < 0 {
+		return fmt.Errorf("--wait %v: want 0 (until a signal) or more", o.wait)
+	}
+	leaseRounded := time.Duration(lease) * time.Second
+	if o.grace < 0 || o.grace+leaseRounded/3 > leaseRounded-time.Second {
+		return fmt.Errorf("--grace %v must be at least 0 and leave a renewal room: at most --lease %v less a third of it less 1s", o.grace, o.lease)
 	}
 	return nil
 }
@@ -376,17 +522,28 @@ func (o *options) acquireOptions() client.AcquireOptions {
 	return client.AcquireOptions{Lease: o.lease, Wait: o.wait, MinWorkBudget: client.Budget(o.budget)}
 }
 
-// waitElapsedNote is what lockctl adds when --wait ran out on a lock that
-// stayed held: the client's answer is indeterminate by design (the server
-// may grant at the last instant), but nobody who runs lockctl holds it.
-const waitElapsedNote = "not acquired within --wait; a grant at the last instant would lapse with its lease"
-
-// reportAcquireError prints why an acquire failed and returns the exit
-// status.
-func reportAcquireError(w io.Writer, cmd string, err error) int {
-	if errors.Is(err, client.ErrWaitElapsed) {
-		fmt.Fprintf(w, "lockctl %s: %s (%v)\n", cmd, waitElapsedNote, err)
-	} else {
+// reportAcquireError prints why an acquire of key failed and returns the
+// exit status. A lock that stayed held reads as one plain line, as flock
+// -w users expect: the client's answer is indeterminate by design when a
+// wait runs out (the server may grant at the last instant, and that grant
+// lapses with its lease), but nobody who runs lockctl holds the lock.
+// --verbose adds that answer.
+func reportAcquireError(w io.Writer, o *options, cmd, key string, err error) int {
+	// A bare ErrTimeout is the server's TIMEOUT; wrapped, the client's own
+	// deadline came before the request left.
+	held := err == client.ErrTimeout || errors.Is(err, client.ErrWaitElapsed)
+	switch {
+	case held && o.wait > 0:
+		fmt.Fprintf(w, "lockctl: %s is held; not acquired within %v\n", key, o.wait)
+	case held:
+		fmt.Fprintf(w, "lockctl: %s is held; not acquired\n", key)
+	case errors.Is(err, client.ErrBusy):
+		fmt.Fprintf(w, "lockctl: %s: the server is busy (admission refused); not acquired, try again later\n", key)
+	default:
+		fmt.Fprintf(w, "lockctl %s: %v\n", cmd, err)
+		return acquireExit(err)
+	}
+	if o.verbose {
 		fmt.Fprintf(w, "lockctl %s: %v\n", cmd, err)
 	}
 	return acquireExit(err)
@@ -477,7 +634,7 @@ func takeLock(ctx context.Context, o *options, key, command string, p proc) (*cl
 		return nil, client.Ticket{}, exitFailure
 	case err != nil:
 		c.Close()
-		return nil, client.Ticket{}, reportAcquireError(p.err, command, err)
+		return nil, client.Ticket{}, reportAcquireError(p.err, o, command, key, err)
 	}
 	return c, ticket, exitOK
 }

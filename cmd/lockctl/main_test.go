@@ -155,8 +155,12 @@ func TestWaitThatRunsOutOnAHeldLockIsNotAcquired(t *testing.T) {
 		{"exec", "--addr", addr, "--wait", "1s", "held", "--", "true"},
 	} {
 		code, _, errs := ctl{}.run(args...)
-		if code != exitNotAcquired || !strings.Contains(errs, waitElapsedNote) {
-			t.Errorf("%s: exit %d, stderr %q; want %d and %q", args[0], code, errs, exitNotAcquired, waitElapsedNote)
+		if want := "lockctl: held is held; not acquired within 1s\n"; code != exitNotAcquired || errs != want {
+			t.Errorf("%s: exit %d, stderr %q; want %d and %q", args[0], code, errs, exitNotAcquired, want)
+		}
+		code, _, errs = ctl{}.run(append([]string{args[0], "--verbose"}, args[1:]...)...)
+		if code != exitNotAcquired || !strings.Contains(errs, "is held; not acquired within 1s") || !strings.Contains(errs, "indeterminate") {
+			t.Errorf("%s --verbose: exit %d, stderr %q; want the plain line and the client's answer", args[0], code, errs)
 		}
 	}
 }

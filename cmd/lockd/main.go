@@ -221,7 +221,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow auth off on a non-loopback address")
 	fs.BoolVar(&cfg.InsecureAdmin, "insecure-admin", false, "allow --admin, which has no authentication, on a non-loopback address")
 	fs.IntVar(&cfg.AdminMaxConns, "admin-max-conns", server.DefaultAdminMaxConns, "admin connections served at once; more wait to be accepted")
-	fs.DurationVar(&cfg.DrainGrace, "drain-grace", server.DefaultDrainGrace, "on SIGTERM, how long /healthz answers 503 before the ports close, for load balancers to notice")
+	envflag.DurationVar(fs, &cfg.DrainGrace, "drain-grace", server.DefaultDrainGrace, "on SIGTERM, how long /healthz answers 503 before the ports close, for load balancers to notice (a start that fails exits at once)")
 	fs.StringVar(&cfg.NodeName, "node-name", hostname(), "node name sent in the greeting (at most 64 bytes)")
 	fs.IntVar(&cfg.Engine.MaxKeys, "max-keys", engine.DefaultMaxKeys, "hard limit of live keys")
 	fs.IntVar(&cfg.Engine.MaxWaiters, "max-waiters", engine.DefaultMaxWaiters, "hard limit of queued waiters")
@@ -244,7 +244,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.StringVar(&o.raftTLS[0], "raft-tls-cert", "", "cluster: PEM certificate of this node for mutual TLS between nodes, naming the host of its Raft address; with --raft-tls-key and --raft-tls-ca")
 	fs.StringVar(&o.raftTLS[1], "raft-tls-key", "", "cluster: PEM private key of --raft-tls-cert (mode 0600)")
 	fs.StringVar(&o.raftTLS[2], "raft-tls-ca", "", "cluster: PEM CA certificates every node's certificate must verify against")
-	fs.DurationVar(&cc.ProposeTimeout, "propose-timeout", cluster.DefaultProposeTimeout, "cluster: answer E unavailable when a group has not committed a request in this time")
+	envflag.DurationVar(fs, &cc.ProposeTimeout, "propose-timeout", cluster.DefaultProposeTimeout, "cluster: answer E unavailable when a group has not committed a request in this time")
 
 	if err := envflag.Apply(fs, lookupEnv); err != nil {
 		return o, err

@@ -5,10 +5,13 @@
 package envflag
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // Name is the environment variable of flag name.
@@ -40,6 +43,9 @@ func Apply(fs *flag.FlagSet, lookupEnv func(string) (string, bool)) error {
 func PrintFlags(w io.Writer, fs *flag.FlagSet) {
 	fs.VisitAll(func(f *flag.Flag) {
 		kind, usage := flag.UnquoteUsage(f)
+		if _, ok := f.Value.(*duration); ok && kind == "value" {
+			kind = "duration"
+		}
 		head := "  --" + f.Name
 		if kind != "" {
 			head += " " + kind
@@ -58,4 +64,27 @@ func isZero(value string) bool {
 		return true
 	}
 	return false
+}
+
+// DurationVar defines a duration flag like flag.FlagSet.DurationVar whose
+// errors say what to write: a bare number gets a hint to add a unit.
+func DurationVar(fs *flag.FlagSet, p *time.Duration, name string, value time.Duration, usage string) {
+	*p = value
+	fs.Var((*duration)(p), name, usage)
+}
+
+type duration time.Duration
+
+func (d *duration) String() string { return time.Duration(*d).String() }
+
+func (d *duration) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err == nil {
+		*d = duration(v)
+		return nil
+	}
+	if _, numErr := strconv.ParseFloat(s, 64); numErr == nil {
+		return fmt.Errorf("a bare number has no unit: write %ss (or %sms, %sm)", s, s, s)
+	}
+	return errors.New("want a duration such as 30s, 1m30s or 500ms")
 }

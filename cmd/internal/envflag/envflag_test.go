@@ -53,3 +53,24 @@ func TestPrintFlags(t *testing.T) {
 		t.Fatalf("help:\n%s\nwant\n%s", out.String(), want)
 	}
 }
+
+func TestDurationHintsAtUnits(t *testing.T) {
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var lease time.Duration
+	DurationVar(fs, &lease, "lease", 30*time.Second, "how long")
+	if err := fs.Parse([]string{"--lease", "30"}); err == nil || !strings.Contains(err.Error(), "write 30s") {
+		t.Fatalf("--lease 30: %v, want a hint to write 30s", err)
+	}
+	if err := fs.Parse([]string{"--lease", "soon"}); err == nil || !strings.Contains(err.Error(), "such as 30s") {
+		t.Fatalf("--lease soon: %v, want an example", err)
+	}
+	if err := fs.Parse([]string{"--lease", "1m30s"}); err != nil || lease != 90*time.Second {
+		t.Fatalf("--lease 1m30s: %v, %v", err, lease)
+	}
+	var out strings.Builder
+	PrintFlags(&out, fs)
+	if want := "  --lease duration\n    \thow long (LOCKD_LEASE; default 30s)\n"; out.String() != want {
+		t.Fatalf("help %q, want %q", out.String(), want)
+	}
+}
