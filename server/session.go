@@ -89,12 +89,18 @@ func (r resolution) abandonIfGranted(s *Server) {
 }
 
 // pendingAcquire is what a connection keeps of a request in flight, in
-// one interface value so that a queued waiter costs 16 bytes and no key:
+// one interface value so that a queued waiter costs 16 bytes and no key
+// (and 8 more for the instant it arrived):
 // the queued acquire's handle (to cancel it or to abandon its grant),
 // reservedAcquire until the backend has answered, or for an asynchronous
 // RELEASE or KEEP (cluster mode) the asyncOp it is to be answered as —
 // in flight for dup_owner all the same.
-type pendingAcquire struct{ h engine.Handle }
+type pendingAcquire struct {
+	h engine.Handle
+	// arrived is the clock instant the request's frame was read, for the
+	// acquire latency /metrics reports.
+	arrived int64
+}
 
 // asyncOp marks an asynchronous RELEASE or KEEP in a pendingAcquire; a
 // one-byte value in an interface allocates nothing.
@@ -104,11 +110,11 @@ type asyncOp opKind
 var reservedAcquire = pendingAcquire{h: asyncOp(opUnknown)}
 
 // queuedAcquire is an acquire the backend queued, with its handle.
-func queuedAcquire(h engine.Handle) pendingAcquire {
+func queuedAcquire(h engine.Handle, arrived int64) pendingAcquire {
 	if h == nil {
-		return reservedAcquire
+		h = reservedAcquire.h
 	}
-	return pendingAcquire{h: h}
+	return pendingAcquire{h: h, arrived: arrived}
 }
 
 // async is the op an asynchronous request is answered as, opUnknown for
@@ -137,6 +143,10 @@ func newSession(s *Server, tr transport, b *batch) (*session, []byte, error) {
 		pending: newPendingTable(),
 		batch:   b,
 	}
+	if b.latency == nil { // a batch's first session: the loop's or the TLS connection's
+		b.latency = s.metrics.nextLatencyStripe()
+		b.answers = make([]acquireAnswer, 0, ResponseBatch)
+	}
 	if _, err := rand.Read(ss.serverNonce[:]); err != nil {
 		return nil, nil, fmt.Errorf("server nonce: %w", err)
 	}
@@ -161,6 +171,7 @@ func newSession(s *Server, tr transport, b *batch) (*session, []byte, error) {
 // left in the outbox. A wake runs it with no new bytes. It returns how
 // many bytes of buf it consumed and whether the connection must close.
 func (ss *session) process(buf []byte) (consumed int, closing bool) {
+	ss.batch.arrived = int64(ss.srv.clock.Now())
 	consumed, closing = ss.handleFrames(buf)
 	if ss.gone {
 		// A write failed and gnet closed the connection under us.
@@ -353,9 +364,11 @@ func (ss *session) acquire(req *codec.Request) bool {
 		ss.mu.Unlock()
 		ss.srv.metrics.connInflightBusy.Add(1)
 		ss.appendOwnerOnly(opAcquire, codec.OpBusy, req.Owner)
+		ss.batch.answeredAcquire(acquireBusy, ss.batch.arrived)
 		return false
 	}
-	ss.pending.put(req.Owner, reservedAcquire)
+	arrived := ss.batch.arrived
+	ss.pending.put(req.Owner, queuedAcquire(nil, arrived))
 	ss.mu.Unlock()
 
 	lease := time.Duration(req.LeaseSeconds) * time.Second
@@ -367,13 +380,13 @@ func (ss *session) acquire(req *codec.Request) bool {
 	case r.Outcome != engine.Queued:
 		ss.pending.remove(req.Owner)
 	case stillQueued:
-		ss.pending.put(req.Owner, queuedAcquire(w))
+		ss.pending.put(req.Owner, queuedAcquire(w, arrived))
 	default:
 		// Resolved before Acquire returned: give its answer the handle
 		// an abandoned grant needs if the connection closes first.
 		for i := range ss.outbox {
 			if ss.outbox[i].owner == req.Owner {
-				ss.outbox[i].pendingAcquire = queuedAcquire(w)
+				ss.outbox[i].pendingAcquire = queuedAcquire(w, arrived)
 			}
 		}
 	}
@@ -382,6 +395,7 @@ func (ss *session) acquire(req *codec.Request) bool {
 		return false
 	}
 	ss.appendResult(opAcquire, req.Owner, r)
+	ss.batch.answeredAcquire(acquireOutcomeOf(r.Outcome), arrived)
 	return r.Outcome == engine.ShuttingDown
 }
 
@@ -469,6 +483,12 @@ func (ss *session) deliverResolutions(closing bool) bool {
 			op = async
 		}
 		ss.appendResult(op, r.owner, r.result)
+		if op == opAcquire {
+			ss.batch.answeredAcquire(acquireOutcomeOf(r.result.Outcome), r.arrived)
+			if r.result.Outcome == engine.Granted && r.result.Waited > 0 {
+				ss.batch.latency.queueWait.Observe(r.result.Waited)
+			}
+		}
 		if ss.batch.frames >= ResponseBatch {
 			ss.flush()
 		}
@@ -542,6 +562,14 @@ type batch struct {
 	buf    []byte
 	frames int
 
+	// arrived is the clock instant the loop's pass began: the arrival of
+	// the frames it reads. answers are the acquire answers in buf, whose
+	// latency is observed, with one clock reading, when buf is written;
+	// latency is the stripe of the histograms this loop writes.
+	arrived int64
+	answers []acquireAnswer
+	latency *latencyStripe
+
 	mu     sync.Mutex
 	inPass bool
 	ready  []*session // resolved during the pass, to deliver before it ends
@@ -612,7 +640,9 @@ func (ss *session) flush() {
 		ss.tr.write(ss.batch.buf)
 		ss.writing = false
 		ss.srv.metrics.writes.Add(1)
+		ss.batch.observeAnswers(ss.srv.clock.Now())
 	}
+	ss.batch.answers = ss.batch.answers[:0]
 	ss.batch.buf = ss.batch.buf[:0]
 	ss.batch.frames = 0
 }
