@@ -66,7 +66,7 @@ type Node struct {
 
 	shutting atomic.Bool
 	stats    nodeStats
-	obs      observations // for /metrics (metrics.go)
+	obs      observations   // for /metrics (metrics.go)
 	anchor   *monitorAnchor // nil unless Config.MonitorAnchor
 
 	ctx       context.Context
