@@ -7,10 +7,12 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/lni/dragonboat/v4/raftio"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/lockd/lockd/engine"
 	"github.com/lockd/lockd/internal/histogram"
 )
 
@@ -120,4 +122,14 @@ func (n *Node) Collect(ch chan<- prometheus.Metric) {
 	for _, c := range clusterCounters {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(c.value(s)))
 	}
+}
+
+// AcquireAge is how long ago the acquire h (a request this node
+// received) arrived, for the server's acquire latency.
+func (n *Node) AcquireAge(h engine.Handle) (time.Duration, bool) {
+	p, ok := h.(*pending)
+	if !ok {
+		return 0, false
+	}
+	return n.clock() - p.start, true
 }

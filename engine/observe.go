@@ -26,3 +26,13 @@ func (s *shard) expired(ent *entry) {
 	s.obs.holds.Observe(ent.lease.End - ent.granted)
 	s.obs.expiries++
 }
+
+// AcquireAge is how long ago the queued acquire h arrived, for the
+// server's acquire latency: the server keeps no instant per waiter.
+func (b *Local) AcquireAge(h Handle) (time.Duration, bool) {
+	w, ok := h.(*Wait)
+	if !ok {
+		return 0, false
+	}
+	return b.e.clock.Now() - w.arrived, true
+}

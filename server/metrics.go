@@ -149,6 +149,27 @@ func (m *metrics) nextLatencyStripe() *latencyStripe {
 	return &m.latency[(m.nextStripe.Add(1)-1)%latencyStripes]
 }
 
+// acquireAger is a backend that tells how long ago a queued acquire
+// arrived, from its handle: what the server keeps of a queued waiter has
+// no room for the instant.
+type acquireAger interface {
+	AcquireAge(h engine.Handle) (time.Duration, bool)
+}
+
+// arrivalOf is the instant on the server's clock a queued acquire
+// arrived, estimated from its age against now, the clock reading of the
+// loop's pass (so that no request costs a clock reading of its own); an
+// acquire of unknown age is taken to have arrived at now.
+func (s *Server) arrivalOf(h engine.Handle, now int64) int64 {
+	if s.ager == nil || h == nil {
+		return now
+	}
+	if age, ok := s.ager.AcquireAge(h); ok {
+		return now - int64(age)
+	}
+	return now
+}
+
 // acquireAnswer is an acquire answer waiting in a batch to be written.
 type acquireAnswer struct {
 	outcome acquireOutcome

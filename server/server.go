@@ -181,6 +181,7 @@ type Server struct {
 	backend   engine.Backend
 	// asyncRelease: RELEASE and KEEP answers come through the Waiter path.
 	asyncRelease bool
+	ager         acquireAger // nil when the backend cannot tell (metrics.go)
 	gnetEng      gnet.Engine
 	addr         string
 	metrics      metrics
@@ -248,6 +249,7 @@ func Start(cfg Config) (*Server, error) {
 		s.backend = engine.NewLocal(s.engine)
 	}
 	s.asyncRelease = s.backend.AsyncRelease()
+	s.ager, _ = s.backend.(acquireAger)
 	booted := make(chan struct{})
 	h := &handler{srv: s, booted: booted}
 	driverCtx, stop := context.WithCancel(context.Background())

@@ -89,18 +89,12 @@ func (r resolution) abandonIfGranted(s *Server) {
 }
 
 // pendingAcquire is what a connection keeps of a request in flight, in
-// one interface value so that a queued waiter costs 16 bytes and no key
-// (and 8 more for the instant it arrived):
+// one interface value so that a queued waiter costs 16 bytes and no key:
 // the queued acquire's handle (to cancel it or to abandon its grant),
 // reservedAcquire until the backend has answered, or for an asynchronous
 // RELEASE or KEEP (cluster mode) the asyncOp it is to be answered as —
 // in flight for dup_owner all the same.
-type pendingAcquire struct {
-	h engine.Handle
-	// arrived is the clock instant the request's frame was read, for the
-	// acquire latency /metrics reports.
-	arrived int64
-}
+type pendingAcquire struct{ h engine.Handle }
 
 // asyncOp marks an asynchronous RELEASE or KEEP in a pendingAcquire; a
 // one-byte value in an interface allocates nothing.
@@ -110,11 +104,11 @@ type asyncOp opKind
 var reservedAcquire = pendingAcquire{h: asyncOp(opUnknown)}
 
 // queuedAcquire is an acquire the backend queued, with its handle.
-func queuedAcquire(h engine.Handle, arrived int64) pendingAcquire {
+func queuedAcquire(h engine.Handle) pendingAcquire {
 	if h == nil {
-		h = reservedAcquire.h
+		return reservedAcquire
 	}
-	return pendingAcquire{h: h, arrived: arrived}
+	return pendingAcquire{h: h}
 }
 
 // async is the op an asynchronous request is answered as, opUnknown for
@@ -367,8 +361,7 @@ func (ss *session) acquire(req *codec.Request) bool {
 		ss.batch.answeredAcquire(acquireBusy, ss.batch.arrived)
 		return false
 	}
-	arrived := ss.batch.arrived
-	ss.pending.put(req.Owner, queuedAcquire(nil, arrived))
+	ss.pending.put(req.Owner, reservedAcquire)
 	ss.mu.Unlock()
 
 	lease := time.Duration(req.LeaseSeconds) * time.Second
@@ -380,13 +373,13 @@ func (ss *session) acquire(req *codec.Request) bool {
 	case r.Outcome != engine.Queued:
 		ss.pending.remove(req.Owner)
 	case stillQueued:
-		ss.pending.put(req.Owner, queuedAcquire(w, arrived))
+		ss.pending.put(req.Owner, queuedAcquire(w))
 	default:
 		// Resolved before Acquire returned: give its answer the handle
 		// an abandoned grant needs if the connection closes first.
 		for i := range ss.outbox {
 			if ss.outbox[i].owner == req.Owner {
-				ss.outbox[i].pendingAcquire = queuedAcquire(w, arrived)
+				ss.outbox[i].pendingAcquire = queuedAcquire(w)
 			}
 		}
 	}
@@ -395,7 +388,7 @@ func (ss *session) acquire(req *codec.Request) bool {
 		return false
 	}
 	ss.appendResult(opAcquire, req.Owner, r)
-	ss.batch.answeredAcquire(acquireOutcomeOf(r.Outcome), arrived)
+	ss.batch.answeredAcquire(acquireOutcomeOf(r.Outcome), ss.batch.arrived)
 	return r.Outcome == engine.ShuttingDown
 }
 
@@ -484,7 +477,7 @@ func (ss *session) deliverResolutions(closing bool) bool {
 		}
 		ss.appendResult(op, r.owner, r.result)
 		if op == opAcquire {
-			ss.batch.answeredAcquire(acquireOutcomeOf(r.result.Outcome), r.arrived)
+			ss.batch.answeredAcquire(acquireOutcomeOf(r.result.Outcome), ss.srv.arrivalOf(r.wait(), ss.batch.arrived))
 			if r.result.Outcome == engine.Granted && r.result.Waited > 0 {
 				ss.batch.latency.queueWait.Observe(r.result.Waited)
 			}
@@ -636,11 +629,15 @@ func (ss *session) deliverHandOff() {
 // gone: the batch is shared with the loop's other connections.
 func (ss *session) flush() {
 	if len(ss.batch.buf) > 0 && !ss.gone {
+		if len(ss.batch.answers) > 0 {
+			// Read before the write: once written, the answer is the
+			// client's, and so is the next move of a test's fake clock.
+			ss.batch.observeAnswers(ss.srv.clock.Now())
+		}
 		ss.writing = true
 		ss.tr.write(ss.batch.buf)
 		ss.writing = false
 		ss.srv.metrics.writes.Add(1)
-		ss.batch.observeAnswers(ss.srv.clock.Now())
 	}
 	ss.batch.answers = ss.batch.answers[:0]
 	ss.batch.buf = ss.batch.buf[:0]
