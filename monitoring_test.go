@@ -584,7 +584,7 @@ scrape_configs:
 // rules against a single server and a 3-node cluster under load, then
 // kills a node: through Prometheus's API, each process's acquire latency
 // is recorded, the single server's slow grants fire LockdAcquireLatencyHigh
-// (its threshold set to 1 s) there and nowhere else, its waits that run out read about their 1 s,
+// (its threshold set to 1.5 s) there and nowhere else, its waits that run out read about their 1 s,
 // and LockdNodeDown fires for the killed node alone while the others
 // keep every group led.
 func TestPrometheusSeesLatencyAndANodeDown(t *testing.T) {
@@ -598,8 +598,9 @@ func TestPrometheusSeesLatencyAndANodeDown(t *testing.T) {
 		targets = append(targets, p.admin)
 	}
 	// The threshold is above the cluster's p99 on a busy test machine and
-	// below the single server's slow grants.
-	prom := startPrometheus(t, bin, targets, "2s", "1")
+	// below the single server's: half its grants wait 1.2 s, which puts its
+	// p99 near the top of the bucket up to 2.1 s.
+	prom := startPrometheus(t, bin, targets, "2s", "1.5")
 	// Prometheus applies its targets some seconds after it is ready: the
 	// load starts once it scrapes them all.
 	eventually(t, 30*time.Second, "a scrape of every process", func() (bool, string) {
@@ -618,7 +619,7 @@ func TestPrometheusSeesLatencyAndANodeDown(t *testing.T) {
 				return false, fmt.Sprintf("%v: want every node's p99 above 0 and below the single server's slow grants", p99)
 			}
 		}
-		return p99[f.single.admin] > 1, fmt.Sprint(p99)
+		return p99[f.single.admin] > 1.5, fmt.Sprint(p99)
 	})
 	eventually(t, 20*time.Second, "LockdAcquireLatencyHigh for the single server alone", func() (bool, string) {
 		firing, err := prom.query(`ALERTS{alertname="LockdAcquireLatencyHigh", alertstate="firing"}`)
