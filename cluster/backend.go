@@ -228,6 +228,7 @@ func (n *Node) Stats() engine.Stats {
 	st.Waiters, st.Inflight = st.WaitersGate.Count, st.InflightGate.Count
 	st.KeysGate = engine.GateStats{Open: !keysClosed, Limit: n.cfg.MaxKeys, Count: st.Keys, Refused: keysRefused}
 	st.AbandonedReleased = n.stats.abandoned.Load()
+	st.LeaseExpiries = n.stats.expires.Load()
 	st.Tenants = n.quotas.Stats(n.Namespace)
 	for i := range st.Tenants {
 		// The keys gate holds no units here: the replicas count the keys.

@@ -25,7 +25,10 @@ func (n *Node) expiryDue() {
 // wake-up. dragonboat calls it from one goroutine that must not block.
 type leaderListener struct{ n *Node }
 
-func (l leaderListener) LeaderUpdated(raftio.LeaderInfo) { l.n.expiryDue() }
+func (l leaderListener) LeaderUpdated(info raftio.LeaderInfo) {
+	l.n.obs.leaderUpdated(info)
+	l.n.expiryDue()
+}
 
 // expiryLoop drives lease expiry. Every replica keeps a deadline heap per
 // group (grants are stamped with this process's clock after they apply);

@@ -8,11 +8,14 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"time"
 	_ "unsafe" // go:linkname, for dragonboat's Pebble LogDB constructor
 
 	"github.com/lni/dragonboat/v4/config"
 	"github.com/lni/dragonboat/v4/raftio"
 	pb "github.com/lni/dragonboat/v4/raftpb"
+
+	"github.com/lockd/lockd/internal/histogram"
 )
 
 // newPebbleLogDB is dragonboat's default LogDB, the one a NodeHost makes
@@ -32,11 +35,13 @@ const pebbleLogDBName = "sharded-pebble"
 
 // commitLazyLogDBFactory makes the NodeHost's LogDB (NodeHostConfig's
 // Expert.LogDBFactory).
-type commitLazyLogDBFactory struct{}
+type commitLazyLogDBFactory struct {
+	saves *histogram.Histogram // the durable writes' latency, for /metrics
+}
 
 func (commitLazyLogDBFactory) Name() string { return pebbleLogDBName }
 
-func (commitLazyLogDBFactory) Create(nhc config.NodeHostConfig, cb config.LogDBCallback, dirs, walDirs []string) (raftio.ILogDB, error) {
+func (f commitLazyLogDBFactory) Create(nhc config.NodeHostConfig, cb config.LogDBCallback, dirs, walDirs []string) (raftio.ILogDB, error) {
 	inner, err := newPebbleLogDB(nhc, cb, dirs, walDirs)
 	if err != nil {
 		return nil, err
@@ -53,7 +58,7 @@ func (commitLazyLogDBFactory) Create(nhc config.NodeHostConfig, cb config.LogDBC
 			return nil, err
 		}
 	}
-	return newCommitLazyLogDB(inner), nil
+	return newCommitLazyLogDB(inner, f.saves), nil
 }
 
 // raftReplica names one replica of one Raft group in a LogDB.
@@ -85,10 +90,13 @@ type commitLazyLogDB struct {
 	// kept is each step worker's scratch for the updates passed on;
 	// dragonboat never calls SaveRaftState twice at once for one worker.
 	kept map[uint64][]pb.Update
+	// saves is the latency of the writes passed on, each one Pebble
+	// commit with its fsync.
+	saves *histogram.Histogram
 }
 
-func newCommitLazyLogDB(inner raftio.ILogDB) *commitLazyLogDB {
-	return &commitLazyLogDB{ILogDB: inner, written: make(map[raftReplica]pb.State),
+func newCommitLazyLogDB(inner raftio.ILogDB, saves *histogram.Histogram) *commitLazyLogDB {
+	return &commitLazyLogDB{ILogDB: inner, saves: saves, written: make(map[raftReplica]pb.State),
 		held: make(map[raftReplica]pb.State), kept: make(map[uint64][]pb.Update)}
 }
 
@@ -135,7 +143,9 @@ func (l *commitLazyLogDB) SaveRaftState(updates []pb.Update, worker uint64) erro
 	// docs/cluster.md, Raft log). Yielding lets the senders write
 	// first.
 	runtime.Gosched()
+	start := time.Now()
 	err := l.ILogDB.SaveRaftState(kept, worker)
+	l.saves.Observe(time.Since(start))
 	clear(kept) // the scratch must not pin the entries until the next call
 	return err
 }

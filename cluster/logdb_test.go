@@ -5,6 +5,8 @@ import (
 
 	"github.com/lni/dragonboat/v4/raftio"
 	pb "github.com/lni/dragonboat/v4/raftpb"
+
+	"github.com/lockd/lockd/internal/histogram"
 )
 
 // recordingLogDB is an inner LogDB that keeps every SaveRaftState call's
@@ -36,7 +38,7 @@ func (r *recordingLogDB) GetSnapshot(shardID, replicaID uint64) (pb.Snapshot, er
 // replica's updates are not held by this one's.
 func TestCommitOnlyStateWaitsForTheNextDurableWrite(t *testing.T) {
 	inner := &recordingLogDB{}
-	l := newCommitLazyLogDB(inner)
+	l := newCommitLazyLogDB(inner, new(histogram.Histogram))
 	entry := func(i uint64) []pb.Entry { return []pb.Entry{{Index: i, Term: 2}} }
 	save := func(ud ...pb.Update) {
 		t.Helper()
@@ -79,7 +81,7 @@ func TestCommitOnlyStateWaitsForTheNextDurableWrite(t *testing.T) {
 // above it is read back as saved.
 func TestReadRaftStateCommitCoversTheSnapshot(t *testing.T) {
 	inner := &recordingLogDB{state: pb.State{Term: 2, Commit: 40}, snapshot: pb.Snapshot{Index: 50, Term: 2}}
-	l := newCommitLazyLogDB(inner)
+	l := newCommitLazyLogDB(inner, new(histogram.Histogram))
 	rs, err := l.ReadRaftState(1, 1, 60)
 	if err != nil {
 		t.Fatal(err)

@@ -5,14 +5,62 @@ package cluster
 
 import (
 	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
 
+	"github.com/lni/dragonboat/v4/raftio"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/internal/histogram"
 )
 
 var (
-	groupLeaderDesc = prometheus.NewDesc("lockd_cluster_group_leader", "This node's view of each group's leader (0 unknown).", []string{"group"}, nil)
-	nodeIDDesc      = prometheus.NewDesc("lockd_cluster_node_id", "This node's id.", nil, nil)
+	groupLeaderDesc    = prometheus.NewDesc("lockd_cluster_group_leader", "This node's view of each group's leader (0 unknown).", []string{"group"}, nil)
+	groupHasLeaderDesc = prometheus.NewDesc("lockd_cluster_group_has_leader", "1 when this node knows a leader for the group, 0 during an election or without a quorum.", []string{"group"}, nil)
+	leaderChangesDesc  = prometheus.NewDesc("lockd_cluster_leader_changes_total", "Leaders this node saw elected for the group: one per term that had a leader.", []string{"group"}, nil)
+	nodeIDDesc         = prometheus.NewDesc("lockd_cluster_node_id", "This node's id.", nil, nil)
+	proposalApplyDesc  = prometheus.NewDesc("lockd_cluster_proposal_apply_duration_seconds", "This node's Raft proposals (a batch of commands each) from their proposal to their apply on this node.", nil, nil)
+	raftLogSyncDesc    = prometheus.NewDesc("lockd_cluster_raft_log_sync_duration_seconds", "Durable writes of this node's Raft log: one Pebble commit, fsync included, each.", nil, nil)
 )
+
+// observations are what the node measures for /metrics alone.
+type observations struct {
+	proposeToApply histogram.Histogram
+	logSaves       histogram.Histogram
+	// leaders holds a *leaderSeen per Raft shard id, written by
+	// dragonboat's event goroutine and read by scrapes.
+	leaders sync.Map
+}
+
+type leaderSeen struct {
+	leader  atomic.Uint64
+	term    atomic.Uint64 // of the last leader counted
+	changes atomic.Uint64
+}
+
+// leaderUpdated records a leadership change dragonboat reports: a leader
+// in a new term is one change; a lost leader (id 0) is not counted.
+func (o *observations) leaderUpdated(info raftio.LeaderInfo) {
+	v, ok := o.leaders.Load(info.ShardID)
+	if !ok {
+		v, _ = o.leaders.LoadOrStore(info.ShardID, new(leaderSeen))
+	}
+	seen := v.(*leaderSeen)
+	seen.leader.Store(info.LeaderID)
+	if info.LeaderID != 0 && seen.term.Swap(info.Term) != info.Term {
+		seen.changes.Add(1)
+	}
+}
+
+// leaderChanges is the count for one group.
+func (o *observations) leaderChanges(shardID uint64) uint64 {
+	if v, ok := o.leaders.Load(shardID); ok {
+		return v.(*leaderSeen).changes.Load()
+	}
+	return 0
+}
 
 // clusterCounters are the node's Raft-side counters, in ClusterStats.
 var clusterCounters = []struct {
@@ -38,7 +86,11 @@ var _ prometheus.Collector = (*Node)(nil)
 // Describe is prometheus.Collector's.
 func (n *Node) Describe(ch chan<- *prometheus.Desc) {
 	ch <- groupLeaderDesc
+	ch <- groupHasLeaderDesc
+	ch <- leaderChangesDesc
 	ch <- nodeIDDesc
+	ch <- proposalApplyDesc
+	ch <- raftLogSyncDesc
 	for _, c := range clusterCounters {
 		ch <- c.desc
 	}
@@ -46,12 +98,38 @@ func (n *Node) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect reads the leaders and counters at scrape time.
 func (n *Node) Collect(ch chan<- prometheus.Metric) {
-	for i := range n.groups {
-		ch <- prometheus.MustNewConstMetric(groupLeaderDesc, prometheus.GaugeValue, float64(n.Leader(i)), strconv.Itoa(i+1))
+	for i, g := range n.groups {
+		group := strconv.Itoa(i + 1)
+		leader := n.Leader(i)
+		hasLeader := 0.0
+		if leader != 0 {
+			hasLeader = 1
+		}
+		ch <- prometheus.MustNewConstMetric(groupLeaderDesc, prometheus.GaugeValue, float64(leader), group)
+		ch <- prometheus.MustNewConstMetric(groupHasLeaderDesc, prometheus.GaugeValue, hasLeader, group)
+		ch <- prometheus.MustNewConstMetric(leaderChangesDesc, prometheus.CounterValue, float64(n.obs.leaderChanges(g.shardID)), group)
+	}
+	for _, h := range []struct {
+		desc *prometheus.Desc
+		h    *histogram.Histogram
+	}{{proposalApplyDesc, &n.obs.proposeToApply}, {raftLogSyncDesc, &n.obs.logSaves}} {
+		var s histogram.Snapshot
+		h.h.AddTo(&s)
+		ch <- prometheus.MustNewConstHistogram(h.desc, s.Count(), s.Sum.Seconds(), s.Cumulative())
 	}
 	ch <- prometheus.MustNewConstMetric(nodeIDDesc, prometheus.GaugeValue, float64(n.cfg.NodeID))
 	s := n.ClusterStats()
 	for _, c := range clusterCounters {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(c.value(s)))
 	}
+}
+
+// AcquireAge is how long ago the acquire h (a request this node
+// received) arrived, for the server's acquire latency.
+func (n *Node) AcquireAge(h engine.Handle) (time.Duration, bool) {
+	p, ok := h.(*pending)
+	if !ok {
+		return 0, false
+	}
+	return n.clock() - p.start, true
 }

@@ -63,6 +63,35 @@ func TestClusterMetrics(t *testing.T) {
 	if f := families["lockd_cluster_raft_frames_sent_total"]; f == nil || f.GetMetric()[0].GetCounter().GetValue() < 1 {
 		t.Errorf("lockd_cluster_raft_frames_sent_total: %v, want the commit's frames", f)
 	}
+	// Every group has elected a leader, and node 1 saw it.
+	for _, name := range []string{"lockd_cluster_group_has_leader", "lockd_cluster_leader_changes_total"} {
+		f := families[name]
+		if f == nil || len(f.GetMetric()) != tc.cfgs[0].Groups {
+			t.Errorf("%s: %v, want one series per group", name, f)
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if v := m.GetGauge().GetValue() + m.GetCounter().GetValue(); v < 1 {
+				t.Errorf("%s group %s: %v, want 1 or more for a led group", name, m.GetLabel()[0].GetValue(), v)
+			}
+		}
+	}
+	// The acquire was proposed and applied, its entry written to the Raft
+	// log, and its answer (A, through Raft) observed from arrival to write.
+	for _, name := range []string{"lockd_cluster_proposal_apply_duration_seconds", "lockd_cluster_raft_log_sync_duration_seconds", "lockd_acquire_duration_seconds"} {
+		f := families[name]
+		if f == nil {
+			t.Errorf("/metrics has no %s", name)
+			continue
+		}
+		var n uint64
+		for _, m := range f.GetMetric() {
+			n += m.GetHistogram().GetSampleCount()
+		}
+		if n < 1 {
+			t.Errorf("%s observed nothing", name)
+		}
+	}
 	for _, name := range []string{"lockd_keys", "lockd_tokens_issued_total", "lockd_cluster_leader_transfers_total", "lockd_cluster_raft_connections_opened_total", "go_goroutines"} {
 		if families[name] == nil {
 			t.Errorf("/metrics has no %s", name)

@@ -80,6 +80,7 @@ type Node struct {
 
 	shutting atomic.Bool
 	stats    nodeStats
+	obs      observations   // for /metrics (metrics.go)
 	anchor   *monitorAnchor // nil unless Config.MonitorAnchor
 
 	ctx       context.Context
@@ -208,7 +209,7 @@ func Start(cfg Config) (*Node, error) {
 		Expert:         config.ExpertConfig{LogDB: config.GetTinyMemLogDBConfig(), FS: cfg.FS},
 	}
 	nhc.Expert.LogDB.Shards = cfg.LogDBShards
-	nhc.Expert.LogDBFactory = commitLazyLogDBFactory{}
+	nhc.Expert.LogDBFactory = commitLazyLogDBFactory{saves: &n.obs.logSaves}
 	nhc.Expert.Engine = config.GetDefaultEngineConfig()
 	nhc.Expert.Engine.ExecShards = cfg.ExecShards
 	// One apply worker: each of dragonboat's 16 default workers wakes 5

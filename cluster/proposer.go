@@ -325,9 +325,13 @@ func binaryCount(b []byte) uint32 { return binary.BigEndian.Uint32(b[9:]) }
 // would otherwise learn only at the attempt timeout (two election
 // timeouts). Sending a proposal twice is safe (see send).
 func (g *group) watch(ctx context.Context, rs *dragonboat.RequestState, leaderChanged <-chan struct{}, b *bytebufferpool.ByteBuffer, deadline time.Time) {
+	proposed := time.Now()
 	var r dragonboat.RequestResult
 	select {
 	case r = <-rs.ResultC():
+		if r.Completed() {
+			g.n.obs.proposeToApply.Observe(time.Since(proposed))
+		}
 	case <-leaderChanged:
 		// rs completes on its own; its outcome no longer matters.
 		g.n.stats.proposeRetries.Add(1)

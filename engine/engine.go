@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/lockd/lockd/internal/histogram"
 )
 
 // Config sizes an Engine. Zero (or negative) fields take their defaults.
@@ -169,6 +171,9 @@ type entry struct {
 	head  *Wait
 	tail  *Wait
 	ns    Namespace
+	// granted is the instant the current token was granted, for the
+	// hold time /metrics reports.
+	granted time.Duration
 	// leaseArmed: the lease end of the current token is in the timer
 	// heap; only a held key with waiters needs one.
 	leaseArmed bool
@@ -184,7 +189,8 @@ type shard struct {
 	// drops only the entries nobody needed for a whole interval.
 	free    []*entry
 	freeLow int
-	waiting int      // queued waiters, to bound stale timers
+	waiting int // queued waiters, to bound stale timers
+	obs     shardObservations
 	_       [64]byte // keeps neighbouring shards' locks off one cache line
 }
 
@@ -450,6 +456,7 @@ func (e *Engine) releaseLocked(s *shard, h uint64, ent *entry, token uint64, now
 	if ent = e.settle(s, h, ent, now); ent == nil || Release(ent.lease, token, now) != Released {
 		return Result{Outcome: NotHeld}
 	}
+	s.released(ent, now)
 	if ent.head != nil {
 		e.handoff(s, h, ent, now)
 	} else {
@@ -506,6 +513,10 @@ type Stats struct {
 	// tokens reserved so far had run out; TokenReserveFailures counts
 	// marks that could not be recorded.
 	TokensUnreserved, TokenReserveFailures uint64
+	// HoldTimes are the leases that ended, from grant to release or
+	// expiry; LeaseExpiries counts those that ended by expiry.
+	HoldTimes     histogram.Snapshot
+	LeaseExpiries uint64
 	// AbandonedReleased counts grants whose waiter could no longer take
 	// them that the backend released itself (Backend.Abandon);
 	// AbandonedDropped those it left to their lease (its queue was full).
@@ -517,12 +528,15 @@ type Stats struct {
 
 // Stats returns a snapshot of the counters.
 func (e *Engine) Stats() Stats {
-	var issued, last uint64
+	var issued, last, expiries uint64
+	var holds histogram.Snapshot
 	for i := range e.shards {
 		s := &e.shards[i]
 		s.mu.Lock()
 		issued += s.tokens.Issued
 		last = max(last, s.tokens.Last)
+		s.obs.holds.AddTo(&holds)
+		expiries += s.obs.expiries
 		s.mu.Unlock()
 	}
 	keys, waiters, inflight := e.keys.Stats(), e.waiters.Stats(), e.inflight.Stats()
@@ -534,6 +548,9 @@ func (e *Engine) Stats() Stats {
 		TokensIssued: issued,
 		LastToken:    last,
 		TokenMark:    e.tokens.mark.Load(),
+
+		HoldTimes:     holds,
+		LeaseExpiries: expiries,
 
 		TokensUnreserved:     e.tokens.unreserved.Load(),
 		TokenReserveFailures: e.tokens.failures.Load(),
@@ -551,6 +568,7 @@ func (e *Engine) Stats() Stats {
 // next block, which is recorded in the background.
 func (e *Engine) grant(s *shard, ent *entry, now, lease time.Duration) {
 	s.tokens.Grant(&ent.lease, now, lease)
+	ent.granted = now
 	ent.leaseArmed = false
 	e.granted(s)
 }
@@ -584,6 +602,7 @@ func (e *Engine) settle(s *shard, h uint64, ent *entry, now time.Duration) *entr
 	if !ent.lease.Lapsed(now) {
 		return ent
 	}
+	s.expired(ent)
 	if ent.head != nil {
 		return e.handoff(s, h, ent, now)
 	}
@@ -601,6 +620,7 @@ func (e *Engine) handoff(s *shard, h uint64, ent *entry, now time.Duration) *ent
 		r := HandOff(&ent.lease, &s.tokens, limit, w.waiting(), now)
 		switch r.Outcome {
 		case Granted:
+			ent.granted = now
 			ent.leaseArmed = false
 			e.granted(s)
 			w.entry = ent

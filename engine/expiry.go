@@ -113,6 +113,7 @@ func (e *Engine) tick() time.Duration {
 				e.unqueue(s, t.wait)
 				e.resolve(t.wait, Result{Outcome: TimedOut})
 			} else {
+				s.expired(t.entry)
 				e.handoff(s, e.hash(t.entry.ns, t.entry.key), t.entry, now)
 			}
 		}
@@ -137,6 +138,7 @@ func (e *Engine) Sweep() {
 			if ent.head != nil || !ent.lease.Lapsed(now) {
 				return false
 			}
+			s.expired(ent)
 			e.leaveKey(ent.ns)
 			return true
 		})

@@ -62,7 +62,7 @@ func TestAdminEndpoints(t *testing.T) {
 		`lockd_gate_limit{gate="keys"} 10`,
 		"lockd_held_locks 8\n",
 		"lockd_connections 1\n",
-		fmt.Sprintf("lockd_token_counter %d\n", slices.Max(tokens)),
+		fmt.Sprintf("lockd_token_highest_issued %d\n", slices.Max(tokens)),
 		"lockd_tokens_issued_total 9\n",
 	} {
 		if !strings.Contains(metrics, want) {

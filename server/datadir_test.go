@@ -39,8 +39,8 @@ func TestTokensGrowAcrossServerRestarts(t *testing.T) {
 		}
 		highest = held
 		_, metrics := scrape(t, "http://"+s.AdminAddr()+"/metrics")
-		if got := metricValue(t, metrics, "lockd_token_counter"); got != held {
-			t.Fatalf("lockd_token_counter %d, want the last token %d", got, held)
+		if got := metricValue(t, metrics, "lockd_token_highest_issued"); got != held {
+			t.Fatalf("lockd_token_highest_issued %d, want the last token %d", got, held)
 		}
 		if mark := metricValue(t, metrics, "lockd_token_mark"); mark <= held {
 			t.Fatalf("lockd_token_mark %d is not above the issued token %d", mark, held)

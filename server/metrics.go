@@ -3,13 +3,17 @@ package server
 import (
 	"fmt"
 	"math"
+	"runtime"
+	"runtime/debug"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/lockd/lockd/codec"
 	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/internal/histogram"
 )
 
 type opKind uint8
@@ -97,6 +101,92 @@ type metrics struct {
 	// tlsHandshakeFailures counts TLS port connections whose handshake
 	// failed: no TLS, a certificate refused, or the progress timeout.
 	tlsHandshakeFailures atomic.Uint64
+
+	// latency is striped by batch, so that the loops observe into
+	// histograms of their own and a scrape sums the stripes.
+	latency    [latencyStripes]latencyStripe
+	nextStripe atomic.Uint32
+}
+
+// acquireOutcome is the class of an acquire's answer (SPEC §3): A, T, B
+// or E.
+type acquireOutcome uint8
+
+const (
+	acquireAcquired acquireOutcome = iota
+	acquireTimeout
+	acquireBusy
+	acquireError
+	acquireOutcomes
+)
+
+// acquireOutcomeNames are the label values, those of lockd_responses_total.
+var acquireOutcomeNames = [acquireOutcomes]string{"acquired", "timeout", "busy", "error"}
+
+func acquireOutcomeOf(o engine.Outcome) acquireOutcome {
+	switch o {
+	case engine.Granted:
+		return acquireAcquired
+	case engine.TimedOut:
+		return acquireTimeout
+	case engine.Busy:
+		return acquireBusy
+	}
+	return acquireError
+}
+
+// latencyStripes bounds the histograms' stripes: the event loops (one per
+// processor) and TLS connections share them round robin.
+const latencyStripes = 16
+
+// latencyStripe is one loop's share of the latency histograms.
+type latencyStripe struct {
+	acquire   [acquireOutcomes]histogram.Histogram
+	queueWait histogram.Histogram
+}
+
+func (m *metrics) nextLatencyStripe() *latencyStripe {
+	return &m.latency[(m.nextStripe.Add(1)-1)%latencyStripes]
+}
+
+// acquireAger is a backend that tells how long ago a queued acquire
+// arrived, from its handle: what the server keeps of a queued waiter has
+// no room for the instant.
+type acquireAger interface {
+	AcquireAge(h engine.Handle) (time.Duration, bool)
+}
+
+// arrivalOf is the instant on the server's clock a queued acquire
+// arrived, estimated from its age against now, the clock reading of the
+// loop's pass (so that no request costs a clock reading of its own); an
+// acquire of unknown age is taken to have arrived at now.
+func (s *Server) arrivalOf(h engine.Handle, now int64) int64 {
+	if s.ager == nil || h == nil {
+		return now
+	}
+	if age, ok := s.ager.AcquireAge(h); ok {
+		return now - int64(age)
+	}
+	return now
+}
+
+// acquireAnswer is an acquire answer waiting in a batch to be written.
+type acquireAnswer struct {
+	outcome acquireOutcome
+	arrived int64
+}
+
+// answeredAcquire notes an acquire answer just appended to the batch.
+func (b *batch) answeredAcquire(o acquireOutcome, arrived int64) {
+	b.answers = append(b.answers, acquireAnswer{o, arrived})
+}
+
+// observeAnswers records the latency of the batch's acquire answers,
+// written at now: from the arrival of each request to its answer.
+func (b *batch) observeAnswers(now time.Duration) {
+	for _, a := range b.answers {
+		b.latency.acquire[a.outcome].Observe(time.Duration(int64(now) - a.arrived))
+	}
 }
 
 func (m *metrics) countRequest(op opKind) { m.requests[op].Add(1) }
@@ -180,13 +270,13 @@ var (
 	tenantGateCountDesc   = desc("lockd_tenant_gate_count", "Current count held against a tenant's own limit.", "tenant", "gate")
 	tenantGateLimitDesc   = desc("lockd_tenant_gate_limit", "A tenant's own limit (0: the global gate alone).", "tenant", "gate")
 
-	keysDesc       = desc("lockd_keys", "Live keys (held or with waiters).")
-	heldLocksDesc  = desc("lockd_held_locks", "Keys currently held.")
-	waitersDesc    = desc("lockd_waiters", "Queued waiters.")
-	inflightDesc   = desc("lockd_inflight_acquires", "Acquires being processed or queued.")
-	connsDesc      = desc("lockd_connections", "Open client connections.")
-	tokenCountDesc = desc("lockd_token_counter", "Highest fencing token issued (before any grant, one below the first token); a replacement process without this data dir must start above it with --first-token. Above 2^53 the value is rounded up, never down.")
-	tokenMarkDesc  = desc("lockd_token_mark", "Token high-water mark recorded in the data dir: every token issued is below it, and a restart starts at it.")
+	keysDesc         = desc("lockd_keys", "Live keys (held or with waiters).")
+	heldLocksDesc    = desc("lockd_held_locks", "Keys currently held.")
+	waitersDesc      = desc("lockd_waiters", "Queued waiters.")
+	inflightDesc     = desc("lockd_inflight_acquires", "Acquires being processed or queued.")
+	connsDesc        = desc("lockd_connections", "Open client connections.")
+	tokenHighestDesc = desc("lockd_token_highest_issued", "Highest fencing token issued (before any grant, one below the first token); a replacement process without this data dir must start above it with --first-token. Above 2^53 the value is rounded up, never down.")
+	tokenMarkDesc    = desc("lockd_token_mark", "Token high-water mark recorded in the data dir: every token issued is below it, and a restart starts at it.")
 
 	tokenReserveBusyDesc     = desc("lockd_token_reserve_busy_total", "Acquires answered B because the tokens reserved on disk had run out.")
 	tokenReserveFailuresDesc = desc("lockd_token_reserve_failures_total", "Token marks the data dir could not record.")
@@ -203,6 +293,12 @@ var (
 	memoryReturnsDesc        = desc("lockd_memory_returns_total", "Times the memory a flood left was returned to the OS.")
 	orphansReleasedDesc      = desc("lockd_orphan_grants_released_total", "Grants to closed connections released by the backend.")
 	orphansDroppedDesc       = desc("lockd_orphan_grants_dropped_total", "Grants to closed connections left to lease expiry (release queue full).")
+	leaseExpiriesDesc        = desc("lockd_lease_expiries_total", "Leases that ended by expiry rather than release (cluster mode: the expiries this node proposed as a group's leader).")
+
+	acquireDurationDesc = desc("lockd_acquire_duration_seconds", "Acquires from the arrival of the request to the write of its answer, by outcome (A acquired, T timeout, B busy, E error).", "outcome")
+	queueWaitDesc       = desc("lockd_acquire_queue_wait_seconds", "Time granted waiters spent queued, from the acquire to the grant.")
+	holdDesc            = desc("lockd_lock_hold_seconds", "Leases that ended, from grant to release or expiry (single mode).")
+	buildInfoDesc       = desc("lockd_build_info", "The running build: module version, VCS revision, Go version; always 1.", "version", "revision", "goversion")
 )
 
 // serverCollector reads the server's atomics and the backend's Stats when
@@ -215,11 +311,12 @@ func (serverCollector) Describe(ch chan<- *prometheus.Desc) {
 		requestsDesc, responsesDesc, errorsDesc,
 		gateOpenDesc, gateRefusedDesc, gateCountDesc, gateLimitDesc,
 		tenantGateOpenDesc, tenantGateRefusedDesc, tenantGateCountDesc, tenantGateLimitDesc,
-		keysDesc, heldLocksDesc, waitersDesc, inflightDesc, connsDesc, tokenCountDesc, tokenMarkDesc,
+		keysDesc, heldLocksDesc, waitersDesc, inflightDesc, connsDesc, tokenHighestDesc, tokenMarkDesc,
 		tokenReserveBusyDesc, tokenReserveFailuresDesc, tokensIssuedDesc, writesDesc, wakeupsDesc,
 		connsAcceptedDesc, connsRejectedDesc, slowDroppedDesc, progressTimeoutsDesc,
 		authFailuresDesc, connInflightBusyDesc, tlsHandshakeFailuresDesc, memoryReturnsDesc,
-		orphansReleasedDesc, orphansDroppedDesc,
+		orphansReleasedDesc, orphansDroppedDesc, leaseExpiriesDesc,
+		acquireDurationDesc, queueWaitDesc, holdDesc, buildInfoDesc,
 	} {
 		ch <- d
 	}
@@ -268,7 +365,7 @@ func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(waitersDesc, float64(st.Waiters))
 	gauge(inflightDesc, float64(st.Inflight))
 	gauge(connsDesc, float64(c.s.conns.Load()))
-	gauge(tokenCountDesc, roundedUp(st.LastToken))
+	gauge(tokenHighestDesc, roundedUp(st.LastToken))
 	if st.TokenMark != 0 {
 		gauge(tokenMarkDesc, roundedUp(st.TokenMark))
 		counter(tokenReserveBusyDesc, st.TokensUnreserved)
@@ -287,7 +384,52 @@ func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(memoryReturnsDesc, m.memoryReturns.Load())
 	counter(orphansReleasedDesc, st.AbandonedReleased)
 	counter(orphansDroppedDesc, st.AbandonedDropped)
+	counter(leaseExpiriesDesc, st.LeaseExpiries)
+
+	var acquire [acquireOutcomes]histogram.Snapshot
+	var queueWait histogram.Snapshot
+	for i := range m.latency {
+		for o := range acquireOutcomes {
+			m.latency[i].acquire[o].AddTo(&acquire[o])
+		}
+		m.latency[i].queueWait.AddTo(&queueWait)
+	}
+	hist := func(d *prometheus.Desc, s *histogram.Snapshot, labels ...string) {
+		ch <- prometheus.MustNewConstHistogram(d, s.Count(), s.Sum.Seconds(), s.Cumulative(), labels...)
+	}
+	for o := range acquireOutcomes {
+		hist(acquireDurationDesc, &acquire[o], acquireOutcomeNames[o])
+	}
+	hist(queueWaitDesc, &queueWait)
+	hist(holdDesc, &st.HoldTimes)
+	ch <- prometheus.MustNewConstMetric(buildInfoDesc, prometheus.GaugeValue, 1, build.version, build.revision, build.goVersion)
 }
+
+// build is what lockd_build_info says of the running binary, read once
+// from the build information the Go linker embeds.
+var build = func() (b struct{ version, revision, goVersion string }) {
+	b.version, b.revision, b.goVersion = "(devel)", "unknown", runtime.Version()
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return b
+	}
+	if info.Main.Version != "" {
+		b.version = info.Main.Version
+	}
+	modified := false
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			b.revision = s.Value
+		case "vcs.modified":
+			modified = s.Value == "true"
+		}
+	}
+	if modified {
+		b.revision += "-modified"
+	}
+	return b
+}()
 
 type namedGate struct {
 	name string

@@ -4,8 +4,10 @@ import (
 	"math"
 	"math/big"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -143,7 +145,7 @@ func TestMetricsExposition(t *testing.T) {
 		"lockd_gate_open", "lockd_gate_refused_total", "lockd_gate_count", "lockd_gate_limit",
 		"lockd_tenant_gate_open", "lockd_tenant_gate_refused_total", "lockd_tenant_gate_count", "lockd_tenant_gate_limit",
 		"lockd_keys", "lockd_held_locks", "lockd_waiters", "lockd_inflight_acquires", "lockd_connections",
-		"lockd_token_counter", "lockd_token_mark", "lockd_token_reserve_busy_total", "lockd_token_reserve_failures_total",
+		"lockd_token_highest_issued", "lockd_token_mark", "lockd_token_reserve_busy_total", "lockd_token_reserve_failures_total",
 		"lockd_tokens_issued_total", "lockd_response_writes_total", "lockd_loop_wakeups_total", "lockd_connections_accepted_total",
 		"lockd_connections_rejected_total", "lockd_slow_clients_dropped_total", "lockd_progress_timeouts_total",
 		"lockd_auth_failures_total", "lockd_conn_inflight_busy_total",
@@ -167,7 +169,7 @@ func TestMetricsExposition(t *testing.T) {
 		{"lockd_responses_total", []string{"op", "release", "result", "released"}, 1},
 		{"lockd_tenant_gate_limit", []string{"tenant", "alpha", "gate", "keys"}, 10},
 		{"lockd_tokens_issued_total", nil, 1},
-		{"lockd_token_counter", nil, float64(token)},
+		{"lockd_token_highest_issued", nil, float64(token)},
 		{"lockd_connections", nil, 1},
 	} {
 		if got, ok := sampleValue(families, want.name, want.labels...); !ok || got != want.value {
@@ -188,12 +190,12 @@ func TestTokenCounterNeverReadsBelowAnIssuedToken(t *testing.T) {
 	c := dial(t, s)
 	token := c.mustAcquire(1, "k")
 	_, body := scrape(t, "http://"+s.AdminAddr()+"/metrics")
-	got, ok := sampleValue(parseMetrics(t, body), "lockd_token_counter")
+	got, ok := sampleValue(parseMetrics(t, body), "lockd_token_highest_issued")
 	if !ok {
-		t.Fatalf("/metrics has no lockd_token_counter:\n%s", body)
+		t.Fatalf("/metrics has no lockd_token_highest_issued:\n%s", body)
 	}
 	if new(big.Float).SetFloat64(got).Cmp(new(big.Float).SetUint64(token)) < 0 {
-		t.Fatalf("lockd_token_counter %v reads below the issued token %d", got, token)
+		t.Fatalf("lockd_token_highest_issued %v reads below the issued token %d", got, token)
 	}
 }
 
@@ -218,4 +220,74 @@ func metricValue(t *testing.T, body, name string) uint64 {
 		t.Fatalf("/metrics has no %s:\n%s", name, body)
 	}
 	return uint64(v)
+}
+
+// histogramSample is the count and sum of the histogram series of family
+// name with exactly the labels given as name, value pairs.
+func histogramSample(t *testing.T, families map[string]*dto.MetricFamily, name string, labels ...string) (uint64, float64) {
+	t.Helper()
+	for _, m := range families[name].GetMetric() {
+		if len(m.GetLabel()) == len(labels)/2 && hasLabels(m, labels) && m.Histogram != nil {
+			return m.Histogram.GetSampleCount(), m.Histogram.GetSampleSum()
+		}
+	}
+	t.Fatalf("/metrics has no histogram %s%v", name, labels)
+	return 0, 0
+}
+
+// TestLatencyHistograms drives acquires of every outcome, a queued wait,
+// a release and an expiry on the fake clock, and reads each histogram:
+// acquire latency from arrival to answer by outcome, the queue wait of
+// the granted waiter, the hold times, the expiry counter, the build.
+func TestLatencyHistograms(t *testing.T) {
+	s := startServer(t, func(cfg *Config) { cfg.Admin = "127.0.0.1:0" })
+	holder, waiter, other := dial(t, s), dial(t, s), dial(t, s)
+	token := holder.mustAcquire(1, "k")
+	waiter.acquire(2, 30, 10, "k") // queued at 0
+	other.acquire(3, 30, 0, "k")
+	other.expect(codec.OpTimeout, 3)
+	other.acquire(4, 30, 1, "k") // queued at 0, times out at 1 s
+	// Both waiters are queued once the one behind them has been answered.
+	other.send(codec.AppendPing(nil, 5))
+	other.expect(codec.OpPong, 5)
+	waiter.send(codec.AppendPing(nil, 6))
+	waiter.expect(codec.OpPong, 6)
+	s.advance(time.Second)
+	other.expect(codec.OpTimeout, 4)
+	s.advance(2 * time.Second)
+	holder.send(codec.AppendRelease(nil, 7, token, "k"))
+	holder.expect(codec.OpReleased, 7)
+	if r := waiter.expect(codec.OpAcquired, 2); r.WaitedMs != 3000 {
+		t.Fatalf("waited_ms %d, want 3000", r.WaitedMs)
+	}
+	s.advance(31 * time.Second) // the waiter's 30 s lease lapses
+	s.Engine().Sweep()
+
+	_, body := scrape(t, "http://"+s.AdminAddr()+"/metrics")
+	families := parseMetrics(t, body)
+	for _, want := range []struct {
+		name     string
+		labels   []string
+		count    uint64
+		sumAbove float64 // the sum is at least this, and below it plus 10 ms
+	}{
+		{"lockd_acquire_duration_seconds", []string{"outcome", "acquired"}, 2, 3},
+		{"lockd_acquire_duration_seconds", []string{"outcome", "timeout"}, 2, 1},
+		{"lockd_acquire_duration_seconds", []string{"outcome", "busy"}, 0, 0},
+		{"lockd_acquire_duration_seconds", []string{"outcome", "error"}, 0, 0},
+		{"lockd_acquire_queue_wait_seconds", nil, 1, 3},
+		{"lockd_lock_hold_seconds", nil, 2, 3 + 30},
+	} {
+		count, sum := histogramSample(t, families, want.name, want.labels...)
+		if count != want.count || sum < want.sumAbove || sum > want.sumAbove+0.01 {
+			t.Errorf("%s%v: count %d sum %v, want %d and %v", want.name, want.labels, count, sum, want.count, want.sumAbove)
+		}
+	}
+	if v, ok := sampleValue(families, "lockd_lease_expiries_total"); !ok || v != 1 {
+		t.Errorf("lockd_lease_expiries_total %v (present %v), want 1", v, ok)
+	}
+	build := families["lockd_build_info"].GetMetric()
+	if len(build) != 1 || build[0].GetGauge().GetValue() != 1 || !hasLabels(build[0], []string{"goversion", runtime.Version()}) {
+		t.Errorf("lockd_build_info %v, want one series of value 1 naming %s", build, runtime.Version())
+	}
 }

@@ -182,6 +182,7 @@ type Server struct {
 	backend   engine.Backend
 	// asyncAnswers: RELEASE and KEEP answers come through the Waiter path.
 	asyncAnswers bool
+	ager         acquireAger // nil when the backend cannot tell (metrics.go)
 	gnetEng      gnet.Engine
 	addr         string
 	metrics      metrics
@@ -249,6 +250,7 @@ func Start(cfg Config) (*Server, error) {
 		s.backend = engine.NewLocal(s.engine)
 	}
 	s.asyncAnswers = s.backend.AsyncAnswers()
+	s.ager, _ = s.backend.(acquireAger)
 	booted := make(chan struct{})
 	h := &handler{srv: s, booted: booted}
 	driverCtx, stop := context.WithCancel(context.Background())

@@ -140,6 +140,10 @@ func newSession(s *Server, tr transport, b *batch) (*session, []byte, error) {
 		pending: newPendingTable(),
 		batch:   b,
 	}
+	if b.latency == nil { // a batch's first session: the loop's or the TLS connection's
+		b.latency = s.metrics.nextLatencyStripe()
+		b.answers = make([]acquireAnswer, 0, ResponseBatch)
+	}
 	if _, err := rand.Read(ss.serverNonce[:]); err != nil {
 		return nil, nil, fmt.Errorf("server nonce: %w", err)
 	}
@@ -164,6 +168,7 @@ func newSession(s *Server, tr transport, b *batch) (*session, []byte, error) {
 // left in the outbox. A wake runs it with no new bytes. It returns how
 // many bytes of buf it consumed and whether the connection must close.
 func (ss *session) process(buf []byte) (consumed int, closing bool) {
+	ss.batch.arrived = int64(ss.srv.clock.Now())
 	consumed, closing = ss.handleFrames(buf)
 	if ss.gone {
 		// A write failed and gnet closed the connection under us.
@@ -359,6 +364,7 @@ func (ss *session) acquire(req *codec.Request) bool {
 		ss.mu.Unlock()
 		ss.srv.metrics.connInflightBusy.Add(1)
 		ss.appendOwnerOnly(opAcquire, codec.OpBusy, req.Owner)
+		ss.batch.answeredAcquire(acquireBusy, ss.batch.arrived)
 		return false
 	}
 	ss.pending.put(req.Owner, reservedAcquire)
@@ -391,6 +397,7 @@ func (ss *session) acquire(req *codec.Request) bool {
 		return false
 	}
 	ss.appendResult(opAcquire, req.Owner, r)
+	ss.batch.answeredAcquire(acquireOutcomeOf(r.Outcome), ss.batch.arrived)
 	return false
 }
 
@@ -495,6 +502,12 @@ func (ss *session) deliverResolutions(closing bool) bool {
 			op = async
 		}
 		ss.appendResult(op, r.owner, r.result)
+		if op == opAcquire {
+			ss.batch.answeredAcquire(acquireOutcomeOf(r.result.Outcome), ss.srv.arrivalOf(r.wait(), ss.batch.arrived))
+			if r.result.Outcome == engine.Granted && r.result.Waited > 0 {
+				ss.batch.latency.queueWait.Observe(r.result.Waited)
+			}
+		}
 		if ss.batch.frames >= ResponseBatch {
 			ss.flush()
 		}
@@ -568,6 +581,14 @@ type batch struct {
 	buf    []byte
 	frames int
 
+	// arrived is the clock instant the loop's pass began: the arrival of
+	// the frames it reads. answers are the acquire answers in buf, whose
+	// latency is observed, with one clock reading, when buf is written;
+	// latency is the stripe of the histograms this loop writes.
+	arrived int64
+	answers []acquireAnswer
+	latency *latencyStripe
+
 	mu     sync.Mutex
 	inPass bool
 	ready  []*session // resolved during the pass, to deliver before it ends
@@ -633,11 +654,17 @@ func (ss *session) deliverEnlisted() {
 // gone: the batch is shared with the loop's other connections.
 func (ss *session) flush() {
 	if len(ss.batch.buf) > 0 && !ss.gone {
+		if len(ss.batch.answers) > 0 {
+			// Read before the write: once written, the answer is the
+			// client's, and so is the next move of a test's fake clock.
+			ss.batch.observeAnswers(ss.srv.clock.Now())
+		}
 		ss.writing = true
 		ss.tr.write(ss.batch.buf)
 		ss.writing = false
 		ss.srv.metrics.writes.Add(1)
 	}
+	ss.batch.answers = ss.batch.answers[:0]
 	ss.batch.buf = ss.batch.buf[:0]
 	ss.batch.frames = 0
 }

@@ -226,7 +226,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.IntVar(&cfg.Engine.MaxKeys, "max-keys", engine.DefaultMaxKeys, "hard limit of live keys")
 	fs.IntVar(&cfg.Engine.MaxWaiters, "max-waiters", engine.DefaultMaxWaiters, "hard limit of queued waiters")
 	fs.IntVar(&cfg.Engine.MaxInflight, "max-inflight", engine.DefaultMaxInflight, "hard limit of in-flight acquires")
-	fs.Uint64Var(&cfg.Engine.FirstToken, "first-token", 0, "first fencing token, for a move to a new data dir: above the old process's lockd_token_counter; refused below the data dir's mark (default: continue above the mark, 1 on a first start)")
+	fs.Uint64Var(&cfg.Engine.FirstToken, "first-token", 0, "first fencing token, for a move to a new data dir: above the old process's lockd_token_highest_issued; refused below the data dir's mark (default: continue above the mark, 1 on a first start)")
 	fs.IntVar(&cfg.MaxConns, "max-conns", server.DefaultMaxConns, "hard limit of client connections")
 	fs.IntVar(&cfg.MaxConnInflight, "max-conn-inflight", server.DefaultMaxConnInflight, "hard limit of in-flight requests per connection")
 	fs.IntVar(&cfg.MaxOpenTenants, "max-open-tenants", server.DefaultMaxOpenTenants, "with auth off, how many tenants besides \"default\" HELLO may name")

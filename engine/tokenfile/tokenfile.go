@@ -139,7 +139,7 @@ func read(path string) (uint64, error) {
 	if err != nil {
 		return 0, fmt.Errorf("token mark: %s is damaged (%w), so the fencing tokens issued before are unknown and lockd will not start: "+
 			"restore the file from a backup, or move it away and start once with --first-token above every token issued "+
-			"before (above the old process's last lockd_token_counter)", path, err)
+			"before (above the old process's last lockd_token_highest_issued)", path, err)
 	}
 	return mark, nil
 }
