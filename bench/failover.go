@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/lockd/lockd/internal/defaults"
 	"io"
 	"os"
 	"slices"
@@ -102,25 +103,16 @@ type FailoverConfig struct {
 }
 
 func (cfg *FailoverConfig) applyDefaults() error {
-	orDefault := func(d *time.Duration, def time.Duration) {
-		if *d <= 0 {
-			*d = def
-		}
-	}
-	orDefault(&cfg.Duration, DefaultFailoverDuration)
-	orDefault(&cfg.FaultAt, DefaultFailoverFaultAt)
-	orDefault(&cfg.Down, DefaultFailoverDown)
-	orDefault(&cfg.Frozen, DefaultFailoverFrozen)
-	orDefault(&cfg.Lease, DefaultFailoverLease)
-	orDefault(&cfg.Wait, DefaultFailoverWait)
-	orDefault(&cfg.Hold, DefaultFailoverHold)
-	orDefault(&cfg.Window, DefaultFailoverWindow)
-	if cfg.Callers <= 0 {
-		cfg.Callers = DefaultFailoverCallers
-	}
-	if cfg.Keys <= 0 {
-		cfg.Keys = DefaultFailoverKeys
-	}
+	cfg.Duration = defaults.Or(cfg.Duration, DefaultFailoverDuration)
+	cfg.FaultAt = defaults.Or(cfg.FaultAt, DefaultFailoverFaultAt)
+	cfg.Down = defaults.Or(cfg.Down, DefaultFailoverDown)
+	cfg.Frozen = defaults.Or(cfg.Frozen, DefaultFailoverFrozen)
+	cfg.Lease = defaults.Or(cfg.Lease, DefaultFailoverLease)
+	cfg.Wait = defaults.Or(cfg.Wait, DefaultFailoverWait)
+	cfg.Hold = defaults.Or(cfg.Hold, DefaultFailoverHold)
+	cfg.Window = defaults.Or(cfg.Window, DefaultFailoverWindow)
+	cfg.Callers = defaults.Or(cfg.Callers, DefaultFailoverCallers)
+	cfg.Keys = defaults.Or(cfg.Keys, DefaultFailoverKeys)
 	switch {
 	case cfg.System != FailoverLockd && cfg.System != FailoverEtcd:
 		return fmt.Errorf("failover: system %q (want %s or %s)", cfg.System, FailoverLockd, FailoverEtcd)

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"github.com/lockd/lockd/internal/defaults"
 	"io"
 	"strconv"
 	"sync"
@@ -94,8 +95,8 @@ type holderRecord struct {
 }
 
 func (a *KeepaliveConfig) applyDefaults(lease time.Duration) error {
-	a.Holders = orDefault(a.Holders, DefaultKeepaliveHolders)
-	a.Every = orDefault(a.Every, DefaultKeepaliveEvery)
+	a.Holders = defaults.Or(a.Holders, DefaultKeepaliveHolders)
+	a.Every = defaults.Or(a.Every, DefaultKeepaliveEvery)
 	if 2*a.Every > lease {
 		return fmt.Errorf("keepalive renews every %v: the lease %v must be at least twice that", a.Every, lease)
 	}

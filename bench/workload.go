@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/lockd/lockd/internal/defaults"
 	"io"
 	"math"
 	mrand "math/rand/v2"
@@ -125,15 +126,6 @@ func lockdClientOnly(spec TargetSpec, raw bool) error {
 	return nil
 }
 
-// orDefault is v, or def when v is zero or less: a Config's zero field
-// means its default, as the engine's Config's do.
-func orDefault[T int | float64 | time.Duration](v, def T) T {
-	if v > 0 {
-		return v
-	}
-	return def
-}
-
 // Defaults of a Config's zero fields.
 const (
 	DefaultUncontendedKeys = 1_000_000
@@ -226,30 +218,30 @@ func (cfg *Config) applyDefaults(opts *TargetOptions) (*workload, error) {
 	if cfg.Duration <= 0 {
 		return nil, errors.New("duration must be positive")
 	}
-	cfg.Callers = orDefault(cfg.Callers, 1)
-	cfg.ProgressEvery = orDefault(cfg.ProgressEvery, time.Second)
+	cfg.Callers = defaults.Or(cfg.Callers, 1)
+	cfg.ProgressEvery = defaults.Or(cfg.ProgressEvery, time.Second)
 	if w.defaults != nil {
 		if err := w.defaults(cfg, opts); err != nil {
 			return nil, err
 		}
 	}
-	cfg.Wait = orDefault(cfg.Wait, DefaultWait)
+	cfg.Wait = defaults.Or(cfg.Wait, DefaultWait)
 	return w, nil
 }
 
 func keysOrDefault(keys int) func(*Config, *TargetOptions) error {
 	return func(cfg *Config, _ *TargetOptions) error {
-		cfg.Keys = orDefault(cfg.Keys, keys)
+		cfg.Keys = defaults.Or(cfg.Keys, keys)
 		return nil
 	}
 }
 
 func timeoutsDefaults(cfg *Config, _ *TargetOptions) error {
-	cfg.Keys = orDefault(cfg.Keys, DefaultTimeoutsKeys)
-	cfg.Wait = orDefault(cfg.Wait, DefaultTimeoutsWait)
-	cfg.Hold = orDefault(cfg.Hold, DefaultTimeoutsHold)
-	cfg.Rate = orDefault(cfg.Rate, DefaultProbeRate)
-	cfg.Rounds = orDefault(cfg.Rounds, 1)
+	cfg.Keys = defaults.Or(cfg.Keys, DefaultTimeoutsKeys)
+	cfg.Wait = defaults.Or(cfg.Wait, DefaultTimeoutsWait)
+	cfg.Hold = defaults.Or(cfg.Hold, DefaultTimeoutsHold)
+	cfg.Rate = defaults.Or(cfg.Rate, DefaultProbeRate)
+	cfg.Rounds = defaults.Or(cfg.Rounds, 1)
 	// Every window with the waiting callers must see waits run out
 	// more than once.
 	if least := 4 * cfg.Wait * time.Duration(cfg.Rounds); cfg.Duration < least {
@@ -259,7 +251,7 @@ func timeoutsDefaults(cfg *Config, _ *TargetOptions) error {
 }
 
 func keepaliveDefaults(cfg *Config, opts *TargetOptions) error {
-	cfg.Rate = orDefault(cfg.Rate, DefaultProbeRate)
+	cfg.Rate = defaults.Or(cfg.Rate, DefaultProbeRate)
 	if err := cfg.Keepalive.applyDefaults(opts.Lease); err != nil {
 		return err
 	}
@@ -268,11 +260,11 @@ func keepaliveDefaults(cfg *Config, opts *TargetOptions) error {
 }
 
 func admissionDefaults(cfg *Config, _ *TargetOptions) error {
-	cfg.Keys = orDefault(cfg.Keys, DefaultUncontendedKeys)
-	cfg.Rate = orDefault(cfg.Rate, DefaultProbeRate)
+	cfg.Keys = defaults.Or(cfg.Keys, DefaultUncontendedKeys)
+	cfg.Rate = defaults.Or(cfg.Rate, DefaultProbeRate)
 	a := &cfg.Admission
-	a.Limit = orDefault(a.Limit, DefaultAdmissionLimit)
-	a.Wait = orDefault(a.Wait, DefaultAdmissionWait)
+	a.Limit = defaults.Or(a.Limit, DefaultAdmissionLimit)
+	a.Wait = defaults.Or(a.Wait, DefaultAdmissionWait)
 	a.Wait = time.Duration(wholeSeconds(a.Wait)) * time.Second // as the wire carries it
 	if len(a.Loads) == 0 {
 		a.Loads = DefaultAdmissionLoads

@@ -73,6 +73,7 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/codec"
+	"github.com/lockd/lockd/internal/defaults"
 )
 
 const (
@@ -160,27 +161,17 @@ func (cfg Config) normalize() (Config, error) {
 	}
 	cfg.Addrs = append([]string(nil), cfg.Addrs...)
 	cfg.Secret = append([]byte(nil), cfg.Secret...)
-	if cfg.Sessions == 0 {
-		cfg.Sessions = len(cfg.Addrs)
-	}
-	if cfg.MaxInFlight == 0 {
-		cfg.MaxInFlight = defaultMaxInFlight
-	}
-	if cfg.WaitSessions == 0 {
-		cfg.WaitSessions = defaultWaitSessions
-	}
+	cfg.Sessions = defaults.Or(cfg.Sessions, len(cfg.Addrs))
+	cfg.MaxInFlight = defaults.Or(cfg.MaxInFlight, defaultMaxInFlight)
+	cfg.WaitSessions = defaults.Or(cfg.WaitSessions, defaultWaitSessions)
 	switch {
 	case cfg.WaitSpares == 0:
 		cfg.WaitSpares = min(defaultWaitSpares, cfg.WaitSessions)
 	case cfg.WaitSpares > cfg.WaitSessions:
 		return cfg, fmt.Errorf("%w: WaitSpares %d exceeds WaitSessions %d", ErrConfig, cfg.WaitSpares, cfg.WaitSessions)
 	}
-	if cfg.DialTimeout == 0 {
-		cfg.DialTimeout = defaultDialTimeout
-	}
-	if cfg.CompensationQueue == 0 {
-		cfg.CompensationQueue = defaultCompensationQueue
-	}
+	cfg.DialTimeout = defaults.Or(cfg.DialTimeout, defaultDialTimeout)
+	cfg.CompensationQueue = defaults.Or(cfg.CompensationQueue, defaultCompensationQueue)
 	if cfg.Dialer == nil {
 		cfg.Dialer = (&net.Dialer{}).DialContext
 	}

@@ -210,6 +210,9 @@ func TestAcquireErrorsNameTheContextThatEndedThem(t *testing.T) {
 		t.Fatalf("deadline: got %v, want ErrIndeterminate, ErrWaitElapsed and context.DeadlineExceeded", err)
 	}
 
+	// The timed-out waiter leaves with its session first, so that the
+	// count below is the next waiter's.
+	client.Eventually(t, "the timed-out waiter leaves the server", func() bool { return srv.waiters() == 0 })
 	cancelled, cancel := context.WithCancel(context.Background())
 	waiter := client.GoAcquireCtx(cancelled, c, "k", client.WaitFor(30*time.Second))
 	client.Eventually(t, "the server queues the waiter", func() bool { return srv.waiters() == 1 })

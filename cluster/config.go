@@ -14,6 +14,7 @@ import (
 
 	"github.com/lni/dragonboat/v4/config"
 	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/internal/defaults"
 	"github.com/rs/zerolog"
 )
 
@@ -151,45 +152,19 @@ type Config struct {
 }
 
 func (c *Config) applyDefaults() error {
-	if c.RTT <= 0 {
-		c.RTT = DefaultRTT
-	}
-	if c.ElectionRTT == 0 {
-		c.ElectionRTT = DefaultElectionRTT
-	}
-	if c.AttemptTimeout <= 0 {
-		c.AttemptTimeout = max(100*time.Millisecond, 2*time.Duration(c.ElectionRTT)*c.RTT)
-	}
-	if c.ForgetAfter <= 0 {
-		c.ForgetAfter = 2 * time.Duration(c.ElectionRTT) * c.RTT
-	}
-	if c.HeartbeatRTT == 0 {
-		c.HeartbeatRTT = DefaultHeartbeatRTT
-	}
-	if c.SnapshotEntries == 0 {
-		c.SnapshotEntries = DefaultSnapshotEntries
-	}
-	if c.CompactionOverhead == 0 {
-		c.CompactionOverhead = DefaultCompactionOverhead
-	}
-	if c.ProposeTimeout <= 0 {
-		c.ProposeTimeout = DefaultProposeTimeout
-	}
-	if c.ExecShards == 0 {
-		c.ExecShards = 1
-	}
-	if c.LogDBShards == 0 {
-		c.LogDBShards = 1
-	}
-	if c.MaxKeys <= 0 {
-		c.MaxKeys = engine.DefaultMaxKeys
-	}
-	if c.MaxWaiters <= 0 {
-		c.MaxWaiters = engine.DefaultMaxWaiters
-	}
-	if c.MaxInflight <= 0 {
-		c.MaxInflight = engine.DefaultMaxInflight
-	}
+	c.RTT = defaults.Or(c.RTT, DefaultRTT)
+	c.ElectionRTT = defaults.Or(c.ElectionRTT, DefaultElectionRTT)
+	c.AttemptTimeout = defaults.Or(c.AttemptTimeout, max(100*time.Millisecond, 2*time.Duration(c.ElectionRTT)*c.RTT))
+	c.ForgetAfter = defaults.Or(c.ForgetAfter, 2*time.Duration(c.ElectionRTT)*c.RTT)
+	c.HeartbeatRTT = defaults.Or(c.HeartbeatRTT, DefaultHeartbeatRTT)
+	c.SnapshotEntries = defaults.Or(c.SnapshotEntries, DefaultSnapshotEntries)
+	c.CompactionOverhead = defaults.Or(c.CompactionOverhead, DefaultCompactionOverhead)
+	c.ProposeTimeout = defaults.Or(c.ProposeTimeout, DefaultProposeTimeout)
+	c.ExecShards = defaults.Or(c.ExecShards, 1)
+	c.LogDBShards = defaults.Or(c.LogDBShards, 1)
+	c.MaxKeys = defaults.Or(c.MaxKeys, engine.DefaultMaxKeys)
+	c.MaxWaiters = defaults.Or(c.MaxWaiters, engine.DefaultMaxWaiters)
+	c.MaxInflight = defaults.Or(c.MaxInflight, engine.DefaultMaxInflight)
 	switch {
 	case c.Groups < 0:
 		return fmt.Errorf("cluster: --groups %d: want >= 1, or 0 for the data dir's count", c.Groups)

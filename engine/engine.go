@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/lockd/lockd/internal/defaults"
 	"github.com/lockd/lockd/internal/histogram"
 )
 
@@ -200,13 +201,7 @@ func New(cfg Config) *Engine {
 	if cfg.Shards > 0 {
 		shards = 1 << bits.Len(uint(cfg.Shards-1))
 	}
-	orDefault := func(n, def int) int {
-		if n > 0 {
-			return n
-		}
-		return def
-	}
-	maxKeys := orDefault(cfg.MaxKeys, DefaultMaxKeys)
+	maxKeys := defaults.Or(cfg.MaxKeys, DefaultMaxKeys)
 	clock := cfg.Clock
 	if clock == nil {
 		clock = RealClock()
@@ -217,9 +212,9 @@ func New(cfg Config) *Engine {
 		shardMask:    uint64(shards - 1),
 		seed:         maphash.MakeSeed(),
 		freePerShard: max(1, maxKeys/(4*shards)),
-		inflight:     NewAdmissionGate(orDefault(cfg.MaxInflight, DefaultMaxInflight)),
+		inflight:     NewAdmissionGate(defaults.Or(cfg.MaxInflight, DefaultMaxInflight)),
 		keys:         NewAdmissionGate(maxKeys),
-		waiters:      NewAdmissionGate(orDefault(cfg.MaxWaiters, DefaultMaxWaiters)),
+		waiters:      NewAdmissionGate(defaults.Or(cfg.MaxWaiters, DefaultMaxWaiters)),
 		wake:         make(chan struct{}, 1),
 		quotas:       NewTenantQuotas(cfg.TenantLimits),
 	}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/lockd/lockd/codec"
 	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/internal/defaults"
 	"github.com/lockd/lockd/engine/tokenfile"
 	"github.com/panjf2000/gnet/v2"
 	"github.com/rs/zerolog"
@@ -143,27 +144,13 @@ func (c *Config) applyDefaults() {
 	if c.Listen == "" {
 		c.Listen = DefaultListen
 	}
-	if c.Loops <= 0 {
-		c.Loops = DefaultLoops()
-	}
-	if c.MaxConns <= 0 {
-		c.MaxConns = DefaultMaxConns
-	}
-	if c.MaxConnInflight <= 0 {
-		c.MaxConnInflight = DefaultMaxConnInflight
-	}
-	if c.MaxOutbound <= 0 {
-		c.MaxOutbound = DefaultMaxOutbound
-	}
-	if c.MaxOpenTenants <= 0 {
-		c.MaxOpenTenants = DefaultMaxOpenTenants
-	}
-	if c.AdminMaxConns <= 0 {
-		c.AdminMaxConns = DefaultAdminMaxConns
-	}
-	if c.AdminIdleTimeout <= 0 {
-		c.AdminIdleTimeout = DefaultAdminIdleTimeout
-	}
+	c.Loops = defaults.Or(c.Loops, DefaultLoops())
+	c.MaxConns = defaults.Or(c.MaxConns, DefaultMaxConns)
+	c.MaxConnInflight = defaults.Or(c.MaxConnInflight, DefaultMaxConnInflight)
+	c.MaxOutbound = defaults.Or(c.MaxOutbound, DefaultMaxOutbound)
+	c.MaxOpenTenants = defaults.Or(c.MaxOpenTenants, DefaultMaxOpenTenants)
+	c.AdminMaxConns = defaults.Or(c.AdminMaxConns, DefaultAdminMaxConns)
+	c.AdminIdleTimeout = defaults.Or(c.AdminIdleTimeout, DefaultAdminIdleTimeout)
 	if c.Engine.Clock == nil {
 		c.Engine.Clock = engine.RealClock()
 	}
