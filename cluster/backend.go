@@ -223,11 +223,10 @@ func (n *Node) Stats() engine.Stats {
 		f.mu.Unlock()
 		keysRefused += f.keysRefused.Load()
 	}
-	st.HeldLocks = st.Keys
 	st.WaitersGate, st.InflightGate = n.waiters.Stats(), n.inflight.Stats()
 	st.Waiters, st.Inflight = st.WaitersGate.Count, st.InflightGate.Count
 	st.KeysGate = engine.GateStats{Open: !keysClosed, Limit: n.cfg.MaxKeys, Count: st.Keys, Refused: keysRefused}
-	st.AbandonedReleased = n.stats.abandoned.Load()
+	st.AbandonedQueued = n.stats.abandoned.Load()
 	st.LeaseExpiries = n.stats.expires.Load()
 	st.Tenants = n.quotas.Stats(n.Namespace)
 	for i := range st.Tenants {

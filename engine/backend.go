@@ -135,7 +135,7 @@ func (*Local) Flush() {}
 
 func (b *Local) Stats() Stats {
 	st := b.e.Stats()
-	st.AbandonedReleased, st.AbandonedDropped = b.released.Load(), b.dropped.Load()
+	st.AbandonedQueued, st.AbandonedDropped = b.released.Load(), b.dropped.Load()
 	return st
 }
 

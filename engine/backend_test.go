@@ -48,7 +48,7 @@ func TestLocalBackendReleasesAbandonedGrants(t *testing.T) {
 	}
 	stop()
 	<-done
-	if st := b.Stats(); st.AbandonedReleased != 1 || st.AbandonedDropped != 0 {
+	if st := b.Stats(); st.AbandonedQueued != 1 || st.AbandonedDropped != 0 {
 		t.Fatalf("stats %+v", st)
 	}
 
@@ -56,7 +56,7 @@ func TestLocalBackendReleasesAbandonedGrants(t *testing.T) {
 	for i := range AbandonQueue + 1 {
 		b.Abandon(queued, uint64(1000+i))
 	}
-	if st := b.Stats(); st.AbandonedReleased != 1+AbandonQueue || st.AbandonedDropped != 1 {
-		t.Fatalf("after overfilling the queue: released %d dropped %d", st.AbandonedReleased, st.AbandonedDropped)
+	if st := b.Stats(); st.AbandonedQueued != 1+AbandonQueue || st.AbandonedDropped != 1 {
+		t.Fatalf("after overfilling the queue: released %d dropped %d", st.AbandonedQueued, st.AbandonedDropped)
 	}
 }

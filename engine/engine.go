@@ -492,12 +492,8 @@ func (e *Engine) Keep(ns Namespace, key []byte, token uint64, lease time.Duratio
 
 // Stats is a snapshot for /metrics.
 type Stats struct {
-	Keys, Waiters, Inflight int // current counts
-	// HeldLocks is the number of keys currently held, lazily expired ones
-	// included until swept. Every live key is held (a freed lock goes
-	// straight to the head waiter), so it equals Keys.
-	HeldLocks    int
-	TokensIssued uint64 // total grants
+	Keys, Waiters, Inflight int    // current counts
+	TokensIssued            uint64 // total grants
 	// LastToken is the highest token any shard has issued, or one below
 	// the first token before any grant.
 	LastToken uint64
@@ -512,10 +508,11 @@ type Stats struct {
 	// expiry; LeaseExpiries counts those that ended by expiry.
 	HoldTimes     histogram.Snapshot
 	LeaseExpiries uint64
-	// AbandonedReleased counts grants whose waiter could no longer take
-	// them that the backend released itself (Backend.Abandon);
-	// AbandonedDropped those it left to their lease (its queue was full).
-	AbandonedReleased, AbandonedDropped uint64
+	// AbandonedQueued counts grants whose waiter could no longer take them
+	// that the backend queued for release itself (Backend.Abandon; each is
+	// released if its token is still current then); AbandonedDropped
+	// those it left to their lease (its queue was full).
+	AbandonedQueued, AbandonedDropped   uint64
 	KeysGate, WaitersGate, InflightGate GateStats
 	// Tenants are the gates of the tenants with limits.
 	Tenants []TenantStats
@@ -539,7 +536,6 @@ func (e *Engine) Stats() Stats {
 		Keys:         keys.Count,
 		Waiters:      waiters.Count,
 		Inflight:     inflight.Count,
-		HeldLocks:    keys.Count,
 		TokensIssued: issued,
 		LastToken:    last,
 		TokenMark:    e.tokens.mark.Load(),

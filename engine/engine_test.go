@@ -172,9 +172,9 @@ func (sc *script) do(where string, st step) {
 		sc.e.Shutdown()
 	case opStats:
 		s := sc.e.Stats()
-		if s.Keys != st.keys || s.HeldLocks != st.keys || s.Waiters != st.waiters || s.Inflight != st.waiters {
-			sc.t.Fatalf("%s: stats keys=%d held=%d waiters=%d inflight=%d, want keys=held=%d waiters=inflight=%d",
-				where, s.Keys, s.HeldLocks, s.Waiters, s.Inflight, st.keys, st.waiters)
+		if s.Keys != st.keys || s.Waiters != st.waiters || s.Inflight != st.waiters {
+			sc.t.Fatalf("%s: stats keys=%d waiters=%d inflight=%d, want keys=%d waiters=inflight=%d",
+				where, s.Keys, s.Waiters, s.Inflight, st.keys, st.waiters)
 		}
 	default:
 		sc.t.Fatalf("%s: unknown op %d", where, st.op)

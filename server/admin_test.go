@@ -60,7 +60,7 @@ func TestAdminEndpoints(t *testing.T) {
 		`lockd_gate_refused_total{gate="keys"} 1`,
 		`lockd_gate_count{gate="keys"} 8`,
 		`lockd_gate_limit{gate="keys"} 10`,
-		"lockd_held_locks 8\n",
+		"lockd_keys 8\n",
 		"lockd_connections 1\n",
 		fmt.Sprintf("lockd_token_highest_issued %d\n", slices.Max(tokens)),
 		"lockd_tokens_issued_total 9\n",

@@ -271,7 +271,6 @@ var (
 	tenantGateLimitDesc   = desc("lockd_tenant_gate_limit", "A tenant's own limit (0: the global gate alone).", "tenant", "gate")
 
 	keysDesc         = desc("lockd_keys", "Live keys (held or with waiters).")
-	heldLocksDesc    = desc("lockd_held_locks", "Keys currently held.")
 	waitersDesc      = desc("lockd_waiters", "Queued waiters.")
 	inflightDesc     = desc("lockd_inflight_acquires", "Acquires being processed or queued.")
 	connsDesc        = desc("lockd_connections", "Open client connections.")
@@ -291,7 +290,7 @@ var (
 	connInflightBusyDesc     = desc("lockd_conn_inflight_busy_total", "B answers caused by --max-conn-inflight.")
 	tlsHandshakeFailuresDesc = desc("lockd_tls_handshake_failures_total", "TLS port connections closed because the TLS handshake failed or took longer than 5 s (a client without TLS, a client certificate refused).")
 	memoryReturnsDesc        = desc("lockd_memory_returns_total", "Times the memory a flood left was returned to the OS.")
-	orphansReleasedDesc      = desc("lockd_orphan_grants_released_total", "Grants to closed connections released by the backend.")
+	orphansQueuedDesc        = desc("lockd_orphan_grants_queued_total", "Grants to closed connections the backend queued for release (each released if its token is still current).")
 	orphansDroppedDesc       = desc("lockd_orphan_grants_dropped_total", "Grants to closed connections left to lease expiry (release queue full).")
 	leaseExpiriesDesc        = desc("lockd_lease_expiries_total", "Leases that ended by expiry rather than release (cluster mode: the expiries this node proposed as a group's leader).")
 
@@ -311,11 +310,11 @@ func (serverCollector) Describe(ch chan<- *prometheus.Desc) {
 		requestsDesc, responsesDesc, errorsDesc,
 		gateOpenDesc, gateRefusedDesc, gateCountDesc, gateLimitDesc,
 		tenantGateOpenDesc, tenantGateRefusedDesc, tenantGateCountDesc, tenantGateLimitDesc,
-		keysDesc, heldLocksDesc, waitersDesc, inflightDesc, connsDesc, tokenHighestDesc, tokenMarkDesc,
+		keysDesc, waitersDesc, inflightDesc, connsDesc, tokenHighestDesc, tokenMarkDesc,
 		tokenReserveBusyDesc, tokenReserveFailuresDesc, tokensIssuedDesc, writesDesc, wakeupsDesc,
 		connsAcceptedDesc, connsRejectedDesc, slowDroppedDesc, progressTimeoutsDesc,
 		authFailuresDesc, connInflightBusyDesc, tlsHandshakeFailuresDesc, memoryReturnsDesc,
-		orphansReleasedDesc, orphansDroppedDesc, leaseExpiriesDesc,
+		orphansQueuedDesc, orphansDroppedDesc, leaseExpiriesDesc,
 		acquireDurationDesc, queueWaitDesc, holdDesc, buildInfoDesc,
 	} {
 		ch <- d
@@ -361,7 +360,6 @@ func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	gauge(keysDesc, float64(st.Keys))
-	gauge(heldLocksDesc, float64(st.HeldLocks))
 	gauge(waitersDesc, float64(st.Waiters))
 	gauge(inflightDesc, float64(st.Inflight))
 	gauge(connsDesc, float64(c.s.conns.Load()))
@@ -382,7 +380,7 @@ func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(connInflightBusyDesc, m.connInflightBusy.Load())
 	counter(tlsHandshakeFailuresDesc, m.tlsHandshakeFailures.Load())
 	counter(memoryReturnsDesc, m.memoryReturns.Load())
-	counter(orphansReleasedDesc, st.AbandonedReleased)
+	counter(orphansQueuedDesc, st.AbandonedQueued)
 	counter(orphansDroppedDesc, st.AbandonedDropped)
 	counter(leaseExpiriesDesc, st.LeaseExpiries)
 

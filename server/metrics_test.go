@@ -144,12 +144,12 @@ func TestMetricsExposition(t *testing.T) {
 		"lockd_requests_total", "lockd_responses_total", "lockd_errors_total",
 		"lockd_gate_open", "lockd_gate_refused_total", "lockd_gate_count", "lockd_gate_limit",
 		"lockd_tenant_gate_open", "lockd_tenant_gate_refused_total", "lockd_tenant_gate_count", "lockd_tenant_gate_limit",
-		"lockd_keys", "lockd_held_locks", "lockd_waiters", "lockd_inflight_acquires", "lockd_connections",
+		"lockd_keys", "lockd_waiters", "lockd_inflight_acquires", "lockd_connections",
 		"lockd_token_highest_issued", "lockd_token_mark", "lockd_token_reserve_busy_total", "lockd_token_reserve_failures_total",
 		"lockd_tokens_issued_total", "lockd_response_writes_total", "lockd_loop_wakeups_total", "lockd_connections_accepted_total",
 		"lockd_connections_rejected_total", "lockd_slow_clients_dropped_total", "lockd_progress_timeouts_total",
 		"lockd_auth_failures_total", "lockd_conn_inflight_busy_total",
-		"lockd_orphan_grants_released_total", "lockd_orphan_grants_dropped_total",
+		"lockd_orphan_grants_queued_total", "lockd_orphan_grants_dropped_total",
 		"go_goroutines", "go_memstats_heap_alloc_bytes", "process_open_fds", "process_resident_memory_bytes",
 	} {
 		if families[name] == nil {

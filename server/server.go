@@ -26,8 +26,8 @@ import (
 
 	"github.com/lockd/lockd/codec"
 	"github.com/lockd/lockd/engine"
-	"github.com/lockd/lockd/internal/defaults"
 	"github.com/lockd/lockd/engine/tokenfile"
+	"github.com/lockd/lockd/internal/defaults"
 	"github.com/panjf2000/gnet/v2"
 	"github.com/rs/zerolog"
 )
