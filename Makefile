@@ -13,7 +13,8 @@ FUZZ_TARGETS := \
 	./codec:FuzzClientHandshake \
 	./server:FuzzServerFrameLoop \
 	./server:FuzzReliabilityServerAnswers \
-	./client:FuzzClientAnswers
+	./client:FuzzClientAnswers \
+	./cluster:FuzzRaftFrameReader
 
 .PHONY: help build dist test bench bench-peers bench-cluster fuzz reliability run cluster clean
 

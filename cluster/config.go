@@ -138,6 +138,9 @@ type Config struct {
 	// RaftTLS, when set, runs the Raft transport over mutual TLS
 	// (LoadRaftTLS); nil is plain TCP.
 	RaftTLS *tls.Config
+	// InsecureRaft allows plain TCP Raft on an address other machines can
+	// reach (checkRaftExposure).
+	InsecureRaft bool
 
 	// FS, when set, keeps the NodeHost's files there (vfs.NewMem in tests).
 	FS     config.IFS

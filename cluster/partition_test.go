@@ -238,7 +238,7 @@ func TestProcessesPartitions(t *testing.T) {
 		}
 		// ip netns exec execs lockd in place, so the PID kill9 signals is lockd's.
 		p.args = append([]string{"netns", "exec", network.nodeNS(id), bin},
-			p.serveArgs(network.nodeAddr(id)+":7451", peers, dir, groups, proposeTimeout)...)
+			append(p.serveArgs(network.nodeAddr(id)+":7451", peers, dir, groups, proposeTimeout), "--insecure-raft")...)
 		procs[i] = p
 	}
 	// Registered after the network's cleanup, so it runs first: the

@@ -27,6 +27,7 @@ import (
 	"github.com/lockd/lockd/codec"
 	"github.com/lockd/lockd/engine"
 	"github.com/lockd/lockd/engine/tokenfile"
+	"github.com/lockd/lockd/internal/netaddr"
 	"github.com/panjf2000/gnet/v2"
 	"github.com/rs/zerolog"
 )
@@ -83,9 +84,13 @@ type Config struct {
 	TLS *tls.Config
 	// Admin is the admin HTTP address; empty means no admin endpoint.
 	Admin string
-	// InsecureAdmin allows Admin on a non-loopback address: the admin
-	// endpoint has no authentication.
+	// InsecureAdmin allows Admin on a non-loopback address without
+	// AdminToken.
 	InsecureAdmin bool
+	// AdminToken, when set, is the bearer token every admin route but
+	// /healthz and /metrics requires (LoadAdminToken); it lets Admin be
+	// on a non-loopback address.
+	AdminToken []byte
 	// AdminMaxConns bounds the admin endpoint's open connections; past
 	// it, new ones wait in the kernel's accept queue.
 	AdminMaxConns int
@@ -386,7 +391,7 @@ func checkExposure(cfg Config) error {
 		if listen == "" || cfg.Auth != nil || cfg.InsecureNoAuth {
 			continue
 		}
-		loopback, err := isLoopback(listen)
+		loopback, err := netaddr.IsLoopback(listen)
 		if err != nil {
 			return fmt.Errorf("server: listen address %q: %w", listen, err)
 		}
@@ -394,30 +399,16 @@ func checkExposure(cfg Config) error {
 			return fmt.Errorf("server: refusing to listen on non-loopback %q with auth off: give --auth-file, or --insecure-no-auth to accept the risk", listen)
 		}
 	}
-	if cfg.Admin != "" && !cfg.InsecureAdmin {
-		loopback, err := isLoopback(cfg.Admin)
+	if cfg.Admin != "" && !cfg.InsecureAdmin && cfg.AdminToken == nil {
+		loopback, err := netaddr.IsLoopback(cfg.Admin)
 		if err != nil {
 			return fmt.Errorf("server: admin address %q: %w", cfg.Admin, err)
 		}
 		if !loopback {
-			return fmt.Errorf("server: refusing the admin endpoint on non-loopback %q: it has no authentication; keep it on 127.0.0.1, or give --insecure-admin to accept the risk", cfg.Admin)
+			return fmt.Errorf("server: refusing the admin endpoint on non-loopback %q without authentication: give --admin-token-file, keep it on 127.0.0.1, or give --insecure-admin to accept the risk", cfg.Admin)
 		}
 	}
 	return nil
-}
-
-// isLoopback reports whether addr (host:port) can only be reached from
-// this machine.
-func isLoopback(addr string) (bool, error) {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false, err
-	}
-	if host == "localhost" {
-		return true, nil
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback(), nil
 }
 
 // Addr is the address the server listens on (with the real port when
