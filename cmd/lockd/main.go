@@ -98,6 +98,12 @@ func serve(opts serveOptions, level zerolog.Level) error {
 		cfg.Auth = auth.Secrets
 		cfg.Engine.TenantLimits = auth.TenantLimits(cfg.Engine.MaxKeys, cfg.Engine.MaxWaiters, cfg.Engine.MaxInflight)
 	}
+	if opts.adminTokenFile != "" {
+		var err error
+		if cfg.AdminToken, err = server.LoadAdminToken(opts.adminTokenFile); err != nil {
+			return fmt.Errorf("--admin-token-file: %w", err)
+		}
+	}
 	if opts.tlsCert != "" {
 		var err error
 		if cfg.TLS, err = server.LoadTLSConfig(opts.tlsCert, opts.tlsKey, opts.tlsClientCA); err != nil {
@@ -189,6 +195,9 @@ type serveOptions struct {
 	server   server.Config
 	logLevel string
 	authFile string
+	// adminTokenFile holds the admin endpoint's bearer token; empty for
+	// none.
+	adminTokenFile string
 	// The TLS port's files; all empty without --tls-listen.
 	tlsCert, tlsKey, tlsClientCA string
 	// raftTLS is --raft-tls-cert, --raft-tls-key and --raft-tls-ca: all
@@ -219,7 +228,8 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM private key of --tls-cert (mode 0600: refused when the group or others can read it)")
 	fs.StringVar(&o.tlsClientCA, "tls-client-ca", "", "PEM CA certificates; turns mutual TLS on: TLS clients must present a certificate they signed")
 	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow auth off on a non-loopback address")
-	fs.BoolVar(&cfg.InsecureAdmin, "insecure-admin", false, "allow --admin, which has no authentication, on a non-loopback address")
+	fs.StringVar(&o.adminTokenFile, "admin-token-file", "", "file holding the admin endpoint's bearer token (mode 0600; make one with openssl rand -hex 32): every admin route but /healthz and /metrics then needs 'Authorization: Bearer TOKEN', and --admin may be on a non-loopback address")
+	fs.BoolVar(&cfg.InsecureAdmin, "insecure-admin", false, "allow --admin without --admin-token-file on a non-loopback address")
 	fs.IntVar(&cfg.AdminMaxConns, "admin-max-conns", server.DefaultAdminMaxConns, "admin connections served at once; more wait to be accepted")
 	fs.DurationVar(&cfg.DrainGrace, "drain-grace", server.DefaultDrainGrace, "on SIGTERM, how long /healthz answers 503 before the ports close, for load balancers to notice")
 	fs.StringVar(&cfg.NodeName, "node-name", hostname(), "node name sent in the greeting (at most 64 bytes)")
@@ -244,6 +254,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.StringVar(&o.raftTLS[0], "raft-tls-cert", "", "cluster: PEM certificate of this node for mutual TLS between nodes, naming the host of its Raft address; with --raft-tls-key and --raft-tls-ca")
 	fs.StringVar(&o.raftTLS[1], "raft-tls-key", "", "cluster: PEM private key of --raft-tls-cert (mode 0600)")
 	fs.StringVar(&o.raftTLS[2], "raft-tls-ca", "", "cluster: PEM CA certificates every node's certificate must verify against")
+	fs.BoolVar(&cc.InsecureRaft, "insecure-raft", false, "cluster: allow plain TCP Raft on a non-loopback --raft-addr (anyone who reaches it can disrupt the cluster); without it such an address needs --raft-tls-cert, --raft-tls-key and --raft-tls-ca")
 	fs.DurationVar(&cc.ProposeTimeout, "propose-timeout", cluster.DefaultProposeTimeout, "cluster: answer E unavailable when a group has not committed a request in this time")
 
 	if err := envflag.Apply(fs, lookupEnv); err != nil {
