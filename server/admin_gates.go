@@ -4,10 +4,8 @@ package server
 // with room beside them for health probes, and its bearer token.
 
 import (
-	"bytes"
 	"context"
 	"crypto/subtle"
-	"fmt"
 	"net"
 	"net/http"
 	"sync"
@@ -108,15 +106,7 @@ func onlyHealthOnProbes(next http.Handler) http.Handler {
 // one line, refused when the group or others may access it or when the
 // token is shorter than MinAdminTokenLen.
 func LoadAdminToken(path string) ([]byte, error) {
-	data, err := privatefile.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	token := bytes.TrimSpace(data)
-	if len(token) < MinAdminTokenLen || bytes.ContainsAny(token, " \t\r\n") {
-		return nil, fmt.Errorf("%s: want one token of at least %d characters without spaces; %s", path, MinAdminTokenLen, makeSecret)
-	}
-	return token, nil
+	return privatefile.ReadToken(path, MinAdminTokenLen)
 }
 
 // requireToken answers 401 to a request without the bearer token, except

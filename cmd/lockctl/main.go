@@ -188,7 +188,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 
 // printHelp is lockctl --help: the usage, then every flag, once.
 func printHelp(w io.Writer) {
-	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant, --secret-file and the --tls ones; --grace and --keepalive are exec's; status and list take only --admin, --tenant and --json, and list --limit; cluster only --admin and --json):\n", usage)
+	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant, --secret-file and the --tls ones; --grace and --keepalive are exec's; status and list take only --admin, --admin-token-file, --tenant and --json, and list --limit; cluster only --admin, --admin-token-file and --json):\n", usage)
 	exec := newFlagSet("exec", &options{})
 	envflag.PrintFlags(w, exec)
 	inspection := flag.NewFlagSet("inspection", flag.ContinueOnError)
@@ -211,9 +211,10 @@ type options struct {
 	keepalive   bool
 	tls         tlsflags.Flags
 	// status and list:
-	admin  string
-	asJSON bool
-	limit  int
+	admin          string
+	adminTokenFile string
+	asJSON         bool
+	limit          int
 }
 
 // newFlagSet defines the flags of command over o.
