@@ -116,6 +116,14 @@ type Config struct {
 	MaxConns        int
 	MaxConnInflight int
 	MaxOutbound     int
+	// MaxHandshakes bounds, when auth is required, the connections open
+	// before their WELCOME, within MaxConns; 0 means an eighth of
+	// MaxConns, at most 1024 (conngates.go).
+	MaxHandshakes int
+	// TenantConns gives a tenant's own connection share (auth file
+	// conns=N); 0, or nil, means a fair share of MaxConns less
+	// MaxHandshakes. Shares apply with two or more tenants.
+	TenantConns func(tenant string) int
 	// MaxOpenTenants bounds the tenants HELLO may name while auth is off;
 	// past it a new tenant is answered auth_failed.
 	MaxOpenTenants int
@@ -160,6 +168,9 @@ func (c *Config) applyDefaults() {
 	if c.MaxOutbound <= 0 {
 		c.MaxOutbound = DefaultMaxOutbound
 	}
+	if c.MaxHandshakes <= 0 {
+		c.MaxHandshakes = defaultMaxHandshakes(c.MaxConns)
+	}
 	if c.MaxOpenTenants <= 0 {
 		c.MaxOpenTenants = DefaultMaxOpenTenants
 	}
@@ -199,6 +210,7 @@ type Server struct {
 	// connection that races the start is refused.
 	connCap       atomic.Int64
 	pendingCloses atomic.Int64
+	budget        connBudget
 
 	stalledMu sync.Mutex
 	stalled   map[*session]struct{} // sessions holding a started frame
@@ -244,6 +256,7 @@ func Start(cfg Config) (*Server, error) {
 		reactorDone: make(chan struct{}),
 		failed:      make(chan struct{}),
 	}
+	s.budget.init(cfg)
 	if cfg.Backend != nil {
 		s.backend = cfg.Backend
 	} else {
@@ -559,7 +572,8 @@ func (s *Server) wakeOverdue() {
 	s.stalledMu.Lock()
 	defer s.stalledMu.Unlock()
 	for ss := range s.stalled {
-		if now-ss.frameStartedAt.Load() >= int64(ProgressTimeout) {
+		// The shorter of the two clocks; the session judges its own.
+		if now-ss.frameStartedAt.Load() >= int64(HandshakeTimeout) {
 			ss.wake()
 		}
 	}
@@ -621,7 +635,9 @@ func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	ss, greeting, err := newSession(s, gnetTransport{c}, s.batchFor(c.EventLoop()))
 	if err != nil {
 		s.conns.Add(-1)
-		s.log.Error().Err(err).Msg("cannot start a session")
+		if err != errNoRoom {
+			s.log.Error().Err(err).Msg("cannot start a session")
+		}
 		return nil, gnet.Close
 	}
 	c.SetContext(ss)

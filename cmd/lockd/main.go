@@ -96,6 +96,7 @@ func serve(opts serveOptions, level zerolog.Level) error {
 			return fmt.Errorf("--auth-file: %w", err)
 		}
 		cfg.Auth = auth.Secrets
+		cfg.TenantConns = auth.TenantConns
 		cfg.Engine.TenantLimits = auth.TenantLimits(cfg.Engine.MaxKeys, cfg.Engine.MaxWaiters, cfg.Engine.MaxInflight)
 	}
 	if opts.adminTokenFile != "" {
@@ -222,7 +223,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	o.flags = fs
 	fs.StringVar(&cfg.Listen, "listen", server.DefaultListen, "client protocol address")
 	fs.StringVar(&cfg.Admin, "admin", server.DefaultAdmin, "admin HTTP address (/healthz, /metrics, /v1/locks/); empty for none")
-	fs.StringVar(authFile, "auth-file", "", "file of tenant:hex-secret lines, each optionally with the tenant's keys=N waiters=N inflight=N (make a secret with openssl rand -hex 32); turns authentication on, and with two or more tenants, per-tenant quotas")
+	fs.StringVar(authFile, "auth-file", "", "file of tenant:hex-secret lines, each optionally with the tenant's keys=N waiters=N inflight=N conns=N (make a secret with openssl rand -hex 32); turns authentication on, and with two or more tenants, per-tenant quotas")
 	fs.StringVar(&cfg.TLSListen, "tls-listen", "", "TLS client protocol address, beside --listen; needs --tls-cert and --tls-key")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate chain of the TLS port")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM private key of --tls-cert (mode 0600: refused when the group or others can read it)")
@@ -238,6 +239,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.IntVar(&cfg.Engine.MaxInflight, "max-inflight", engine.DefaultMaxInflight, "hard limit of in-flight acquires")
 	fs.Uint64Var(&cfg.Engine.FirstToken, "first-token", 0, "first fencing token, for a move to a new data dir: above the old process's lockd_token_counter; refused below the data dir's mark (default: continue above the mark, 1 on a first start)")
 	fs.IntVar(&cfg.MaxConns, "max-conns", server.DefaultMaxConns, "hard limit of client connections")
+	fs.IntVar(&cfg.MaxHandshakes, "max-handshakes", 0, "with auth on, connections open before their HELLO is accepted, within --max-conns (0: an eighth of --max-conns, at most 1024); each must send HELLO within 2 s")
 	fs.IntVar(&cfg.MaxConnInflight, "max-conn-inflight", server.DefaultMaxConnInflight, "hard limit of in-flight requests per connection")
 	fs.IntVar(&cfg.MaxOpenTenants, "max-open-tenants", server.DefaultMaxOpenTenants, "with auth off, how many tenants besides \"default\" HELLO may name")
 	fs.IntVar(&cfg.Loops, "loops", 0, "event loops (0 = GOMAXPROCS − 1, at least 1); single mode without --tls-listen then runs as many Go processors as loops unless GOMAXPROCS is set")
