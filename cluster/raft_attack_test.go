@@ -1,13 +1,18 @@
 package cluster
 
 import (
+	"context"
 	"crypto/tls"
 	"encoding/binary"
 	"fmt"
+	"github.com/lni/dragonboat/v4/config"
+	"github.com/lockd/lockd/internal/testcerts"
+	"github.com/rs/zerolog"
 	"io"
 	"net"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -191,5 +196,54 @@ func TestStartRefusesPlainRaftOffLoopback(t *testing.T) {
 		if err := checkRaftExposure(cfg); err != nil {
 			t.Errorf("%+v: %v", cfg, err)
 		}
+	}
+}
+
+// Over mutual TLS a node speaks only for the members at a host its
+// certificate names: a frame giving another member's address is dropped
+// with its connection, one giving its own is delivered, without its
+// address (dragonboat files addresses from the membership only).
+func TestRaftTLSPeerSpeaksOnlyForItsHost(t *testing.T) {
+	ca := testcerts.NewCA(t, "lockd raft CA")
+	sources := &raftSources{}
+	sources.view.Store(&sourcesView{unknown: map[uint64]bool{}, addrs: map[raftio.NodeInfo]string{
+		{ShardID: 5, ReplicaID: 1}: "127.0.0.1:7001", {ShardID: 5, ReplicaID: 2}: "127.0.0.2:7002"}})
+	batches := make(chan pb.MessageBatch, 4)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePorts(t, 1)[0]))
+	server := raftTransportFactory{log: zerolog.Nop(), tls: raftTLSFor(t, ca, "server"), sources: sources}.Create(
+		config.NodeHostConfig{RaftAddress: addr}, func(mb pb.MessageBatch) { batches <- mb }, func(pb.Chunk) bool { return true }).(*raftTransport)
+	if err := server.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { server.Close() })
+	client, _ := startTLSTransport(t, raftTLSFor(t, ca, "client"), io.Discard) // its certificate names 127.0.0.1
+	send := func(from uint64, source string) error {
+		conn, err := client.GetConnection(context.Background(), server.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		return conn.SendMessageBatch(pb.MessageBatch{DeploymentId: deploymentID, BinVer: raftio.TransportBinVersion, SourceAddress: source,
+			Requests: []pb.Message{{Type: pb.Heartbeat, ShardID: 5, From: from, To: 3, Term: 1}}})
+	}
+	if err := send(2, "127.0.0.2:7002"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the impersonating connection closed", func() bool {
+		server.mu.Lock()
+		defer server.mu.Unlock()
+		return len(server.conns) == 0
+	})
+	if err := send(1, "127.0.0.1:7001"); err != nil {
+		t.Fatal(err)
+	}
+	got := receive(t, batches)
+	if got.SourceAddress != "" || got.Requests[0].From != 1 {
+		t.Fatalf("delivered %+v; want member 1's batch without its address", got)
+	}
+	select {
+	case mb := <-batches:
+		t.Fatalf("a batch for another host's member was delivered too: %+v", mb)
+	default:
 	}
 }

@@ -218,9 +218,9 @@ func (t *raftTransport) accept() {
 			conn.Close()
 			return
 		}
-		if len(t.conns) >= maxRaftConns || t.perHost[host] >= maxRaftConnsPerHost {
+		if open := len(t.conns); open >= maxRaftConns || t.perHost[host] >= maxRaftConnsPerHost {
 			t.mu.Unlock()
-			t.log.Warn().Str("remote", conn.RemoteAddr().String()).Int("open", len(t.conns)).
+			t.log.Warn().Str("remote", conn.RemoteAddr().String()).Int("open", open).
 				Msg("raft transport: connection refused, too many open")
 			conn.Close()
 			continue
