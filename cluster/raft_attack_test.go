@@ -4,12 +4,17 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"github.com/lni/dragonboat/v4/config"
 	"github.com/lockd/lockd/internal/testcerts"
 	"github.com/rs/zerolog"
 	"io"
 	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -245,5 +250,60 @@ func TestRaftTLSPeerSpeaksOnlyForItsHost(t *testing.T) {
 	case mb := <-batches:
 		t.Fatalf("a batch for another host's member was delivered too: %+v", mb)
 	default:
+	}
+}
+
+// A rogue join without the admin token: a node restarted with
+// --admin-token-file answers 401 to adding or removing a member without
+// it, and the membership stays as it was (both answered 200 before, and
+// the rogue node then read and released locks through its own replica).
+// lockctl with the token file lists the members.
+func TestProcessesRogueJoinNeedsTheAdminToken(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test skipped in -short mode")
+	}
+	dir := t.TempDir()
+	bin, ctl := buildLockd(t, dir), buildLockctl(t, dir)
+	procs := startProcesses(t, bin, dir, 1)
+	groupLeader(t, procs, 0)
+	tokenFile := filepath.Join(dir, "admin-token")
+	const token = "0123456789abcdef0123456789abcdef"
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := procs[0]
+	p.kill9()
+	p.args = append(p.args, "--admin-token-file", tokenFile)
+	p.start(t, bin)
+	awaitAdmin(t, p)
+
+	for _, req := range []struct{ method, path, body string }{
+		{http.MethodPost, MembersPath, `{"id": 9, "raft_addr": "127.0.0.1:1"}`},
+		{http.MethodDelete, MembersPath + "/3", ""},
+		{http.MethodGet, "/v1/locks/default/k", ""},
+	} {
+		r, err := http.NewRequest(req.method, "http://"+p.admin+req.path, strings.NewReader(req.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("%s %s without the token: %s, want 401", req.method, req.path, resp.Status)
+		}
+	}
+	out, err := exec.Command(ctl, "cluster", "--admin", p.admin, "--admin-token-file", tokenFile, "--json", "list").Output()
+	if err != nil {
+		t.Fatalf("lockctl cluster list with the token: %v", err)
+	}
+	var m Membership
+	if err := json.Unmarshal(out, &m); err != nil {
+		t.Fatal(err)
+	}
+	if got := memberIDs(m); !slices.Equal(got, []uint64{1, 2, 3}) {
+		t.Fatalf("members after the rogue requests: %v, want 1 2 3", got)
 	}
 }
