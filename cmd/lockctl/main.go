@@ -39,7 +39,8 @@ const usage = `usage:
   lockctl --version
 
 status and list ask lockd's admin endpoint (--admin), which needs no
-secret; --tenant names the tenant whose locks to show. In cluster mode the
+tenant secret, but the admin token when lockd has one
+(--admin-token-file); --tenant names the tenant whose locks to show. In cluster mode the
 node asked answers from its replica of the keys' groups and says so in
 the NODE column.
 
