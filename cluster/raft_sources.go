@@ -1,26 +1,31 @@
 package cluster
 
 // This file owns the check of where a Raft frame says it comes from,
-// made by the transport before dragonboat sees the frame: the sender
-// must be a member of each group its messages are for, at the Raft
-// address the group's membership records for it.
+// made by the transport before dragonboat sees the frame: each message
+// must be for a group this node runs, name its sender, and come from the
+// Raft address that group's membership records for that sender.
 //
 // Dragonboat trusts a message batch's source address: it files it in its
 // address registry under every sender replica the batch names, and panics
 // ("inconsistent target") when a replica already has another address
 // there. One forged frame naming a member at a made-up address killed the
-// process. So the transport forwards batches with their source address
-// cleared, after checking it here: dragonboat's registry then learns
-// addresses from the groups' membership (its log and snapshots) only.
+// process. So a batch whose senders are all members, at their recorded
+// address, reaches dragonboat with its source address cleared: its
+// registry then learns their addresses from the membership (log and
+// snapshots) only.
 //
-// The exception is a group whose replica here does not know its
-// membership yet: a node joining, until the leader's entries or snapshot
-// arrive. It must learn the leader's address from the leader's messages
-// to answer them, so their source address is kept; the first address
-// given for a sender is then the only one accepted for it, so that
-// dragonboat's registry is never given two. Until the join completes, an
-// attacker who reaches the joining node first can still name a wrong one;
-// mutual TLS (LoadRaftTLS) closes that.
+// A sender this replica does not know as a member is not refused: a
+// replica's membership is what it has applied, which lags its group's —
+// a node joining knows none until the leader's entries arrive, and a node
+// restarted may not have applied the addition of the member it must now
+// vote with (it was refused, and two live members of three never elected
+// a leader). Its batches keep their source address, so that this node
+// can answer, and the first address given for such a sender is the only
+// one accepted for it, so that dragonboat's registry is never given two.
+// Someone who reaches a plain TCP Raft port can therefore still speak as
+// a replica id the group does not have yet; mutual TLS (LoadRaftTLS)
+// closes that: a peer's certificate must name the host of the address it
+// gives.
 
 import (
 	"errors"
@@ -54,20 +59,15 @@ type raftSources struct {
 	refreshMu   sync.Mutex
 	refreshedAt time.Time // under refreshMu
 
-	// pinned holds the address first given for each sender of a group
-	// whose membership this node does not know (raftio.NodeInfo ->
-	// string).
+	// pinned holds the address first given for each sender not known as
+	// a member (raftio.NodeInfo -> string).
 	pinned sync.Map
 }
 
 // sourcesView is one reading of the memberships.
 type sourcesView struct {
-	addrs map[raftio.NodeInfo]string // (group, member) -> Raft address
-	// unknown holds the groups whose replica here does not know its
-	// membership yet: a node joining, before the leader's first entries
-	// or snapshot. Their messages cannot be checked; they are let through
-	// without an address, which dragonboat then never files.
-	unknown map[uint64]bool
+	groups map[uint64]bool            // the groups this node runs
+	addrs  map[raftio.NodeInfo]string // (group, member) -> Raft address
 }
 
 // attach makes s read nh's groups.
@@ -82,36 +82,35 @@ func (s *raftSources) attach(nh *dragonboat.NodeHost) {
 	s.shards.Store(&read)
 }
 
-// checkBatch reports whether every message of mb comes from a member of
-// its group at mb's source address, and whether dragonboat must be given
-// that address (a message is for a group whose membership is not known
-// here). A batch whose sender is unknown makes the view be read again, at
-// most every sourcesRefreshEvery.
+// checkBatch reports whether mb's messages may reach dragonboat (see the
+// file comment), and whether its source address must go with them (a
+// sender is not a member as this replica knows). A batch that is refused
+// or names a sender not known as a member makes the view be read again,
+// at most every sourcesRefreshEvery.
 func (s *raftSources) checkBatch(mb *pb.MessageBatch) (keepSource bool, err error) {
 	if err := checkOrigin(mb.DeploymentId, mb.BinVer); err != nil {
 		return false, err
 	}
 	view := s.view.Load()
-	if err := view.checkBatch(mb); err != nil {
-		if !s.refresh() {
-			return false, err
-		}
-		if view = s.view.Load(); view.checkBatch(mb) != nil {
-			return false, err
-		}
+	keepSource, err = view.checkBatch(mb)
+	if (err != nil || keepSource) && s.refresh() {
+		view = s.view.Load()
+		keepSource, err = view.checkBatch(mb)
+	}
+	if err != nil || !keepSource {
+		return false, err
 	}
 	for i := range mb.Requests {
 		m := &mb.Requests[i]
-		if !view.unknown[m.ShardID] {
+		if _, member := view.addrs[raftio.NodeInfo{ShardID: m.ShardID, ReplicaID: m.From}]; member {
 			continue
 		}
-		keepSource = true
 		sender := raftio.NodeInfo{ShardID: m.ShardID, ReplicaID: m.From}
 		if first, _ := s.pinned.LoadOrStore(sender, mb.SourceAddress); first != mb.SourceAddress {
-			return false, fmt.Errorf("%w: group %d member %d was at %q, now %q", errForeignSource, m.ShardID, m.From, first, mb.SourceAddress)
+			return false, fmt.Errorf("%w: group %d replica %d was at %q, now %q", errForeignSource, m.ShardID, m.From, first, mb.SourceAddress)
 		}
 	}
-	return keepSource, nil
+	return true, nil
 }
 
 // checkChunk reports whether a snapshot chunk comes from a member of its
@@ -120,10 +119,11 @@ func (s *raftSources) checkChunk(c *pb.Chunk) error {
 	if err := checkOrigin(c.DeploymentId, c.BinVer); err != nil {
 		return err
 	}
-	if err := s.view.Load().checkMember(c.ShardID, c.From, ""); err == nil || !s.refresh() {
+	if _, err := s.view.Load().checkSender(c.ShardID, c.From, ""); err == nil || !s.refresh() {
 		return err
 	}
-	return s.view.Load().checkMember(c.ShardID, c.From, "")
+	_, err := s.view.Load().checkSender(c.ShardID, c.From, "")
+	return err
 }
 
 // checkOrigin refuses frames of another deployment or transport version,
@@ -149,12 +149,9 @@ func (s *raftSources) refresh() bool {
 		return false
 	}
 	s.refreshedAt = time.Now()
-	v := &sourcesView{addrs: make(map[raftio.NodeInfo]string), unknown: make(map[uint64]bool)}
+	v := &sourcesView{groups: make(map[uint64]bool), addrs: make(map[raftio.NodeInfo]string)}
 	for _, si := range (*read)() {
-		if si.Pending || len(si.Replicas) == 0 {
-			v.unknown[si.ShardID] = true
-			continue
-		}
+		v.groups[si.ShardID] = true
 		for id, addr := range si.Replicas {
 			v.addrs[raftio.NodeInfo{ShardID: si.ShardID, ReplicaID: id}] = addr
 		}
@@ -163,33 +160,38 @@ func (s *raftSources) refresh() bool {
 	return true
 }
 
-func (v *sourcesView) checkBatch(mb *pb.MessageBatch) error {
+// checkBatch checks every message of mb (checkSender); member is false
+// when a sender is not a member as this replica knows.
+func (v *sourcesView) checkBatch(mb *pb.MessageBatch) (notMember bool, err error) {
 	if mb.SourceAddress == "" {
-		return fmt.Errorf("%w: no source address", errForeignSource)
+		return false, fmt.Errorf("%w: no source address", errForeignSource)
 	}
 	for i := range mb.Requests {
-		if err := v.checkMember(mb.Requests[i].ShardID, mb.Requests[i].From, mb.SourceAddress); err != nil {
-			return err
+		member, err := v.checkSender(mb.Requests[i].ShardID, mb.Requests[i].From, mb.SourceAddress)
+		if err != nil {
+			return false, err
 		}
+		notMember = notMember || !member
 	}
-	return nil
+	return notMember, nil
 }
 
-// checkMember reports whether replica from is a member of group shard, at
-// addr unless addr is empty.
-func (v *sourcesView) checkMember(shard, from uint64, addr string) error {
-	if v == nil {
-		return fmt.Errorf("%w: no membership known yet", errForeignSource)
+// checkSender refuses a message for a group this node does not run, one
+// without a sender, and one whose sender is a member at another address
+// than addr (unless addr is empty); it reports whether the sender is a
+// member.
+func (v *sourcesView) checkSender(shard, from uint64, addr string) (member bool, err error) {
+	switch {
+	case v == nil:
+		return false, fmt.Errorf("%w: no membership known yet", errForeignSource)
+	case !v.groups[shard]:
+		return false, fmt.Errorf("%w: no group %d here", errForeignSource, shard)
+	case from == 0:
+		return false, fmt.Errorf("%w: group %d, no sender", errForeignSource, shard)
 	}
-	if from == 0 {
-		return fmt.Errorf("%w: group %d, no sender", errForeignSource, shard)
+	known, member := v.addrs[raftio.NodeInfo{ShardID: shard, ReplicaID: from}]
+	if member && addr != "" && known != addr {
+		return false, fmt.Errorf("%w: group %d has member %d at %q, not %q", errForeignSource, shard, from, known, addr)
 	}
-	if v.unknown[shard] {
-		return nil
-	}
-	known, ok := v.addrs[raftio.NodeInfo{ShardID: shard, ReplicaID: from}]
-	if !ok || (addr != "" && known != addr) {
-		return fmt.Errorf("%w: group %d has no member %d at %q", errForeignSource, shard, from, addr)
-	}
-	return nil
+	return member, nil
 }

@@ -40,9 +40,10 @@ func (bufferConn) SetWriteDeadline(time.Time) error { return nil }
 // FuzzRaftFrameReader feeds arbitrary bytes to what serves an accepted
 // Raft connection: the frame reader, the decoding and the source check.
 // Whatever arrives, nothing panics, the buffer grows only with the bytes
-// that arrived, and dragonboat is handed only batches whose every message
-// comes from a member of the group at its recorded address, with the
-// address cleared (it never reaches dragonboat's registry).
+// that arrived, every message dragonboat is handed is for the node's
+// group and names a sender, and its address registry is never given two
+// addresses for one sender, nor a member's at another address than the
+// membership records.
 func FuzzRaftFrameReader(f *testing.F) {
 	good := pb.MessageBatch{DeploymentId: deploymentID, BinVer: raftio.TransportBinVersion, SourceAddress: fuzzMembers[2],
 		Requests: []pb.Message{{Type: pb.Heartbeat, ShardID: fuzzGroup, From: 2, To: 1, Term: 3}}}
@@ -54,7 +55,7 @@ func FuzzRaftFrameReader(f *testing.F) {
 	f.Add(fuzzFrame(frameChunk, &chunk, chunk.Size()))
 	f.Add([]byte{0x4c, 0x52, 'M', 0x04, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3})
 
-	view := &sourcesView{addrs: make(map[raftio.NodeInfo]string), unknown: map[uint64]bool{}}
+	view := &sourcesView{groups: map[uint64]bool{fuzzGroup: true}, addrs: make(map[raftio.NodeInfo]string)}
 	for id, addr := range fuzzMembers {
 		view.addrs[raftio.NodeInfo{ShardID: fuzzGroup, ReplicaID: id}] = addr
 	}
@@ -81,14 +82,24 @@ func FuzzRaftFrameReader(f *testing.F) {
 			}
 			payload = body[:0]
 		}
+		// What dragonboat's registry would be given: never two addresses
+		// for one sender, never a member's at another address.
+		filed := make(map[uint64]string)
 		for _, mb := range delivered {
-			if mb.SourceAddress != "" {
-				t.Fatalf("a batch reached dragonboat with its source address %q", mb.SourceAddress)
-			}
 			for _, m := range mb.Requests {
-				if m.ShardID != fuzzGroup || fuzzMembers[m.From] == "" {
+				if m.ShardID != fuzzGroup || m.From == 0 {
 					t.Fatalf("a message from replica %d of group %d reached dragonboat", m.From, m.ShardID)
 				}
+				if mb.SourceAddress == "" {
+					continue
+				}
+				if addr := fuzzMembers[m.From]; addr != "" && addr != mb.SourceAddress {
+					t.Fatalf("member %d reached dragonboat at %q, not its %q", m.From, mb.SourceAddress, addr)
+				}
+				if first, ok := filed[m.From]; ok && first != mb.SourceAddress {
+					t.Fatalf("replica %d reached dragonboat at %q and at %q", m.From, first, mb.SourceAddress)
+				}
+				filed[m.From] = mb.SourceAddress
 			}
 		}
 	})
