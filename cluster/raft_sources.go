@@ -23,9 +23,10 @@ package cluster
 // can answer, and the first address given for such a sender is the only
 // one accepted for it, so that dragonboat's registry is never given two.
 // Someone who reaches a plain TCP Raft port can therefore still speak as
-// a replica id the group does not have yet; mutual TLS (LoadRaftTLS)
-// closes that: a peer's certificate must name the host of the address it
-// gives.
+// a replica id the group does not have yet, and, in the moment between a
+// member's addition and the next reading of the view, as that member at
+// another address; mutual TLS (LoadRaftTLS) closes that: a peer's
+// certificate must name the host of the address it gives.
 
 import (
 	"errors"
