@@ -15,7 +15,8 @@ FUZZ_TARGETS := \
 	./codec:FuzzClientHandshake \
 	./server:FuzzServerFrameLoop \
 	./server:FuzzReliabilityServerAnswers \
-	./client:FuzzClientAnswers
+	./client:FuzzClientAnswers \
+	./cluster:FuzzRaftFrameReader
 
 .PHONY: help build dist image test test-python bench bench-peers bench-cluster bench-python bench-failover bench-gate fault-test fuzz reliability run cluster clean
 

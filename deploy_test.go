@@ -218,6 +218,9 @@ func TestDockerfile(t *testing.T) {
 	if env["LOCKD_AUTH_FILE"] == "" || env["LOCKD_INSECURE_NO_AUTH"] != "" {
 		t.Errorf("listening on every interface, the image must turn authentication on: %v", env)
 	}
+	if env["LOCKD_ADMIN_TOKEN_FILE"] == "" || env["LOCKD_INSECURE_ADMIN"] != "" {
+		t.Errorf("its admin port on every interface, the image must require the admin token: %v", env)
+	}
 }
 
 // TestImageSettingsFailClosed runs lockd with the image's environment:
@@ -239,15 +242,20 @@ func TestImageSettingsFailClosed(t *testing.T) {
 	env["LOCKD_LISTEN"] = strings.Replace(env["LOCKD_LISTEN"], ":7420", ":0", 1)
 	env["LOCKD_ADMIN"] = "127.0.0.1:0"
 	env["LOCKD_DATA_DIR"] = t.TempDir()
+	token := filepath.Join(t.TempDir(), "admin-token")
+	if err := os.WriteFile(token, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	missing := filepath.Join(t.TempDir(), "auth")
 	for _, tc := range []struct {
-		authFile string
-		says     []string
+		authFile, tokenFile string
+		says                []string
 	}{
-		{missing, []string{"--auth-file", missing}},
-		{"", []string{"--auth-file", "--insecure-no-auth"}},
+		{missing, token, []string{"--auth-file", missing}},
+		{"", token, []string{"--auth-file", "--insecure-no-auth"}},
+		{"", missing, []string{"--admin-token-file", missing}},
 	} {
-		env["LOCKD_AUTH_FILE"] = tc.authFile
+		env["LOCKD_AUTH_FILE"], env["LOCKD_ADMIN_TOKEN_FILE"] = tc.authFile, tc.tokenFile
 		cmd := exec.Command(bin, "serve")
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 		for name, value := range env {

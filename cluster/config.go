@@ -145,6 +145,9 @@ type Config struct {
 	// process can take the port in between. The node closes it when it
 	// stops (the caller does when Start fails).
 	RaftListener net.Listener
+	// InsecureRaft allows plain TCP Raft on an address other machines can
+	// reach (checkRaftExposure).
+	InsecureRaft bool
 
 	// FS, when set, keeps the NodeHost's files there (vfs.NewMem in tests).
 	FS     config.IFS

@@ -7,8 +7,10 @@ package cluster
 //	POST   /v1/cluster/members        {"id": N, "raft_addr": "host:port"}: add N to every group
 //	DELETE /v1/cluster/members/{id}   remove id from every group
 //
-// A change answers the membership after it. The admin endpoint has no
-// authentication and stays on loopback unless the operator opens it.
+// A change answers the membership after it. With lockd's
+// --admin-token-file every route here needs the bearer token (the admin
+// server checks it before this handler); without one the admin endpoint
+// stays on loopback unless the operator opens it.
 
 import (
 	"context"

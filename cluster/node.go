@@ -170,6 +170,9 @@ func Start(cfg Config) (*Node, error) {
 	if err := cfg.applyDefaults(); err != nil {
 		return nil, err
 	}
+	if err := checkRaftExposure(cfg); err != nil {
+		return nil, err
+	}
 	if err := checkMeta(&cfg); err != nil {
 		return nil, err
 	}
@@ -219,7 +222,8 @@ func Start(cfg Config) (*Node, error) {
 	// 1024 callers (docs/cluster.md, Timing).
 	nhc.Expert.Engine.ApplyShards = 1
 	nhc.RaftEventListener = leaderListener{n}
-	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS, heard: n.heardFrom, framesSent: &n.stats.raftFramesSent, streamsOpened: &n.stats.raftStreams,
+	sources := &raftSources{}
+	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS, sources: sources, heard: n.heardFrom, framesSent: &n.stats.raftFramesSent, streamsOpened: &n.stats.raftStreams,
 		onPeer: n.onPeerFrame, listener: cfg.RaftListener}
 	// Before the NodeHost: replicas replaying their logs may already
 	// reach the claims' links, whose goroutines end with it.
@@ -230,6 +234,7 @@ func Start(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("cluster: start NodeHost: %w", err)
 	}
 	n.nh = nh
+	sources.attach(nh)
 	members := make(map[uint64]dragonboat.Target, len(cfg.Peers))
 	for id, addr := range cfg.Peers {
 		members[id] = addr

@@ -183,7 +183,7 @@ func startNetnsProcesses(t *testing.T, network *netnsNetwork, bin, dir string, g
 			dial:   network.dialer(id),
 		}
 		p.args = append([]string{"netns", "exec", network.nodeNS(id), bin},
-			p.serveArgs(network.nodeAddr(id)+":7451", peers, dir, groups, 2*time.Second)...)
+			append(p.serveArgs(network.nodeAddr(id)+":7451", peers, dir, groups, 2*time.Second), "--insecure-raft")...)
 		procs[i] = p
 	}
 	// Registered after the network's cleanup, so it runs first: the

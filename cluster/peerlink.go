@@ -119,7 +119,7 @@ func (l *peerLink) read(conn net.Conn) {
 	r := bufio.NewReaderSize(conn, 4096)
 	var buf []byte
 	for {
-		kind, body, err := readFrame(r, buf)
+		kind, body, err := readFrame(r, buf, nil)
 		if err != nil {
 			return
 		}

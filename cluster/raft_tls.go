@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"fmt"
 
+	"github.com/lockd/lockd/internal/netaddr"
 	"github.com/lockd/lockd/internal/tlsfiles"
 )
 
@@ -31,4 +32,22 @@ func LoadRaftTLS(certFile, keyFile, caFile string) (*tls.Config, error) {
 		ClientAuth:   tls.RequireAndVerifyClientCert,
 		MinVersion:   tls.VersionTLS13,
 	}, nil
+}
+
+// checkRaftExposure refuses plain TCP Raft on an address other machines
+// can reach, unless cfg.InsecureRaft: whoever reaches a Raft port without
+// TLS can speak for any member (forge votes and higher terms, keeping a
+// group without a leader) and feed the groups entries of its own.
+func checkRaftExposure(cfg Config) error {
+	if cfg.RaftTLS != nil || cfg.InsecureRaft {
+		return nil
+	}
+	loopback, err := netaddr.IsLoopback(cfg.RaftAddr)
+	if err != nil {
+		return fmt.Errorf("cluster: raft address %q: %w", cfg.RaftAddr, err)
+	}
+	if !loopback {
+		return fmt.Errorf("cluster: refusing plain TCP Raft on non-loopback %q: anyone who reaches it can disrupt or rewrite the cluster; give --raft-tls-cert, --raft-tls-key and --raft-tls-ca (mutual TLS), or --insecure-raft on a network only the nodes reach", cfg.RaftAddr)
+	}
+	return nil
 }

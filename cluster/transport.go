@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,9 +53,24 @@ const (
 	frameMessages  = 'M'
 	frameChunk     = 'C'
 	frameLockd     = 'L'
-	// maxFrame bounds what a peer can make this node allocate: dragonboat's
-	// largest message batch (64 MiB) and some room.
-	maxFrame = 72 << 20
+	// maxFrame bounds a frame: dragonboat's largest message batch (64 MiB)
+	// and some room. A frame's buffer grows with the bytes that arrive
+	// (frameReadStep at first, then doubling), never to what its header
+	// declares at once: a header alone cannot make this node allocate.
+	maxFrame      = 72 << 20
+	frameReadStep = 64 << 10
+	// A connection's first frame must arrive within raftDialTimeout, as a
+	// TLS handshake must; once a frame's header is in, the rest must
+	// arrive at raftWriteMinRate, as its sender writes it. Between frames
+	// of a peer that has shown it is a member there is no deadline: a
+	// stream between two followers carries nothing until an election, and
+	// a vote request lost on a stream closed for idling would delay the
+	// election (TCP keep-alive finds a peer that is gone).
+	// maxRaftConns and maxRaftConnsPerHost bound the accepted connections:
+	// a node keeps one message stream to each peer, and a snapshot stream
+	// while one is sent; past these, a connection is closed at once.
+	maxRaftConns        = 256
+	maxRaftConnsPerHost = 16
 	// A frame's write may take raftWriteTimeout plus its length at
 	// raftWriteMinRate; past that the peer is taken to have stopped
 	// reading, and dragonboat's sender reconnects.
@@ -93,10 +110,15 @@ func init() { dragonboatStreams = 1 }
 
 // raftTransportFactory plugs the transport into a NodeHost. With tls
 // (LoadRaftTLS) every connection is mutual TLS: a peer whose certificate
-// the CA did not sign is refused at the handshake, before a frame.
+// the CA did not sign is refused at the handshake, before a frame, and a
+// peer's certificate must name the host of the source address its frames
+// give.
 type raftTransportFactory struct {
 	log zerolog.Logger
 	tls *tls.Config
+	// sources checks where each frame comes from (raft_sources.go); nil
+	// only in tests of the framing.
+	sources *raftSources
 	// heard, when set, is told of every peer a message batch came from
 	// (the node's liveness record).
 	heard func(replica uint64)
@@ -122,8 +144,9 @@ func (f raftTransportFactory) Create(nhc config.NodeHostConfig, mh raftio.Messag
 			mh(mb)
 		}
 	}
-	return &raftTransport{addr: nhc.GetListenAddress(), bound: f.listener, log: f.log, tls: f.tls, onMessages: onMessages, onChunk: ch, onPeer: f.onPeer,
-		framesSent: f.framesSent, streamsOpened: f.streamsOpened, conns: make(map[net.Conn]struct{}), done: make(chan struct{})}
+	return &raftTransport{addr: nhc.GetListenAddress(), bound: f.listener, log: f.log, tls: f.tls, sources: f.sources, onMessages: onMessages, onChunk: ch, onPeer: f.onPeer,
+		framesSent: f.framesSent, streamsOpened: f.streamsOpened, conns: make(map[net.Conn]struct{}), perHost: make(map[string]int),
+		done: make(chan struct{})}
 }
 
 func (raftTransportFactory) Validate(addr string) bool {
@@ -136,19 +159,21 @@ type raftTransport struct {
 	addr          string
 	bound         net.Listener // nil: Start listens on addr
 	log           zerolog.Logger
-	tls           *tls.Config // nil: plain TCP
+	tls           *tls.Config  // nil: plain TCP
+	sources       *raftSources // nil: frames unchecked
 	onMessages    raftio.MessageHandler
 	onChunk       raftio.ChunkHandler
 	onPeer        func(body []byte, sink verdictSink) // nil: 'L' frames are ignored
 	framesSent    *atomic.Uint64                      // nil: not counted
 	streamsOpened *atomic.Uint64                      // nil: not counted
 
-	mu     sync.Mutex
-	ln     net.Listener
-	conns  map[net.Conn]struct{} // accepted, open
-	closed bool
-	done   chan struct{} // closed by Close
-	wg     sync.WaitGroup
+	mu      sync.Mutex
+	ln      net.Listener
+	conns   map[net.Conn]struct{} // accepted, open
+	perHost map[string]int        // accepted, open, by the peer's IP
+	closed  bool
+	done    chan struct{} // closed by Close
+	wg      sync.WaitGroup
 }
 
 func (t *raftTransport) Name() string {
@@ -198,13 +223,22 @@ func (t *raftTransport) accept() {
 			continue
 		}
 		pause = 0
+		host := remoteHost(conn)
 		t.mu.Lock()
 		if t.closed {
 			t.mu.Unlock()
 			conn.Close()
 			return
 		}
+		if open := len(t.conns); open >= maxRaftConns || t.perHost[host] >= maxRaftConnsPerHost {
+			t.mu.Unlock()
+			t.log.Warn().Str("remote", conn.RemoteAddr().String()).Int("open", open).
+				Msg("raft transport: connection refused, too many open")
+			conn.Close()
+			continue
+		}
 		t.conns[conn] = struct{}{}
+		t.perHost[host]++
 		t.wg.Add(1)
 		t.mu.Unlock()
 		go func() {
@@ -212,51 +246,140 @@ func (t *raftTransport) accept() {
 			t.serve(conn)
 			t.mu.Lock()
 			delete(t.conns, conn)
+			if t.perHost[host]--; t.perHost[host] == 0 {
+				delete(t.perHost, host)
+			}
 			t.mu.Unlock()
 			conn.Close()
 		}()
 	}
 }
 
-// serve hands every frame a peer sends to dragonboat, until the peer
-// closes, sends something else than a frame, or a snapshot is refused.
-func (t *raftTransport) serve(conn net.Conn) {
-	if tc, ok := conn.(*tls.Conn); ok && !t.handshake(tc) {
-		return
+// remoteHost is the IP a connection comes from.
+func remoteHost(conn net.Conn) string {
+	if a, ok := conn.RemoteAddr().(*net.TCPAddr); ok {
+		return a.IP.String()
 	}
-	r := bufio.NewReaderSize(conn, 64<<10)
-	var payload []byte
-	var sink *servedSink
-	for {
-		kind, body, err := readFrame(r, payload)
-		if err != nil {
+	return conn.RemoteAddr().String()
+}
+
+// serve hands every frame a peer sends to dragonboat, until the peer
+// closes, stalls, sends something else than a frame or a frame from
+// outside the membership, or a snapshot is refused.
+func (t *raftTransport) serve(conn net.Conn) {
+	p := peerConn{t: t, conn: conn, remote: conn.RemoteAddr().String()}
+	if tc, ok := conn.(*tls.Conn); ok {
+		if !t.handshake(tc) {
 			return
 		}
-		switch kind {
-		case frameMessages:
-			var mb pb.MessageBatch
-			if mb.Unmarshal(body) != nil {
-				return
+		p.cert = tc.ConnectionState().PeerCertificates[0]
+	}
+	r := bufio.NewReaderSize(conn, 64<<10)
+	bodyDeadline := func(n int) error {
+		return conn.SetReadDeadline(time.Now().Add(raftWriteTimeout + time.Duration(n)*time.Second/raftWriteMinRate))
+	}
+	var payload []byte
+	if conn.SetReadDeadline(time.Now().Add(raftDialTimeout)) != nil {
+		return
+	}
+	for {
+		kind, body, err := readFrame(r, payload, bodyDeadline)
+		if err != nil {
+			if errors.Is(err, errBadFrame) {
+				t.log.Warn().Err(err).Str("remote", p.remote).Msg("raft transport: peer dropped")
 			}
-			t.onMessages(mb)
-		case frameChunk:
-			var c pb.Chunk
-			if c.Unmarshal(body) != nil || !t.onChunk(c) {
-				return
-			}
-		case frameLockd:
-			if t.onPeer != nil {
-				if sink == nil {
-					sink = &servedSink{conn: conn}
-				}
-				t.onPeer(body, sink)
-			}
+			return
+		}
+		if err := p.handle(kind, body); err != nil {
+			t.log.Warn().Err(err).Str("remote", p.remote).Msg("raft transport: peer dropped")
+			return
+		}
+		if conn.SetReadDeadline(time.Time{}) != nil {
+			return
 		}
 		payload = body[:0] // Unmarshal copied what it keeps
 		if cap(payload) > 1<<20 {
 			payload = nil // do not pin a snapshot chunk's buffer
 		}
 	}
+}
+
+// peerConn is what the transport knows of one accepted connection.
+type peerConn struct {
+	t      *raftTransport
+	conn   net.Conn
+	sink   *servedSink // claims' verdicts back on this connection, once one came
+	remote string
+	cert   *x509.Certificate // nil: plain TCP
+	// certFor is the last source address the certificate was found to
+	// name, so that the check runs once per connection, not per frame.
+	certFor string
+}
+
+// handle hands one frame to dragonboat, or tells why the connection must
+// close: the frame does not decode, comes from outside the membership, or
+// is a refused snapshot chunk.
+func (p *peerConn) handle(kind byte, body []byte) error {
+	t := p.t
+	switch kind {
+	case frameMessages:
+		var mb pb.MessageBatch
+		if err := mb.Unmarshal(body); err != nil {
+			return fmt.Errorf("%w: %w", errBadFrame, err)
+		}
+		if t.sources != nil {
+			keepSource, err := t.sources.checkBatch(&mb)
+			if err != nil {
+				return err
+			}
+			if err := p.checkCert(mb.SourceAddress); err != nil {
+				return err
+			}
+			if !keepSource {
+				mb.SourceAddress = "" // see raft_sources.go
+			}
+		}
+		t.onMessages(mb)
+	case frameChunk:
+		var c pb.Chunk
+		if err := c.Unmarshal(body); err != nil {
+			return fmt.Errorf("%w: %w", errBadFrame, err)
+		}
+		if t.sources != nil {
+			if err := t.sources.checkChunk(&c); err != nil {
+				return err
+			}
+		}
+		if !t.onChunk(c) {
+			return errors.New("raft transport: snapshot chunk refused")
+		}
+	case frameLockd:
+		if t.onPeer != nil {
+			if p.sink == nil {
+				p.sink = &servedSink{conn: p.conn}
+			}
+			t.onPeer(body, p.sink)
+		}
+	}
+	return nil
+}
+
+// checkCert reports whether a TLS peer's certificate names the host of
+// the source address its frame gives: a node can speak only for the
+// members at its own host.
+func (p *peerConn) checkCert(source string) error {
+	if p.cert == nil || source == p.certFor {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(source)
+	if err != nil {
+		return fmt.Errorf("%w: source address %q: %w", errForeignSource, source, err)
+	}
+	if err := p.cert.VerifyHostname(host); err != nil {
+		return fmt.Errorf("%w: %w", errForeignSource, err)
+	}
+	p.certFor = source
+	return nil
 }
 
 // handshake runs an accepted connection's TLS handshake within
@@ -271,22 +394,31 @@ func (t *raftTransport) handshake(tc *tls.Conn) bool {
 	return tc.SetDeadline(time.Time{}) == nil
 }
 
-// readFrame reads one frame into buf (grown as needed).
-func readFrame(r io.Reader, buf []byte) (kind byte, body []byte, err error) {
+// readFrame reads one frame into buf, grown as its bytes arrive; once the
+// header is read, it calls bodyDeadline, when set, with the payload's
+// length.
+func readFrame(r io.Reader, buf []byte, bodyDeadline func(n int) error) (kind byte, body []byte, err error) {
 	var hdr [frameHeaderLen]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return 0, nil, err
 	}
-	kind, n := hdr[2], binary.BigEndian.Uint32(hdr[3:])
+	kind, n := hdr[2], int(binary.BigEndian.Uint32(hdr[3:]))
 	if binary.BigEndian.Uint16(hdr[:]) != frameMagic || (kind != frameMessages && kind != frameChunk && kind != frameLockd) || n > maxFrame {
-		return 0, nil, errBadFrame
+		return 0, nil, fmt.Errorf("%w: header %x", errBadFrame, hdr)
 	}
-	if cap(buf) < int(n) {
-		buf = make([]byte, n)
+	if bodyDeadline != nil {
+		if err := bodyDeadline(n); err != nil {
+			return 0, nil, err
+		}
 	}
-	body = buf[:n]
-	if _, err := io.ReadFull(r, body); err != nil {
-		return 0, nil, err
+	body = buf[:0]
+	for len(body) < n {
+		step := min(n-len(body), max(frameReadStep, len(body)))
+		body = slices.Grow(body, step)
+		if _, err := io.ReadFull(r, body[len(body):len(body)+step]); err != nil {
+			return 0, nil, err
+		}
+		body = body[:len(body)+step]
 	}
 	if crc32.Checksum(body, castagnoliCRC) != binary.BigEndian.Uint32(hdr[7:]) {
 		return 0, nil, errBadFrame

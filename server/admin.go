@@ -9,16 +9,18 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
-	"golang.org/x/net/netutil"
 )
 
-// Admin HTTP timeouts: a scrape or a health check is one small request,
-// so a connection that sends its headers slowly is closed soon, and
-// cannot hold one of the few admin connections (Config.AdminIdleTimeout
-// does the same for an idle one).
+// Admin HTTP limits: a scrape, a health check or a membership change is
+// one small request, so a connection that sends its headers or its body
+// slowly is closed soon, and cannot hold one of the few admin connections
+// (Config.AdminIdleTimeout does the same for an idle one).
 const (
 	adminReadHeaderTimeout = 5 * time.Second
+	adminReadTimeout       = 10 * time.Second
 	adminWriteTimeout      = 10 * time.Second
+	adminMaxHeaderBytes    = 16 << 10
+	adminMaxBodyBytes      = 64 << 10
 )
 
 // adminServer serves /healthz, /metrics and the lock inspection
@@ -29,9 +31,9 @@ type adminServer struct {
 	done chan struct{}
 }
 
-// startAdmin serves at most Config.AdminMaxConns connections at once:
-// past that, new ones wait in the kernel's accept queue, which costs no
-// descriptor.
+// startAdmin serves at most Config.AdminMaxConns connections at once;
+// past that, a few more are accepted for /healthz alone (admin_gates.go).
+// With Config.AdminToken every route but /healthz and /metrics needs it.
 func startAdmin(s *Server) (*adminServer, error) {
 	ln, err := net.Listen("tcp", s.cfg.Admin)
 	if err != nil {
@@ -42,7 +44,7 @@ func startAdmin(s *Server) (*adminServer, error) {
 		ln.Close()
 		return nil, err
 	}
-	limited := netutil.LimitListener(ln, s.cfg.AdminMaxConns)
+	limited := newAdminListener(ln, s.cfg.AdminMaxConns)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		switch {
@@ -61,13 +63,20 @@ func startAdmin(s *Server) (*adminServer, error) {
 		mux.Handle(pattern, h)
 	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: metricsLogger{s.log}, ErrorHandling: promhttp.ContinueOnError}))
+	handler := s.withLocks(mux)
+	if s.cfg.AdminToken != nil {
+		handler = requireToken(s.cfg.AdminToken, handler)
+	}
 	a := &adminServer{
 		addr: ln.Addr().String(),
 		http: &http.Server{
-			Handler:           s.withLocks(mux),
+			Handler:           onlyHealthOnProbes(http.MaxBytesHandler(handler, adminMaxBodyBytes)),
 			ReadHeaderTimeout: adminReadHeaderTimeout,
+			ReadTimeout:       adminReadTimeout,
 			WriteTimeout:      adminWriteTimeout,
 			IdleTimeout:       s.cfg.AdminIdleTimeout,
+			MaxHeaderBytes:    adminMaxHeaderBytes,
+			ConnContext:       markProbeConn,
 		},
 		done: make(chan struct{}),
 	}

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -159,38 +161,146 @@ func TestAdminClosesIdleConnections(t *testing.T) {
 	}
 }
 
-// TestAdminConnectionCap: past AdminMaxConns, a new connection is not
-// served until an open one closes.
-func TestAdminConnectionCap(t *testing.T) {
+// TestAdminSlowClientsDoNotStallHealthz: clients that declare a request
+// body and never send it held every admin slot with no end, so /healthz
+// stopped answering (a liveness probe then restarts the node). Past
+// AdminMaxConns a connection is still answered, for /healthz only, and a
+// body that does not arrive closes its connection after the read timeout.
+func TestAdminSlowClientsDoNotStallHealthz(t *testing.T) {
 	s := startServer(t, func(cfg *Config) { cfg.Admin = "127.0.0.1:0"; cfg.AdminMaxConns = 2 })
-	var held []net.Conn
-	for range 2 {
+	var slow []net.Conn
+	for range 4 {
 		nc, err := net.Dial("tcp", s.AdminAddr())
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer nc.Close()
-		held = append(held, nc)
+		if _, err := io.WriteString(nc, "POST /v1/locks/x HTTP/1.1\r\nHost: lockd\r\nContent-Length: 100\r\n\r\n{"); err != nil {
+			t.Fatal(err)
+		}
+		slow = append(slow, nc)
 	}
-	third, err := net.Dial("tcp", s.AdminAddr())
-	if err != nil {
-		t.Fatal(err)
+	get := func(path string) int {
+		t.Helper()
+		c := http.Client{Timeout: ioTimeout, Transport: &http.Transport{DisableKeepAlives: true}}
+		resp, err := c.Get("http://" + s.AdminAddr() + path)
+		if err != nil {
+			t.Fatalf("%s while slow clients hold the admin slots: %v", path, err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
 	}
-	defer third.Close()
-	if _, err := io.WriteString(third, "GET /healthz HTTP/1.1\r\nHost: lockd\r\nConnection: close\r\n\r\n"); err != nil {
-		t.Fatal(err)
+	if code := get("/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz while slow clients hold the admin slots: %d", code)
 	}
-	// Nothing can answer it while two connections are open. (A wrong
-	// server answers within this bound; a right one never does.)
-	_ = third.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
-	if n, err := third.Read(make([]byte, 1)); n != 0 || !isTimeout(err) {
-		t.Fatalf("a connection past the cap was served: %d %v", n, err)
+	if code := get("/metrics"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/metrics past the admin connection cap: %d, want 503", code)
 	}
-	held[0].Close()
-	_ = third.SetReadDeadline(time.Now().Add(ioTimeout))
-	resp, err := http.ReadResponse(bufio.NewReader(third), nil)
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("once a connection closed, the waiting one must be served: %v %v", resp, err)
+	for i, nc := range slow {
+		_ = nc.SetReadDeadline(time.Now().Add(adminReadTimeout + ioTimeout))
+		if _, err := io.Copy(io.Discard, nc); err != nil {
+			t.Fatalf("slow client %d: %v; want its connection closed after the read timeout", i, err)
+		}
 	}
-	resp.Body.Close()
+}
+
+// A request body past adminMaxBodyBytes is refused, not read on.
+func TestAdminBodyLimit(t *testing.T) {
+	got := make(chan error, 1)
+	s := startServer(t, func(cfg *Config) {
+		cfg.Admin = "127.0.0.1:0"
+		cfg.AdminRoutes = map[string]http.Handler{"/v1/x/": http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, err := io.Copy(io.Discard, r.Body)
+			got <- err
+		})}
+	})
+	resp, err := http.Post("http://"+s.AdminAddr()+"/v1/x/", "application/json", strings.NewReader(strings.Repeat("x", adminMaxBodyBytes+1)))
+	if err == nil {
+		resp.Body.Close()
+	}
+	var tooLarge *http.MaxBytesError
+	if err := <-got; !errors.As(err, &tooLarge) {
+		t.Fatalf("reading a %d-byte body: %v; want http.MaxBytesError", adminMaxBodyBytes+1, err)
+	}
+}
+
+// Without the bearer token, the routes that change the membership or show
+// lock state answer 401 and do nothing (a rogue node was added to a
+// cluster with one POST); /healthz and /metrics stay open.
+func TestAdminTokenGuardsRoutes(t *testing.T) {
+	token := []byte("0123456789abcdef0123456789abcdef")
+	called := make(chan string, 8)
+	s := startServer(t, func(cfg *Config) {
+		cfg.Admin = "127.0.0.1:0"
+		cfg.AdminToken = token
+		cfg.AdminRoutes = map[string]http.Handler{"/v1/cluster/": http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			called <- r.Method + " " + r.URL.Path
+		})}
+	})
+	do := func(method, path, auth string) int {
+		t.Helper()
+		req, err := http.NewRequest(method, "http://"+s.AdminAddr()+path, strings.NewReader(`{"id": 9, "raft_addr": "10.0.0.9:7451"}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, r := range []struct{ method, path, auth string }{
+		{"POST", "/v1/cluster/members", ""},
+		{"DELETE", "/v1/cluster/members/3", ""},
+		{"GET", "/v1/cluster/members", "Bearer wrong-token-wrong-token-wrong"},
+		{"GET", "/v1/locks/default/k", ""},
+		{"GET", "/v1/locks/default", "Basic " + string(token)},
+	} {
+		if code := do(r.method, r.path, r.auth); code != http.StatusUnauthorized {
+			t.Errorf("%s %s with %q: %d, want 401", r.method, r.path, r.auth, code)
+		}
+	}
+	select {
+	case c := <-called:
+		t.Fatalf("a request without the token reached %s", c)
+	default:
+	}
+	if code := do("POST", "/v1/cluster/members", "Bearer "+string(token)); code != http.StatusOK || <-called != "POST /v1/cluster/members" {
+		t.Fatalf("with the token: %d", code)
+	}
+	if code := do("GET", "/v1/locks/default/k", "Bearer "+string(token)); code != http.StatusOK {
+		t.Fatalf("lock inspection with the token: %d", code)
+	}
+	for _, path := range []string{"/healthz", "/metrics"} {
+		if code := do("GET", path, ""); code != http.StatusOK {
+			t.Errorf("%s without the token: %d, want 200", path, code)
+		}
+	}
+	if err := checkExposure(Config{Listen: "127.0.0.1:0", Admin: "0.0.0.0:0", AdminToken: token}); err != nil {
+		t.Fatalf("a non-loopback admin endpoint with a token: %v", err)
+	}
+}
+
+func TestLoadAdminToken(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string, mode os.FileMode) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(content), mode); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	if tok, err := LoadAdminToken(write("ok", "0123456789abcdef0123\n", 0o600)); err != nil || string(tok) != "0123456789abcdef0123" {
+		t.Fatalf("a good token file: %q %v", tok, err)
+	}
+	if _, err := LoadAdminToken(write("readable", "0123456789abcdef0123\n", 0o644)); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Fatalf("a token file others can read: %v", err)
+	}
+	if _, err := LoadAdminToken(write("short", "short\n", 0o600)); err == nil || !strings.Contains(err.Error(), "openssl rand") {
+		t.Fatalf("a short token: %v", err)
+	}
 }

@@ -28,11 +28,14 @@ type AuthFile struct {
 	// Limits holds the fields a tenant's line sets (keys=N, waiters=N,
 	// inflight=N); the others are 0, a fair share (TenantLimits).
 	Limits map[string]engine.TenantLimits
+	// Conns holds the connection shares the lines set (conns=N); a
+	// tenant without one gets a fair share (Config.TenantConns).
+	Conns map[string]int
 }
 
 // LoadAuthFile reads tenants and secrets from lines "tenant:hex-secret",
 // spaces allowed around the colon, optionally followed by the tenant's
-// own limits: "keys=N waiters=N inflight=N", any of them. Blank lines and
+// own limits: "keys=N waiters=N inflight=N conns=N", any of them. Blank lines and
 // lines starting with # are ignored. Errors name the file and the line. A
 // file the group or others may access is refused (the fix is chmod 600):
 // its secrets would authenticate anyone on the machine.
@@ -50,7 +53,7 @@ func LoadAuthFile(path string) (AuthFile, error) {
 
 // ParseAuth parses the auth file format; see LoadAuthFile.
 func ParseAuth(r io.Reader) (AuthFile, error) {
-	auth := AuthFile{Secrets: make(map[string][]byte), Limits: make(map[string]engine.TenantLimits)}
+	auth := AuthFile{Secrets: make(map[string][]byte), Limits: make(map[string]engine.TenantLimits), Conns: make(map[string]int)}
 	sc := bufio.NewScanner(r)
 	for line := 1; sc.Scan(); line++ {
 		text := strings.TrimSpace(sc.Text())
@@ -80,12 +83,15 @@ func ParseAuth(r io.Reader) (AuthFile, error) {
 		if _, dup := auth.Secrets[tenant]; dup {
 			return AuthFile{}, fmt.Errorf("line %d: tenant %q appears twice", line, tenant)
 		}
-		limits, err := parseTenantLimits(fields[1:])
+		limits, conns, err := parseTenantLimits(fields[1:])
 		if err != nil {
 			return AuthFile{}, fmt.Errorf("line %d: tenant %q: %w", line, tenant, err)
 		}
 		auth.Secrets[tenant] = secret
 		auth.Limits[tenant] = limits
+		if conns > 0 {
+			auth.Conns[tenant] = conns
+		}
 	}
 	if err := sc.Err(); err != nil {
 		return AuthFile{}, err
@@ -96,14 +102,14 @@ func ParseAuth(r io.Reader) (AuthFile, error) {
 	return auth, nil
 }
 
-// parseTenantLimits reads "keys=N waiters=N inflight=N", N >= 1.
-func parseTenantLimits(fields []string) (engine.TenantLimits, error) {
-	var l engine.TenantLimits
+// parseTenantLimits reads "keys=N waiters=N inflight=N conns=N", N >= 1.
+func parseTenantLimits(fields []string) (l engine.TenantLimits, conns int, err error) {
+	const want = "want keys=N, waiters=N, inflight=N or conns=N with N >= 1"
 	for _, f := range fields {
 		name, value, _ := strings.Cut(f, "=")
 		n, err := strconv.Atoi(value)
 		if err != nil || n < 1 {
-			return l, fmt.Errorf("%q: want keys=N, waiters=N or inflight=N with N >= 1", f)
+			return l, 0, fmt.Errorf("%q: %s", f, want)
 		}
 		switch name {
 		case "keys":
@@ -112,12 +118,18 @@ func parseTenantLimits(fields []string) (engine.TenantLimits, error) {
 			l.Waiters = n
 		case "inflight":
 			l.Inflight = n
+		case "conns":
+			conns = n
 		default:
-			return l, fmt.Errorf("%q: want keys=N, waiters=N or inflight=N with N >= 1", f)
+			return l, 0, fmt.Errorf("%q: %s", f, want)
 		}
 	}
-	return l, nil
+	return l, conns, nil
 }
+
+// TenantConns is Config.TenantConns of the file: the conns=N of a
+// tenant's line, 0 (a fair share) without one.
+func (a AuthFile) TenantConns(tenant string) int { return a.Conns[tenant] }
 
 // TenantLimits gives each tenant of the file its share of the global
 // limits (keys, waiters, inflight): what its line sets, and for what it

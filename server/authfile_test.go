@@ -19,7 +19,8 @@ func TestParseAuthRejects(t *testing.T) {
 		"twice":           "alpha:" + secret + "\nalpha:" + secret + "\n",
 		"no tenants":      "# nobody\n",
 		"no secret":       "alpha: keys=5\n",
-		"unknown limit":   "alpha:" + secret + " conns=5\n",
+		"unknown limit":   "alpha:" + secret + " sockets=5\n",
+		"zero conns":      "alpha:" + secret + " conns=0\n",
 		"zero limit":      "alpha:" + secret + " keys=0\n",
 		"bad limit":       "alpha:" + secret + " waiters=many\n",
 	} {

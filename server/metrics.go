@@ -237,6 +237,7 @@ func newRegistry(s *Server) (*prometheus.Registry, error) {
 	reg := prometheus.NewRegistry()
 	cs := []prometheus.Collector{
 		serverCollector{s},
+		connBudgetCollector{s},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	}

@@ -638,16 +638,17 @@ func TestReliabilityAuthBruteForce(t *testing.T) {
 // TestReliabilityIdleConnectionsBeforeHello: with auth required, a peer
 // without credentials could open MaxConns connections and never send a
 // byte. No frame has started, so without more the progress timeout would
-// never apply; the server therefore runs the 5 s progress clock from the
-// greeting until WELCOME (docs/operations.md).
+// never apply; the server therefore runs the handshake clock
+// (HandshakeTimeout) from the greeting until WELCOME, and such
+// connections hold the handshake budget only (docs/operations.md).
 func TestReliabilityIdleConnectionsBeforeHello(t *testing.T) {
-	const maxConns = 20
+	const maxConns, handshakes = 20, 5
 	secret := []byte("s3cret")
 	s := startServer(t, func(cfg *Config) {
-		cfg.MaxConns = maxConns
+		cfg.MaxConns, cfg.MaxHandshakes = maxConns, handshakes
 		cfg.Auth = map[string][]byte{"alpha": secret}
 	})
-	idle := make([]*testConn, maxConns)
+	idle := make([]*testConn, handshakes)
 	for i := range idle {
 		idle[i] = dial(t, s) // greeted, then silent
 	}
@@ -659,7 +660,7 @@ func TestReliabilityIdleConnectionsBeforeHello(t *testing.T) {
 	if err := expectRefused(nc); err != nil {
 		t.Fatal(err)
 	}
-	s.clock.Advance(ProgressTimeout)
+	s.clock.Advance(HandshakeTimeout)
 	for _, c := range idle {
 		c.expectError(0, codec.AuthRequired)
 		c.expectClosed()

@@ -28,6 +28,7 @@ import (
 	"github.com/lockd/lockd/engine"
 	"github.com/lockd/lockd/engine/tokenfile"
 	"github.com/lockd/lockd/internal/defaults"
+	"github.com/lockd/lockd/internal/netaddr"
 	"github.com/panjf2000/gnet/v2"
 	"github.com/rs/zerolog"
 )
@@ -84,9 +85,13 @@ type Config struct {
 	TLS *tls.Config
 	// Admin is the admin HTTP address; empty means no admin endpoint.
 	Admin string
-	// InsecureAdmin allows Admin on a non-loopback address: the admin
-	// endpoint has no authentication.
+	// InsecureAdmin allows Admin on a non-loopback address without
+	// AdminToken.
 	InsecureAdmin bool
+	// AdminToken, when set, is the bearer token every admin route but
+	// /healthz and /metrics requires (LoadAdminToken); it lets Admin be
+	// on a non-loopback address.
+	AdminToken []byte
 	// AdminMaxConns bounds the admin endpoint's open connections; past
 	// it, new ones wait in the kernel's accept queue.
 	AdminMaxConns int
@@ -112,6 +117,14 @@ type Config struct {
 	MaxConns        int
 	MaxConnInflight int
 	MaxOutbound     int
+	// MaxHandshakes bounds, when auth is required, the connections open
+	// before their WELCOME, within MaxConns; 0 means an eighth of
+	// MaxConns, at most 1024 (conngates.go).
+	MaxHandshakes int
+	// TenantConns gives a tenant's own connection share (auth file
+	// conns=N); 0, or nil, means a fair share of MaxConns less
+	// MaxHandshakes. Shares apply with two or more tenants.
+	TenantConns func(tenant string) int
 	// MaxOpenTenants bounds the tenants HELLO may name while auth is off;
 	// past it a new tenant is answered auth_failed.
 	MaxOpenTenants int
@@ -148,6 +161,7 @@ func (c *Config) applyDefaults() {
 	c.MaxConns = defaults.Or(c.MaxConns, DefaultMaxConns)
 	c.MaxConnInflight = defaults.Or(c.MaxConnInflight, DefaultMaxConnInflight)
 	c.MaxOutbound = defaults.Or(c.MaxOutbound, DefaultMaxOutbound)
+	c.MaxHandshakes = defaults.Or(c.MaxHandshakes, defaultMaxHandshakes(c.MaxConns))
 	c.MaxOpenTenants = defaults.Or(c.MaxOpenTenants, DefaultMaxOpenTenants)
 	c.AdminMaxConns = defaults.Or(c.AdminMaxConns, DefaultAdminMaxConns)
 	c.AdminIdleTimeout = defaults.Or(c.AdminIdleTimeout, DefaultAdminIdleTimeout)
@@ -183,6 +197,7 @@ type Server struct {
 	// connection that races the start is refused.
 	connCap       atomic.Int64
 	pendingCloses atomic.Int64
+	budget        connBudget
 
 	stalledMu sync.Mutex
 	stalled   map[*session]struct{} // sessions holding a started frame
@@ -228,6 +243,7 @@ func Start(cfg Config) (*Server, error) {
 		reactorDone: make(chan struct{}),
 		failed:      make(chan struct{}),
 	}
+	s.budget.init(cfg)
 	if cfg.Backend != nil {
 		s.backend = cfg.Backend
 	} else {
@@ -380,7 +396,7 @@ func checkExposure(cfg Config) error {
 		if listen == "" || cfg.Auth != nil || cfg.InsecureNoAuth {
 			continue
 		}
-		loopback, err := isLoopback(listen)
+		loopback, err := netaddr.IsLoopback(listen)
 		if err != nil {
 			return fmt.Errorf("server: listen address %q: %w", listen, err)
 		}
@@ -388,30 +404,16 @@ func checkExposure(cfg Config) error {
 			return fmt.Errorf("server: refusing to listen on non-loopback %q with auth off: give --auth-file, or --insecure-no-auth to accept the risk", listen)
 		}
 	}
-	if cfg.Admin != "" && !cfg.InsecureAdmin {
-		loopback, err := isLoopback(cfg.Admin)
+	if cfg.Admin != "" && !cfg.InsecureAdmin && cfg.AdminToken == nil {
+		loopback, err := netaddr.IsLoopback(cfg.Admin)
 		if err != nil {
 			return fmt.Errorf("server: admin address %q: %w", cfg.Admin, err)
 		}
 		if !loopback {
-			return fmt.Errorf("server: refusing the admin endpoint on non-loopback %q: it has no authentication; keep it on 127.0.0.1, or give --insecure-admin to accept the risk", cfg.Admin)
+			return fmt.Errorf("server: refusing the admin endpoint on non-loopback %q without authentication: give --admin-token-file, keep it on 127.0.0.1, or give --insecure-admin to accept the risk", cfg.Admin)
 		}
 	}
 	return nil
-}
-
-// isLoopback reports whether addr (host:port) can only be reached from
-// this machine.
-func isLoopback(addr string) (bool, error) {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false, err
-	}
-	if host == "localhost" {
-		return true, nil
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback(), nil
 }
 
 // Addr is the address the server listens on (with the real port when
@@ -562,7 +564,8 @@ func (s *Server) wakeOverdue() {
 	s.stalledMu.Lock()
 	defer s.stalledMu.Unlock()
 	for ss := range s.stalled {
-		if now-ss.frameStartedAt.Load() >= int64(ProgressTimeout) {
+		// The shorter of the two clocks; the session judges its own.
+		if now-ss.frameStartedAt.Load() >= int64(HandshakeTimeout) {
 			ss.wake()
 		}
 	}
@@ -624,7 +627,9 @@ func (h *handler) OnOpen(c gnet.Conn) ([]byte, gnet.Action) {
 	ss, greeting, err := newSession(s, gnetTransport{c}, s.batchFor(c.EventLoop()))
 	if err != nil {
 		s.conns.Add(-1)
-		s.log.Error().Err(err).Msg("cannot start a session")
+		if err != errNoRoom {
+			s.log.Error().Err(err).Msg("cannot start a session")
+		}
 		return nil, gnet.Close
 	}
 	c.SetContext(ss)

@@ -61,6 +61,9 @@ type session struct {
 	drained []resolution
 	// frameStartedAt is read by the progress scan on another goroutine.
 	frameStartedAt atomic.Int64
+	// tenantConns is the tenant share this connection holds once
+	// welcomed; nil without shares (conngates.go).
+	tenantConns *tenantConns
 
 	mu sync.Mutex
 	// pending holds the owners of acquires in flight on this connection:
@@ -147,6 +150,9 @@ func newSession(s *Server, tr transport, b *batch) (*session, []byte, error) {
 	if _, err := rand.Read(ss.serverNonce[:]); err != nil {
 		return nil, nil, fmt.Errorf("server nonce: %w", err)
 	}
+	if !s.budget.enterHandshake() {
+		return nil, nil, errNoRoom
+	}
 	if s.cfg.Auth == nil {
 		ss.tenant = defaultTenant
 		ss.ns = s.backend.Namespace(defaultTenant)
@@ -209,7 +215,11 @@ func (ss *session) checkProgress(progressed, partial bool) bool {
 		ss.watched = watch
 		ss.srv.markStalled(ss, watch)
 	}
-	if !watch || int64(ss.srv.clock.Now())-ss.frameStartedAt.Load() < int64(ProgressTimeout) {
+	limit := ProgressTimeout
+	if awaitingHello {
+		limit = HandshakeTimeout
+	}
+	if !watch || int64(ss.srv.clock.Now())-ss.frameStartedAt.Load() < int64(limit) {
 		return false
 	}
 	ss.srv.metrics.progressTimeouts.Add(1)
@@ -332,6 +342,14 @@ func (ss *session) handleHello(req *codec.Request, fieldErr error) bool {
 			return true
 		}
 		serverMAC = codec.ServerMAC(secret, req.ClientNonce, ss.serverNonce, req.Tenant)
+		tc, ok := ss.srv.budget.welcome(string(req.Tenant))
+		if !ok {
+			// The tenant holds its share: closed without an answer, as a
+			// connection past --max-conns is.
+			ss.welcomed = true // holds nothing any more
+			return true
+		}
+		ss.tenantConns = tc
 	} else if !ss.srv.admitOpenTenant(req.Tenant) {
 		ss.srv.metrics.authFailures.Add(1)
 		ss.appendError(0, codec.AuthFailed)
@@ -528,6 +546,7 @@ func (ss *session) close(peerEnded bool) {
 		ss.flush()
 	}
 	ss.gone = true
+	ss.srv.budget.leave(ss.welcomed, ss.tenantConns)
 	ss.mu.Lock()
 	ss.closed = true
 	for _, r := range ss.outbox {

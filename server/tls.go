@@ -298,7 +298,9 @@ func (tc *tlsConn) startSession() bool {
 	tc.batch.buf = make([]byte, 0, codec.MaxResponseFrame)
 	ss, greeting, err := newSession(s, tc, &tc.batch)
 	if err != nil {
-		s.log.Error().Err(err).Msg("cannot start a session")
+		if err != errNoRoom {
+			s.log.Error().Err(err).Msg("cannot start a session")
+		}
 		tc.end(false)
 		return false
 	}

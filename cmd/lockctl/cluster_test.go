@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -118,5 +120,26 @@ func TestClusterListShowsReachability(t *testing.T) {
 		if !strings.Contains(out.String(), row) {
 			t.Errorf("cluster list does not show %q:\n%s", row, out.String())
 		}
+	}
+}
+
+// With lockd's --admin-token-file, lockctl cluster and status send the
+// token of their own --admin-token-file; without it they are refused.
+func TestAdminTokenFile(t *testing.T) {
+	token := "0123456789abcdef0123456789abcdef"
+	path := filepath.Join(t.TempDir(), "admin-token")
+	if err := os.WriteFile(path, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.Start(server.Config{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", AdminToken: []byte(token)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	if code, out, errs := (ctl{}).run("status", "--admin", srv.AdminAddr(), "some/key"); code != exitFailure || !strings.Contains(errs, "bearer token") {
+		t.Fatalf("status without the token: exit %d\n%s%s", code, out, errs)
+	}
+	if code, out, errs := (ctl{}).run("status", "--admin", srv.AdminAddr(), "--admin-token-file", path, "some/key"); code != exitOK || !strings.Contains(out, "some/key") {
+		t.Fatalf("status with the token: exit %d\n%s%s", code, out, errs)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/codec"
+	"github.com/lockd/lockd/internal/privatefile"
 )
 
 // status and list read lockd's admin endpoint (the lock inspection under
@@ -43,6 +44,7 @@ func usesAdmin(command string) bool {
 // defineAdminFlags defines the flags of status, list and cluster over o.
 func defineAdminFlags(fs *flag.FlagSet, command string, o *options) {
 	fs.StringVar(&o.admin, "admin", defaultAdmin, "`HOST:PORT` of lockd's admin endpoint (lockd --admin)")
+	fs.StringVar(&o.adminTokenFile, "admin-token-file", "", "`file` holding the admin endpoint's bearer token (lockd --admin-token-file)")
 	if command != "cluster" {
 		fs.StringVar(&o.tenant, "tenant", "", "tenant `name` whose locks to show; empty means \"default\", the tenant of clients that send no HELLO")
 	}
@@ -120,7 +122,15 @@ func askAdmin(ctx context.Context, o *options, command string, req adminRequest,
 	defer interrupted()
 	ctx, cancel := context.WithTimeout(ctx, req.timeout)
 	defer cancel()
-	body, err := callAdmin(ctx, req.method, "http://"+o.admin+req.path, req.body)
+	var token []byte
+	var err error
+	if o.adminTokenFile != "" {
+		token, err = privatefile.ReadToken(o.adminTokenFile, 1)
+	}
+	var body []byte
+	if err == nil {
+		body, err = callAdmin(ctx, req.method, "http://"+o.admin+req.path, req.body, token)
+	}
 	if err == nil && !o.asJSON {
 		if err = json.Unmarshal(body, v); err != nil {
 			err = fmt.Errorf("the answer of --admin %s is not lockd's: %w", o.admin, err)
@@ -139,8 +149,8 @@ func askAdmin(ctx context.Context, o *options, command string, req adminRequest,
 }
 
 // callAdmin returns the body of a 200 answer, or an error with the
-// server's own message.
-func callAdmin(ctx context.Context, method, u string, reqBody []byte) ([]byte, error) {
+// server's own message; a token, when given, is sent as the bearer token.
+func callAdmin(ctx context.Context, method, u string, reqBody, token []byte) ([]byte, error) {
 	var rd io.Reader
 	if reqBody != nil {
 		rd = bytes.NewReader(reqBody)
@@ -151,6 +161,9 @@ func callAdmin(ctx context.Context, method, u string, reqBody []byte) ([]byte, e
 	}
 	if reqBody != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if token != nil {
+		req.Header.Set("Authorization", "Bearer "+string(token))
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

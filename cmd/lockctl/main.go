@@ -44,7 +44,8 @@ and for exec and elect so does the command. lockctl COMMAND --help shows
 one command's help and flags.
 
 status and list ask lockd's admin endpoint (--admin), which needs no
-secret; --tenant names the tenant whose locks to show. In cluster mode the
+tenant secret, but the admin token when lockd has one
+(--admin-token-file); --tenant names the tenant whose locks to show. In cluster mode the
 node asked answers from its replica of the keys' groups and says so in
 the NODE column.
 
@@ -275,7 +276,7 @@ node, remove it and add a new one with a new id.
 
 // printHelp is lockctl --help: the usage, then every flag, once.
 func printHelp(w io.Writer) {
-	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant, --secret-file and the --tls ones; --grace is exec's and elect's, --keepalive and --budget exec's, and elect's --lease and --wait mean its own; status and list take only --admin, --tenant and --json, and list --limit; cluster only --admin and --json):\n", usage)
+	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant, --secret-file and the --tls ones; --grace is exec's and elect's, --keepalive and --budget exec's, and elect's --lease and --wait mean its own; status and list take only --admin, --admin-token-file, --tenant and --json, and list --limit; cluster only --admin, --admin-token-file and --json):\n", usage)
 	exec := newFlagSet("exec", &options{})
 	envflag.PrintFlags(w, exec)
 	inspection := flag.NewFlagSet("inspection", flag.ContinueOnError)
@@ -299,9 +300,10 @@ type options struct {
 	verbose     bool
 	tls         tlsflags.Flags
 	// status and list:
-	admin  string
-	asJSON bool
-	limit  int
+	admin          string
+	adminTokenFile string
+	asJSON         bool
+	limit          int
 }
 
 // newFlagSet defines the flags of command over o.

@@ -96,7 +96,14 @@ func serve(opts serveOptions, level zerolog.Level) error {
 			return fmt.Errorf("--auth-file: %w", err)
 		}
 		cfg.Auth = auth.Secrets
+		cfg.TenantConns = auth.TenantConns
 		cfg.Engine.TenantLimits = auth.TenantLimits(cfg.Engine.MaxKeys, cfg.Engine.MaxWaiters, cfg.Engine.MaxInflight)
+	}
+	if opts.adminTokenFile != "" {
+		var err error
+		if cfg.AdminToken, err = server.LoadAdminToken(opts.adminTokenFile); err != nil {
+			return fmt.Errorf("--admin-token-file: %w", err)
+		}
 	}
 	if opts.tlsCert != "" {
 		var err error
@@ -189,6 +196,9 @@ type serveOptions struct {
 	server   server.Config
 	logLevel string
 	authFile string
+	// adminTokenFile holds the admin endpoint's bearer token; empty for
+	// none.
+	adminTokenFile string
 	// The TLS port's files; all empty without --tls-listen.
 	tlsCert, tlsKey, tlsClientCA string
 	// raftTLS is --raft-tls-cert, --raft-tls-key and --raft-tls-ca: all
@@ -213,13 +223,14 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	o.flags = fs
 	fs.StringVar(&cfg.Listen, "listen", server.DefaultListen, "client protocol address")
 	fs.StringVar(&cfg.Admin, "admin", server.DefaultAdmin, "admin HTTP address (/healthz, /metrics, /v1/locks/); empty for none")
-	fs.StringVar(authFile, "auth-file", "", "file of tenant:hex-secret lines, each optionally with the tenant's keys=N waiters=N inflight=N (make a secret with openssl rand -hex 32); turns authentication on, and with two or more tenants, per-tenant quotas")
+	fs.StringVar(authFile, "auth-file", "", "file of tenant:hex-secret lines, each optionally with the tenant's keys=N waiters=N inflight=N conns=N (make a secret with openssl rand -hex 32); turns authentication on, and with two or more tenants, per-tenant quotas")
 	fs.StringVar(&cfg.TLSListen, "tls-listen", "", "TLS client protocol address, beside --listen; needs --tls-cert and --tls-key")
 	fs.StringVar(&o.tlsCert, "tls-cert", "", "PEM certificate chain of the TLS port")
 	fs.StringVar(&o.tlsKey, "tls-key", "", "PEM private key of --tls-cert (mode 0600: refused when the group or others can read it)")
 	fs.StringVar(&o.tlsClientCA, "tls-client-ca", "", "PEM CA certificates; turns mutual TLS on: TLS clients must present a certificate they signed")
 	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow auth off on a non-loopback address")
-	fs.BoolVar(&cfg.InsecureAdmin, "insecure-admin", false, "allow --admin, which has no authentication, on a non-loopback address")
+	fs.StringVar(&o.adminTokenFile, "admin-token-file", "", "file holding the admin endpoint's bearer token (mode 0600; make one with openssl rand -hex 32): every admin route but /healthz and /metrics then needs 'Authorization: Bearer TOKEN', and --admin may be on a non-loopback address")
+	fs.BoolVar(&cfg.InsecureAdmin, "insecure-admin", false, "allow --admin without --admin-token-file on a non-loopback address")
 	fs.IntVar(&cfg.AdminMaxConns, "admin-max-conns", server.DefaultAdminMaxConns, "admin connections served at once; more wait to be accepted")
 	envflag.DurationVar(fs, &cfg.DrainGrace, "drain-grace", server.DefaultDrainGrace, "on SIGTERM, how long /healthz answers 503 before the ports close, for load balancers to notice (a start that fails exits at once)")
 	fs.StringVar(&cfg.NodeName, "node-name", hostname(), "node name sent in the greeting (at most 64 bytes)")
@@ -228,6 +239,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.IntVar(&cfg.Engine.MaxInflight, "max-inflight", engine.DefaultMaxInflight, "hard limit of in-flight acquires")
 	fs.Uint64Var(&cfg.Engine.FirstToken, "first-token", 0, "first fencing token, for a move to a new data dir: above the old process's lockd_token_highest_issued; refused below the data dir's mark (default: continue above the mark, 1 on a first start)")
 	fs.IntVar(&cfg.MaxConns, "max-conns", server.DefaultMaxConns, "hard limit of client connections")
+	fs.IntVar(&cfg.MaxHandshakes, "max-handshakes", 0, "with auth on, connections open before their HELLO is accepted, within --max-conns (0: an eighth of --max-conns, at most 1024); each must send HELLO within 2 s")
 	fs.IntVar(&cfg.MaxConnInflight, "max-conn-inflight", server.DefaultMaxConnInflight, "hard limit of in-flight requests per connection")
 	fs.IntVar(&cfg.MaxOpenTenants, "max-open-tenants", server.DefaultMaxOpenTenants, "with auth off, how many tenants besides \"default\" HELLO may name")
 	fs.IntVar(&cfg.Loops, "loops", 0, "event loops (0 = GOMAXPROCS − 1, at least 1); single mode without --tls-listen then runs as many Go processors as loops unless GOMAXPROCS is set")
@@ -244,6 +256,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.StringVar(&o.raftTLS[0], "raft-tls-cert", "", "cluster: PEM certificate of this node for mutual TLS between nodes, naming the host of its Raft address; with --raft-tls-key and --raft-tls-ca")
 	fs.StringVar(&o.raftTLS[1], "raft-tls-key", "", "cluster: PEM private key of --raft-tls-cert (mode 0600)")
 	fs.StringVar(&o.raftTLS[2], "raft-tls-ca", "", "cluster: PEM CA certificates every node's certificate must verify against")
+	fs.BoolVar(&cc.InsecureRaft, "insecure-raft", false, "cluster: allow plain TCP Raft on a non-loopback --raft-addr (anyone who reaches it can disrupt the cluster); without it such an address needs --raft-tls-cert, --raft-tls-key and --raft-tls-ca")
 	envflag.DurationVar(fs, &cc.ProposeTimeout, "propose-timeout", cluster.DefaultProposeTimeout, "cluster: answer E unavailable when a group has not committed a request in this time")
 
 	if err := envflag.Apply(fs, lookupEnv); err != nil {

@@ -5,6 +5,7 @@
 package privatefile
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -27,4 +28,19 @@ func ReadFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("%s holds secrets but its mode %04o lets the group or others in: run chmod 600 %s", path, perm, path)
 	}
 	return io.ReadAll(f)
+}
+
+// ReadToken reads a file of one token (a bearer token), refused as
+// ReadFile refuses a file, or when the token is shorter than minLen or
+// holds spaces.
+func ReadToken(path string, minLen int) ([]byte, error) {
+	data, err := ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	token := bytes.TrimSpace(data)
+	if len(token) < minLen || bytes.ContainsAny(token, " \t\r\n") {
+		return nil, fmt.Errorf("%s: want one token of at least %d characters without spaces; make one with `openssl rand -hex 32`", path, minLen)
+	}
+	return token, nil
 }

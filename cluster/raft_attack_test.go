@@ -1,0 +1,308 @@
+package cluster
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"github.com/lni/dragonboat/v4/config"
+	"github.com/lockd/lockd/internal/testcerts"
+	"github.com/rs/zerolog"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lni/dragonboat/v4/raftio"
+	pb "github.com/lni/dragonboat/v4/raftpb"
+	"github.com/lockd/lockd/codec"
+)
+
+// sendForged writes one frame of mb to a node's Raft port as an attacker
+// that reaches it would, and waits for the node to close the connection.
+func sendForged(t *testing.T, raftAddr string, mb pb.MessageBatch) {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", raftAddr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fc := &frameConn{conn: conn}
+	if err := fc.SendMessageBatch(mb); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.Copy(io.Discard, conn); err != nil {
+		t.Fatalf("forged frame %+v: %v, want the connection closed", mb, err)
+	}
+}
+
+// lockCycle acquires and releases key through p's client port.
+func lockCycle(t *testing.T, p *proc, owner uint64, key string) {
+	t.Helper()
+	w, err := p.connect()
+	if err != nil {
+		t.Fatalf("node %d: %v", p.id, err)
+	}
+	defer w.close()
+	if err := w.send(codec.AppendAcquire(nil, owner, 30, 5, key)); err != nil {
+		t.Fatal(err)
+	}
+	r := expectResp(t, w, codec.OpAcquired, owner)
+	if err := w.send(codec.AppendRelease(nil, owner, r.Token, key)); err != nil {
+		t.Fatal(err)
+	}
+	expectResp(t, w, codec.OpReleased, owner)
+}
+
+// Forged Raft frames from an attacker who reaches a node's Raft port
+// (plain TCP on loopback, the default there) are dropped with their
+// connection: one naming a member at another address made dragonboat's
+// address registry panic ("inconsistent target") and the node exit; one
+// naming an address that is not host:port panicked on its check; one for
+// no group of the node, or naming no sender, is not heard either. The
+// node keeps serving locks through its group.
+func TestProcessesForgedRaftFramesAreDropped(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test skipped in -short mode")
+	}
+	dir := t.TempDir()
+	bin := buildLockd(t, dir)
+	procs := startProcesses(t, bin, dir, 1)
+	groupLeader(t, procs, 0)
+	lockCycle(t, procs[0], 1, "forged/before")
+
+	target := procs[0]
+	raftAddr := target.args[slices.Index(target.args, "--raft-addr")+1]
+	group := shardID(1, 0)
+	forged := func(from uint64, source string, shard uint64) pb.MessageBatch {
+		return pb.MessageBatch{DeploymentId: deploymentID, BinVer: raftio.TransportBinVersion, SourceAddress: source,
+			Requests: []pb.Message{{Type: pb.Heartbeat, ShardID: shard, From: from, To: target.id, Term: 1 << 40}}}
+	}
+	for _, mb := range []pb.MessageBatch{
+		forged(2, "127.0.0.1:1", group),    // a member at an address not its own
+		forged(3, "not-an-address", group), // a source dragonboat refuses to file
+		forged(2, "127.0.0.1:1", 77),       // no group of this node
+		forged(0, "127.0.0.1:1", group),    // no sender
+	} {
+		sendForged(t, raftAddr, mb)
+	}
+	for i, p := range procs {
+		select {
+		case <-p.done:
+			t.Fatalf("node %d exited after forged frames", p.id)
+		default:
+		}
+		lockCycle(t, p, uint64(10+i), fmt.Sprintf("forged/after/%d", i))
+	}
+	if l := groupLeader(t, procs, 0); l == 0 {
+		t.Fatal("no leader after forged frames")
+	}
+}
+
+// A frame's header alone cannot make the transport allocate what it
+// declares: 30 connections declaring the largest frame and sending a few
+// bytes of it took a node from 28 MB to 2.16 GB before the buffer grew
+// with the bytes that arrive. And the connections one host may hold open
+// are capped: one more than maxRaftConnsPerHost is closed at once.
+func TestRaftTransportAllocatesWhatArrivesNotWhatIsDeclared(t *testing.T) {
+	server, _, _ := startTransport(t, false)
+	const conns = maxRaftConnsPerHost
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for range conns {
+		c, err := net.Dial("tcp", server.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		hdr := make([]byte, frameHeaderLen+100)
+		binary.BigEndian.PutUint16(hdr, frameMagic)
+		hdr[2] = frameMessages
+		binary.BigEndian.PutUint32(hdr[3:], maxFrame)
+		if _, err := c.Write(hdr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitUntil(t, 10*time.Second, "all connections accepted", func() bool {
+		server.mu.Lock()
+		defer server.mu.Unlock()
+		return len(server.conns) == conns
+	})
+	// Each reader has allocated its buffered reader and a first step of
+	// the frame once it has read the header.
+	waitUntil(t, 10*time.Second, "the headers read", func() bool {
+		runtime.ReadMemStats(&after)
+		return after.TotalAlloc-before.TotalAlloc >= conns*2*frameReadStep
+	})
+	runtime.ReadMemStats(&after)
+	if grown := after.TotalAlloc - before.TotalAlloc; grown > conns*4*frameReadStep+(8<<20) {
+		t.Fatalf("%d connections that declared %d MiB frames and sent 100 bytes made the node allocate %d MiB", conns, maxFrame>>20, grown>>20)
+	}
+
+	extra, err := net.Dial("tcp", server.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer extra.Close()
+	_ = extra.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := extra.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("connection %d from one host: read %v, want EOF (refused)", conns+1, err)
+	}
+}
+
+// A connection that sends no frame is closed after raftDialTimeout, so
+// idle connections cannot hold the connection cap.
+func TestRaftTransportClosesASilentConnection(t *testing.T) {
+	server, _, _ := startTransport(t, false)
+	c, err := net.Dial("tcp", server.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(raftDialTimeout + 10*time.Second))
+	start := time.Now()
+	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("silent connection: read %v after %v, want EOF (closed by the node)", err, time.Since(start))
+	}
+}
+
+// Plain TCP Raft where other machines reach it let anyone forge a
+// member's higher-term messages and keep a group without a leader: a node
+// refuses to start on such an address without mutual TLS, unless told
+// --insecure-raft.
+func TestStartRefusesPlainRaftOffLoopback(t *testing.T) {
+	base := Config{NodeID: 1, Peers: map[uint64]string{1: "0.0.0.0:7451"}, DataDir: t.TempDir(), Logger: testLogger()}
+	n, err := Start(base)
+	if err == nil {
+		n.Close()
+		t.Fatal("a node started plain TCP Raft on 0.0.0.0")
+	}
+	if !strings.Contains(err.Error(), "--insecure-raft") || !strings.Contains(err.Error(), "--raft-tls-cert") {
+		t.Fatalf("refusal %q names neither way out", err)
+	}
+	for _, cfg := range []Config{
+		{RaftAddr: "0.0.0.0:7451", InsecureRaft: true},
+		{RaftAddr: "10.1.2.3:7451", RaftTLS: &tls.Config{}},
+		{RaftAddr: "127.0.0.1:7451"},
+		{RaftAddr: "localhost:7451"},
+	} {
+		if err := checkRaftExposure(cfg); err != nil {
+			t.Errorf("%+v: %v", cfg, err)
+		}
+	}
+}
+
+// Over mutual TLS a node speaks only for the members at a host its
+// certificate names: a frame giving another member's address is dropped
+// with its connection, one giving its own is delivered, without its
+// address (dragonboat files addresses from the membership only).
+func TestRaftTLSPeerSpeaksOnlyForItsHost(t *testing.T) {
+	ca := testcerts.NewCA(t, "lockd raft CA")
+	sources := &raftSources{}
+	sources.view.Store(&sourcesView{groups: map[uint64]bool{5: true}, addrs: map[raftio.NodeInfo]string{
+		{ShardID: 5, ReplicaID: 1}: "127.0.0.1:7001", {ShardID: 5, ReplicaID: 2}: "127.0.0.2:7002"}})
+	batches := make(chan pb.MessageBatch, 4)
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePorts(t, 1)[0]))
+	server := raftTransportFactory{log: zerolog.Nop(), tls: raftTLSFor(t, ca, "server"), sources: sources}.Create(
+		config.NodeHostConfig{RaftAddress: addr}, func(mb pb.MessageBatch) { batches <- mb }, func(pb.Chunk) bool { return true }).(*raftTransport)
+	if err := server.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { server.Close() })
+	client, _ := startTLSTransport(t, raftTLSFor(t, ca, "client"), io.Discard) // its certificate names 127.0.0.1
+	send := func(from uint64, source string) error {
+		conn, err := client.GetConnection(context.Background(), server.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		return conn.SendMessageBatch(pb.MessageBatch{DeploymentId: deploymentID, BinVer: raftio.TransportBinVersion, SourceAddress: source,
+			Requests: []pb.Message{{Type: pb.Heartbeat, ShardID: 5, From: from, To: 3, Term: 1}}})
+	}
+	if err := send(2, "127.0.0.2:7002"); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the impersonating connection closed", func() bool {
+		server.mu.Lock()
+		defer server.mu.Unlock()
+		return len(server.conns) == 0
+	})
+	if err := send(1, "127.0.0.1:7001"); err != nil {
+		t.Fatal(err)
+	}
+	got := receive(t, batches)
+	if got.SourceAddress != "" || got.Requests[0].From != 1 {
+		t.Fatalf("delivered %+v; want member 1's batch without its address", got)
+	}
+	select {
+	case mb := <-batches:
+		t.Fatalf("a batch for another host's member was delivered too: %+v", mb)
+	default:
+	}
+}
+
+// A rogue join without the admin token: a node restarted with
+// --admin-token-file answers 401 to adding or removing a member without
+// it, and the membership stays as it was (both answered 200 before, and
+// the rogue node then read and released locks through its own replica).
+// lockctl with the token file lists the members.
+func TestProcessesRogueJoinNeedsTheAdminToken(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test skipped in -short mode")
+	}
+	dir := t.TempDir()
+	bin, ctl := buildLockd(t, dir), buildLockctl(t, dir)
+	procs := startProcesses(t, bin, dir, 1)
+	groupLeader(t, procs, 0)
+	tokenFile := filepath.Join(dir, "admin-token")
+	const token = "0123456789abcdef0123456789abcdef"
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := procs[0]
+	p.kill9()
+	p.args = append(p.args, "--admin-token-file", tokenFile)
+	p.start(t, bin)
+	awaitAdmin(t, p)
+
+	for _, req := range []struct{ method, path, body string }{
+		{http.MethodPost, MembersPath, `{"id": 9, "raft_addr": "127.0.0.1:1"}`},
+		{http.MethodDelete, MembersPath + "/3", ""},
+		{http.MethodGet, "/v1/locks/default/k", ""},
+	} {
+		r, err := http.NewRequest(req.method, "http://"+p.admin+req.path, strings.NewReader(req.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("%s %s without the token: %s, want 401", req.method, req.path, resp.Status)
+		}
+	}
+	out, err := exec.Command(ctl, "cluster", "--admin", p.admin, "--admin-token-file", tokenFile, "--json", "list").Output()
+	if err != nil {
+		t.Fatalf("lockctl cluster list with the token: %v", err)
+	}
+	var m Membership
+	if err := json.Unmarshal(out, &m); err != nil {
+		t.Fatal(err)
+	}
+	if got := memberIDs(m); !slices.Equal(got, []uint64{1, 2, 3}) {
+		t.Fatalf("members after the rogue requests: %v, want 1 2 3", got)
+	}
+}
