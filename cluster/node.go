@@ -177,6 +177,40 @@ func Start(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	setupLogging(cfg.Logger)
+	n, err := newNode(cfg)
+	if err != nil {
+		return nil, err
+	}
+	sources := &raftSources{}
+	// Before the NodeHost: replicas replaying their logs may already
+	// reach the claims' links, whose goroutines end with it.
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	nh, err := dragonboat.NewNodeHost(n.nodeHostConfig(sources))
+	if err != nil {
+		n.cancel()
+		return nil, fmt.Errorf("cluster: start NodeHost: %w", err)
+	}
+	n.nh = nh
+	sources.attach(nh)
+	for i := range cfg.Groups {
+		g := n.newGroup(i)
+		n.groups = append(n.groups, g)
+		if err := n.startReplica(g); err != nil {
+			n.cancel()
+			n.wg.Wait()
+			nh.Close()
+			return nil, fmt.Errorf("cluster: start group %d: %w", g.shardID, err)
+		}
+	}
+	n.run()
+	n.log.Info().Uint64("node", cfg.NodeID).Str("raft", cfg.RaftAddr).Int("groups", cfg.Groups).
+		Str("data_dir", cfg.DataDir).Msg("cluster node started")
+	return n, nil
+}
+
+// newNode is a node's state before its NodeHost: the request registry,
+// the gates, the liveness record and this run's request ids.
+func newNode(cfg Config) (*Node, error) {
 	n := &Node{
 		cfg:        cfg,
 		log:        cfg.Logger,
@@ -202,7 +236,14 @@ func Start(cfg Config) (*Node, error) {
 	// for an old id is released as an orphan), nor be 0.
 	n.idBase.Store(binary.BigEndian.Uint64(seed[:]) >> 1)
 	n.idFirst = n.idBase.Load() + 1
+	return n, nil
+}
 
+// nodeHostConfig is the NodeHost's configuration: its dirs and RTT, the
+// log store, one step and one apply worker, the leader listener and
+// lockd's own transport.
+func (n *Node) nodeHostConfig(sources *raftSources) config.NodeHostConfig {
+	cfg := n.cfg
 	nhc := config.NodeHostConfig{
 		DeploymentID:   deploymentID,
 		NodeHostDir:    cfg.DataDir,
@@ -222,74 +263,75 @@ func Start(cfg Config) (*Node, error) {
 	// 1024 callers (docs/cluster.md, Timing).
 	nhc.Expert.Engine.ApplyShards = 1
 	nhc.RaftEventListener = leaderListener{n}
-	sources := &raftSources{}
-	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS, sources: sources, heard: n.heardFrom, framesSent: &n.stats.raftFramesSent, streamsOpened: &n.stats.raftStreams,
-		onPeer: n.onPeerFrame, listener: cfg.RaftListener}
-	// Before the NodeHost: replicas replaying their logs may already
-	// reach the claims' links, whose goroutines end with it.
-	n.ctx, n.cancel = context.WithCancel(context.Background())
-	nh, err := dragonboat.NewNodeHost(nhc)
-	if err != nil {
-		n.cancel()
-		return nil, fmt.Errorf("cluster: start NodeHost: %w", err)
+	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS, sources: sources, heard: n.heardFrom,
+		framesSent: &n.stats.raftFramesSent, streamsOpened: &n.stats.raftStreams, onPeer: n.onPeerFrame, listener: cfg.RaftListener}
+	return nhc
+}
+
+// newGroup is this node's side of group idx, its first command the
+// forget of this node's earlier runs' waiters.
+func (n *Node) newGroup(idx int) *group {
+	perGroup := max(1, (n.cfg.MaxKeys+n.cfg.Groups-1)/n.cfg.Groups)
+	g := &group{n: n, idx: idx, shardID: shardID(n.cfg.Groups, idx), maxKeys: perGroup,
+		kick: make(chan struct{}, 1), slots: make(chan struct{}, proposalsInFlight), freed: make(chan struct{}, 1)}
+	g.buf = make([]byte, headerLen, 4096)
+	g.forgotten = make(map[uint64]bool)
+	g.forgetPastRuns()
+	g.newLeader.Store(new(make(chan struct{})))
+	return g
+}
+
+// startReplica starts g's replica on this node's NodeHost: a new group
+// from --peers, a restart from its log, or a joining node's empty one.
+func (n *Node) startReplica(g *group) error {
+	initial, join := make(map[uint64]dragonboat.Target, len(n.cfg.Peers)), false
+	for id, addr := range n.cfg.Peers {
+		initial[id] = addr
 	}
-	n.nh = nh
-	sources.attach(nh)
-	members := make(map[uint64]dragonboat.Target, len(cfg.Peers))
-	for id, addr := range cfg.Peers {
-		members[id] = addr
+	switch {
+	case n.nh.HasNodeInfo(g.shardID, n.cfg.NodeID):
+		initial = nil // a restart: membership comes from the log
+	case n.cfg.Join:
+		initial, join = nil, true // membership comes from the leader that adds us
 	}
-	perGroup := max(1, (cfg.MaxKeys+cfg.Groups-1)/cfg.Groups)
-	for i := range cfg.Groups {
-		g := &group{n: n, idx: i, shardID: shardID(cfg.Groups, i), maxKeys: perGroup,
-			kick: make(chan struct{}, 1), slots: make(chan struct{}, proposalsInFlight), freed: make(chan struct{}, 1)}
-		g.buf = make([]byte, headerLen, 4096)
-		g.forgotten = make(map[uint64]bool)
-		g.forgetPastRuns() // the first command this run proposes
-		g.newLeader.Store(new(make(chan struct{})))
-		n.groups = append(n.groups, g)
-		rc := config.Config{
-			ReplicaID:   cfg.NodeID,
-			ShardID:     g.shardID,
-			CheckQuorum: true,
-			// A node cut off keeps campaigning; without PreVote its raised
-			// term makes every healthy leader step down when the cut heals
-			// (measured: the majority stalled 0.3–0.9 s; with PreVote 6–25 ms).
-			PreVote:            true,
-			ElectionRTT:        cfg.ElectionRTT,
-			HeartbeatRTT:       cfg.HeartbeatRTT,
-			SnapshotEntries:    cfg.SnapshotEntries,
-			CompactionOverhead: cfg.CompactionOverhead,
-			// No MaxInMemLogSize: with one, dragonboat refuses proposals
-			// while a replica's unapplied in-memory log is over it, and
-			// for that every follower reports its log to the leader each
-			// election timeout, a message per group and follower that an
-			// idle cluster paid about a fifth of its CPU for (measured,
-			// docs/cluster.md, Performance). Applying is the cheapest step
-			// of a commit here (an in-memory table), far below the fsync
-			// every replica makes before it acknowledges, so a replica's
-			// unapplied entries stay few; what goes into the log is
-			// bounded by the nodes' admission gates.
-		}
-		initial, join := members, false
-		switch {
-		case nh.HasNodeInfo(g.shardID, cfg.NodeID):
-			initial = nil // a restart: membership comes from the log
-		case cfg.Join:
-			initial, join = nil, true // membership comes from the leader that adds us
-		}
-		create := func(uint64, uint64) sm.IStateMachine {
-			f := newFSM(g, cfg.FirstToken)
-			g.fsm.Store(f)
-			return f
-		}
-		if err := nh.StartReplica(initial, join, create, rc); err != nil {
-			n.cancel()
-			n.wg.Wait()
-			nh.Close()
-			return nil, fmt.Errorf("cluster: start group %d: %w", g.shardID, err)
-		}
+	create := func(uint64, uint64) sm.IStateMachine {
+		f := newFSM(g, n.cfg.FirstToken)
+		g.fsm.Store(f)
+		return f
 	}
+	return n.nh.StartReplica(initial, join, create, n.replicaConfig(g))
+}
+
+// replicaConfig is g's Raft configuration on this node.
+func (n *Node) replicaConfig(g *group) config.Config {
+	return config.Config{
+		ReplicaID:   n.cfg.NodeID,
+		ShardID:     g.shardID,
+		CheckQuorum: true,
+		// A node cut off keeps campaigning; without PreVote its raised
+		// term makes every healthy leader step down when the cut heals
+		// (measured: the majority stalled 0.3–0.9 s; with PreVote 6–25 ms).
+		PreVote:            true,
+		ElectionRTT:        n.cfg.ElectionRTT,
+		HeartbeatRTT:       n.cfg.HeartbeatRTT,
+		SnapshotEntries:    n.cfg.SnapshotEntries,
+		CompactionOverhead: n.cfg.CompactionOverhead,
+		// No MaxInMemLogSize: with one, dragonboat refuses proposals
+		// while a replica's unapplied in-memory log is over it, and for
+		// that every follower reports its log to the leader each election
+		// timeout, a message per group and follower that an idle cluster
+		// paid about a fifth of its CPU for (measured, docs/cluster.md,
+		// Performance). Applying is the cheapest step of a commit here (an
+		// in-memory table), far below the fsync every replica makes before
+		// it acknowledges, so a replica's unapplied entries stay few; what
+		// goes into the log is bounded by the nodes' admission gates.
+	}
+}
+
+// run starts the node's goroutines: a proposer per group, the expiry
+// driver, the request timers and the monitor anchor; then every group's
+// first proposal.
+func (n *Node) run() {
 	for _, g := range n.groups {
 		n.wg.Add(1)
 		go func() { defer n.wg.Done(); g.proposeLoop(n.ctx) }()
@@ -304,9 +346,6 @@ func Start(cfg Config) (*Node, error) {
 	for _, g := range n.groups {
 		g.propose()
 	}
-	n.log.Info().Uint64("node", cfg.NodeID).Str("raft", cfg.RaftAddr).Int("groups", cfg.Groups).
-		Str("data_dir", cfg.DataDir).Msg("cluster node started")
-	return n, nil
 }
 
 // Close stops the node's goroutines and its NodeHost. Call it after the
