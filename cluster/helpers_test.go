@@ -13,7 +13,10 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// freePorts reserves n loopback ports by listening and closing.
+// freePorts reserves n loopback ports by listening and closing, for
+// lockd processes, which cannot take a listener over: a port may be taken
+// in between, and the process then fails to start (the test fails, it
+// never talks to a stranger). In-process nodes take raftListeners.
 func freePorts(t testing.TB, n int) []int {
 	t.Helper()
 	var ls []net.Listener

@@ -17,7 +17,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -213,8 +212,9 @@ func TestRaftTLSPeerSpeaksOnlyForItsHost(t *testing.T) {
 	sources.view.Store(&sourcesView{groups: map[uint64]bool{5: true}, addrs: map[raftio.NodeInfo]string{
 		{ShardID: 5, ReplicaID: 1}: "127.0.0.1:7001", {ShardID: 5, ReplicaID: 2}: "127.0.0.2:7002"}})
 	batches := make(chan pb.MessageBatch, 4)
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePorts(t, 1)[0]))
-	server := raftTransportFactory{log: zerolog.Nop(), tls: raftTLSFor(t, ca, "server"), sources: sources}.Create(
+	ln := raftListeners(t, 1)[0]
+	addr := ln.Addr().String()
+	server := raftTransportFactory{log: zerolog.Nop(), tls: raftTLSFor(t, ca, "server"), sources: sources, listener: ln}.Create(
 		config.NodeHostConfig{RaftAddress: addr}, func(mb pb.MessageBatch) { batches <- mb }, func(pb.Chunk) bool { return true }).(*raftTransport)
 	if err := server.Start(); err != nil {
 		t.Fatal(err)

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"os"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -65,8 +64,8 @@ const refusedLog = "raft transport: TLS handshake refused"
 func startTLSTransport(t *testing.T, tlsCfg *tls.Config, log io.Writer) (*raftTransport, chan pb.MessageBatch) {
 	t.Helper()
 	batches := make(chan pb.MessageBatch, 16)
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(freePorts(t, 1)[0]))
-	tr := raftTransportFactory{log: zerolog.New(log), tls: tlsCfg}.Create(config.NodeHostConfig{RaftAddress: addr},
+	ln := raftListeners(t, 1)[0]
+	tr := raftTransportFactory{log: zerolog.New(log), tls: tlsCfg, listener: ln}.Create(config.NodeHostConfig{RaftAddress: ln.Addr().String()},
 		func(mb pb.MessageBatch) { batches <- mb },
 		func(pb.Chunk) bool { return true }).(*raftTransport)
 	if err := tr.Start(); err != nil {
@@ -155,10 +154,10 @@ func TestRaftTLSClusterElectsAndServes(t *testing.T) {
 // between themselves and serve.
 func TestRaftTLSRefusesANodeOfAnotherCA(t *testing.T) {
 	ca, other := testcerts.NewCA(t, "lockd raft CA"), testcerts.NewCA(t, "another CA")
-	ports := freePorts(t, 3)
+	listeners := raftListeners(t, 3)
 	peers := make(map[uint64]string)
-	for i, p := range ports {
-		peers[uint64(i+1)] = fmt.Sprintf("127.0.0.1:%d", p)
+	for i, l := range listeners {
+		peers[uint64(i+1)] = l.Addr().String()
 	}
 	watches := []*logWatch{watchLog(refusedLog), watchLog(refusedLog)}
 	refused := make(chan struct{})
@@ -178,7 +177,7 @@ func TestRaftTLSRefusesANodeOfAnotherCA(t *testing.T) {
 		}
 	})
 	for i := range 3 {
-		cfg := Config{NodeID: uint64(i + 1), Peers: peers, DataDir: t.TempDir(), Groups: 2,
+		cfg := Config{NodeID: uint64(i + 1), Peers: peers, RaftListener: listeners[i], DataDir: t.TempDir(), Groups: 2,
 			RTT: 10 * time.Millisecond, ElectionRTT: 20, ProposeTimeout: 3 * time.Second}
 		if i < 2 {
 			cfg.RaftTLS = raftTLSFor(t, ca, fmt.Sprintf("node%d", i+1))

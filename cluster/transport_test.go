@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"reflect"
-	"strconv"
 	"testing"
 	"time"
 
@@ -19,14 +18,16 @@ import (
 // receives to the returned channels.
 func startTransport(t *testing.T, acceptChunks bool) (*raftTransport, chan pb.MessageBatch, chan pb.Chunk) {
 	t.Helper()
-	return startTransportAt(t, net.JoinHostPort("127.0.0.1", strconv.Itoa(freePorts(t, 1)[0])), acceptChunks)
+	ln := raftListeners(t, 1)[0]
+	return startTransportAt(t, raftTransportFactory{listener: ln}, ln.Addr().String(), acceptChunks)
 }
 
-// startTransportAt is startTransport on addr.
-func startTransportAt(t *testing.T, addr string, acceptChunks bool) (*raftTransport, chan pb.MessageBatch, chan pb.Chunk) {
+// startTransportAt is startTransport on addr, through f (listening on
+// addr itself unless f has a listener).
+func startTransportAt(t *testing.T, f raftTransportFactory, addr string, acceptChunks bool) (*raftTransport, chan pb.MessageBatch, chan pb.Chunk) {
 	t.Helper()
 	batches, chunks := make(chan pb.MessageBatch, 16), make(chan pb.Chunk, 16)
-	tr := raftTransportFactory{}.Create(config.NodeHostConfig{RaftAddress: addr},
+	tr := f.Create(config.NodeHostConfig{RaftAddress: addr},
 		func(mb pb.MessageBatch) { batches <- mb },
 		func(c pb.Chunk) bool { chunks <- c; return acceptChunks }).(*raftTransport)
 	if err := tr.Start(); err != nil {
@@ -112,7 +113,7 @@ func TestRaftTransportStreamSurvivesAPeerRestart(t *testing.T) {
 	}
 	receive(t, batches)
 	server.Close()
-	_, restarted, _ := startTransportAt(t, server.addr, true)
+	_, restarted, _ := startTransportAt(t, raftTransportFactory{}, server.addr, true)
 	// The first writes after the restart may still vanish into the old
 	// connection before its reset arrives; what matters is that none fails
 	// and that the stream reaches the new process.
