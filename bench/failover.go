@@ -306,7 +306,7 @@ func (r *failoverRun) execute(ctx context.Context) (*Result, error) {
 	}
 	// A warm-up cycle per caller pays for connections and sessions
 	// before the clock starts, and proves the cluster serves.
-	if err := warmUpKeys(ctx, callers, "failover/warm/"); err != nil {
+	if err := warmUpKeys(ctx, callers, "failover/warm/", answerSlack); err != nil {
 		return nil, err
 	}
 
@@ -335,14 +335,15 @@ func (r *failoverRun) execute(ctx context.Context) (*Result, error) {
 	return r.result(elapsed, seen, self, notes), nil
 }
 
-// warmUpKeys runs one acquire and release per caller on a key of its own.
-func warmUpKeys(ctx context.Context, callers []Caller, prefix string) error {
+// warmUpKeys runs one acquire (waiting up to wait) and release per caller
+// on a key of its own, prefix and the caller's number.
+func warmUpKeys(ctx context.Context, callers []Caller, prefix string, wait time.Duration) error {
 	errs := make([]error, len(callers))
 	var wg sync.WaitGroup
 	for i, c := range callers {
 		wg.Go(func() {
 			key := prefix + strconv.Itoa(i)
-			if out, err := c.Acquire(ctx, key, answerSlack); out != Acquired {
+			if out, err := c.Acquire(ctx, key, wait); out != Acquired {
 				errs[i] = fmt.Errorf("warm-up acquire of %q: %v %v", key, out, err)
 				return
 			}

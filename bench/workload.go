@@ -474,22 +474,7 @@ func (r *run) keepaliveSetUp(ctx context.Context) ([]Caller, int, error) {
 // starts, so that connections, sessions and first uses are paid for
 // outside the measurement; it also proves the target answers.
 func (r *run) warmUp(ctx context.Context, callers []Caller) error {
-	errs := make([]error, len(callers))
-	var wg sync.WaitGroup
-	for i, c := range callers {
-		wg.Go(func() {
-			key := r.keyPrefix + "warm/" + strconv.Itoa(i)
-			if out, err := c.Acquire(ctx, key, 0); out != Acquired {
-				errs[i] = fmt.Errorf("warm-up acquire of %q: %v %v", key, out, err)
-				return
-			}
-			if out, err := c.Release(ctx); !out.endsCycle() {
-				errs[i] = fmt.Errorf("warm-up release of %q: %v %v", key, out, err)
-			}
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return warmUpKeys(ctx, callers, r.keyPrefix+"warm/", 0)
 }
 
 // newCallers makes n callers of target, with ids from first on.
