@@ -218,6 +218,7 @@ func (n *Node) Stats() engine.Stats {
 		st.LastToken = max(st.LastToken, f.state.tokens.Last)
 		// The replicated flag changes only when an acquire asks; the gate
 		// is open again as soon as the count is below its reopening mark.
+		f.holdTimes.AddTo(&st.HoldTimes)
 		keys := int64(len(f.state.locks))
 		keysClosed = keysClosed || f.state.keysClosed && !engine.NewGateRule(int64(g.maxKeys)).Reopens(keys)
 		f.mu.Unlock()

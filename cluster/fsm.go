@@ -9,6 +9,7 @@ import (
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
 	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/internal/histogram"
 )
 
 // fsm is one group's dragonboat state machine: the replicated state
@@ -33,6 +34,10 @@ type fsm struct {
 	load    map[uint64]uint64 // acquires and releases applied per proposing node, for leader placement
 	applied uint64            // index of the last entry applied
 	book    claimBook         // claims on this epoch's grants, while this replica leads it (claims.go)
+	// holds are the hold times of the leases that ended while this
+	// replica led the group's epoch: one node counts each, as the group
+	// saw it.
+	holdTimes histogram.Histogram
 
 	// clock stamps the leases applied (the node's clock; tests pass
 	// their own).
@@ -74,6 +79,7 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 		f.takeLeases(f.clock())
 	}
 	f.book.noteGrants(&f.state, f.g.n.cfg.NodeID, f.out.answers)
+	f.observeHolds()
 	f.mu.Unlock()
 	f.g.appliedOwn(e.Cmd)
 	f.g.n.anchor.noteApplied()
@@ -94,6 +100,17 @@ func (f *fsm) takeLeases(now time.Duration) {
 	}
 	clear(f.out.leases)
 	f.out.leases = f.out.leases[:0]
+}
+
+// observeHolds records the hold times of the leases the batch ended, on
+// the epoch leader only; called with the lock held.
+func (f *fsm) observeHolds() {
+	if f.state.epochLeader == f.g.n.cfg.NodeID {
+		for _, d := range f.out.holds {
+			f.holdTimes.Observe(d)
+		}
+	}
+	f.out.holds = f.out.holds[:0]
 }
 
 // deliver hands the answers of what the entry at index applied to the

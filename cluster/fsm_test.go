@@ -11,6 +11,7 @@ import (
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
 	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/internal/histogram"
 )
 
 // detachedFSM is a state machine whose node is none of the proposers, so
@@ -292,5 +293,29 @@ func TestStatsReadTheKeysGate(t *testing.T) {
 	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 1, 99, 30, 0, 10, "t", []byte("again")) })
 	if st := n.Stats().KeysGate; !st.Open || st.Count != 7 {
 		t.Fatalf("after releasing to 6 keys and one more acquire: gate %+v, want open with 7 keys", st)
+	}
+}
+
+// Hold times are measured on the group's clock, from the grant to the
+// release, or to the lease's end for a lease that ran out (the holder had
+// all of it, KEEPs included), and counted by the epoch leader's replica
+// only, so that the nodes' /metrics sum to one count per lease.
+func TestHoldTimesOnTheGroupsClock(t *testing.T) {
+	leader, follower := newReplica(t, 1), newReplica(t, 2)
+	for _, r := range []*replica{leader, follower} {
+		r.apply(1, epoch(5, 1))
+		r.apply(1, acquireBy(3, 100, "released", 0))
+		r.apply(4, releaseOf(r.lock("released").Token, "released"))
+		r.apply(10, acquireBy(3, 101, "expired", 0))
+		r.apply(50, acquireBy(3, 102, "expired", 0)) // its 30 s lease ended at 40: settled, then granted again
+	}
+	var got, none histogram.Snapshot
+	leader.f.holdTimes.AddTo(&got)
+	follower.f.holdTimes.AddTo(&none)
+	if got.Count() != 2 || got.Sum != 3*time.Second+30*time.Second {
+		t.Fatalf("leader's hold times: %d, sum %v; want 2 summing to 33s (3 s held, 30 s expired)", got.Count(), got.Sum)
+	}
+	if none.Count() != 0 {
+		t.Fatalf("a follower counted %d hold times", none.Count())
 	}
 }

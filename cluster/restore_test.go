@@ -125,9 +125,10 @@ func TestVersion1SnapshotRestores(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The version-1 grant instant is not a lease end: the lease runs a
-	// full lease from the snapshot's time, never shorter than it was.
+	// full lease from the snapshot's time, never shorter than it was, and
+	// its hold counts from the snapshot's time too.
 	want := fsmState{Now: 5e9, Tokens: engine.TokenCounter{Last: 41, Issued: 41}, Queued: 1, Locks: map[string]lockState{
-		k: {Lease: engine.Lease{Token: 41, End: 5e9 + 30e9}, lease: 30, queue: []waitEntry{{node: 2, id: 9, Waiting: engine.Waiting{Deadline: 6e9, Arrived: 4e9, Lease: 30e9}}}},
+		k: {Lease: engine.Lease{Token: 41, End: 5e9 + 30e9}, lease: 30, granted: 5e9, queue: []waitEntry{{node: 2, id: 9, Waiting: engine.Waiting{Deadline: 6e9, Arrived: 4e9, Lease: 30e9}}}},
 	}}
 	if got := stateOf(f); !reflect.DeepEqual(got, want) {
 		t.Fatalf("restored\n%+v\nwant\n%+v", got, want)

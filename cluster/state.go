@@ -44,7 +44,10 @@ type lockState struct {
 	// epoch is the group's epoch when the token was issued: only that
 	// epoch's leader may take the grant back (cmdRevoke, claims.go).
 	epoch uint64
-	queue []waitEntry
+	// granted is the group's clock when the token was issued, for the
+	// hold time when its lease ends.
+	granted time.Duration
+	queue   []waitEntry
 }
 
 // replicated is one group's replicated state: the same on every replica
@@ -102,11 +105,13 @@ type answer struct {
 	lease    uint16
 }
 
-// applied gathers what a batch did: the answers to deliver and the leases
-// (grants and renewals) whose end each replica times on its own clock.
+// applied gathers what a batch did: the answers to deliver, the leases
+// (grants and renewals) whose end each replica times on its own clock,
+// and how long each lease that ended was held (on the group's clock).
 type applied struct {
 	answers []answer
 	leases  []expiry
+	holds   []time.Duration
 }
 
 func (a *applied) answer(kind answerKind, key string, node, id uint64, r engine.Result) {
@@ -123,6 +128,7 @@ func (s *replicated) apply(c *command, out *applied) {
 		r := engine.Result{Outcome: engine.NotHeld}
 		if l := s.settle(k, out); l != nil && engine.Release(l.Lease, c.token, s.now) == engine.Released {
 			r.Outcome = engine.Released
+			out.holds = append(out.holds, s.now-l.granted)
 			s.free(k, l, out)
 		}
 		if c.id != 0 {
@@ -226,6 +232,7 @@ func (s *replicated) granted(k string, l *lockState, node, id uint64, lease uint
 	l.renewals = 0
 	l.node, l.id = node, id
 	l.epoch = s.epoch
+	l.granted = s.now
 	out.leases = append(out.leases, expiry{key: k, token: l.Token, lease: seconds(lease)})
 }
 
@@ -237,6 +244,7 @@ func (s *replicated) settle(k string, out *applied) *lockState {
 	if l == nil || !l.Lapsed(s.now) {
 		return l
 	}
+	out.holds = append(out.holds, l.End-l.granted) // the holder had the whole lease
 	return s.free(k, l, out)
 }
 
@@ -333,7 +341,8 @@ func seconds(s uint16) time.Duration { return time.Duration(s) * time.Second }
 // snapshotVersion 2 added each lock's holder (node, id), version 3 its
 // renewals, version 4 its lease end on the replicated clock (in place of
 // the grant instant), version 5 the group's epoch and each lock's (a
-// lock of an older snapshot has epoch 0: no leader may revoke it). Older
+// lock of an older snapshot has epoch 0: no leader may revoke it) and
+// grant instant. Older
 // snapshots, written by earlier builds, still
 // restore — dragonboat stops the process when a snapshot cannot be read —
 // with no holder known, no renewals, and a lease ending a full lease after
@@ -378,6 +387,7 @@ func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
 		b = binary.BigEndian.AppendUint64(b, l.id)
 		b = binary.BigEndian.AppendUint32(b, l.renewals)
 		b = binary.BigEndian.AppendUint64(b, l.epoch)
+		b = binary.BigEndian.AppendUint64(b, uint64(l.granted))
 		b = binary.BigEndian.AppendUint32(b, uint32(len(l.queue)))
 		for _, q := range l.queue {
 			b = binary.BigEndian.AppendUint64(b, q.node)
@@ -414,7 +424,7 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 	}
 	nLocks := be.Uint64(hdr[26:])
 	const waitEntryLen = 8 + 8 + 8 + 8 + 2
-	holderLen, renewalsLen, epochLen := 8+8, 4, 8
+	holderLen, renewalsLen, epochLen := 8+8, 4, 8+8
 	if version == 1 {
 		holderLen = 0
 	}
@@ -430,7 +440,7 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 		}
 		s.epoch, s.epochLeader = be.Uint64(epoch[:]), be.Uint64(epoch[8:])
 	}
-	var buf [8 + 2 + 8 + 16 + 4 + 8 + 4]byte
+	var buf [8 + 2 + 8 + 16 + 4 + 16 + 4]byte
 	for i := uint64(0); i < nLocks; i++ {
 		if i%4096 == 4095 {
 			select {
@@ -463,6 +473,9 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 		}
 		if epochLen > 0 {
 			l.epoch = be.Uint64(buf[18+holderLen+renewalsLen:])
+			l.granted = time.Duration(be.Uint64(buf[26+holderLen+renewalsLen:]))
+		} else {
+			l.granted = l.End - seconds(l.lease) // as early as the snapshot tells
 		}
 		nq := int(be.Uint32(buf[18+holderLen+renewalsLen+epochLen:]))
 		for range nq {

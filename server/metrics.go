@@ -297,7 +297,7 @@ var (
 
 	acquireDurationDesc = desc("lockd_acquire_duration_seconds", "Acquires from the arrival of the request to the write of its answer, by outcome (A acquired, T timeout, B busy, E error).", "outcome")
 	queueWaitDesc       = desc("lockd_acquire_queue_wait_seconds", "Time granted waiters spent queued, from the acquire to the grant.")
-	holdDesc            = desc("lockd_lock_hold_seconds", "Leases that ended, from grant to release or expiry (single mode).")
+	holdDesc            = desc("lockd_lock_hold_seconds", "Leases that ended, from grant to release or expiry (cluster mode: on the group's clock, counted by the group's leader).")
 	buildInfoDesc       = desc("lockd_build_info", "The running build: module version, VCS revision, Go version; always 1.", "version", "revision", "goversion")
 )
 
