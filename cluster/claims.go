@@ -196,7 +196,6 @@ func (n *Node) askClaims(all bool) {
 	retry := n.claimRetry()
 	var settled []settledClaim
 	var asks map[uint64][]byte
-	leaders := make(map[*group]uint64, 1)
 	n.regMu.Lock()
 	held := n.toAsk
 	n.toAsk = n.askSpare[:0]
@@ -222,11 +221,7 @@ func (n *Node) askClaims(all bool) {
 			settled = append(settled, n.settleLocked(p, v))
 			continue
 		}
-		leader, ok := leaders[c.g]
-		if !ok {
-			leader = n.Leader(c.g.idx)
-			leaders[c.g] = leader
-		}
+		leader := n.Leader(c.g.idx)
 		switch {
 		case leader == 0 || leader == n.cfg.NodeID:
 			// An election, or this node leads and its epoch is not applied

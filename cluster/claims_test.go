@@ -6,6 +6,7 @@ import (
 	"time"
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
+	"github.com/lockd/lockd/engine"
 	"github.com/rs/zerolog"
 )
 
@@ -247,3 +248,36 @@ func TestSnapshotKeepsEpochs(t *testing.T) {
 }
 
 func (r *replica) n() *Node { return r.f.g.n }
+
+// A grant the group takes back before its node delivered it is answered
+// E unavailable (a definitive non-acquisition) and released by the node
+// too, never handed to the client: here the grant and its revoke apply in
+// one entry, so the revoke reaches the node while the grant waits for its
+// claim.
+func TestRevokedGrantIsAnsweredUnavailableAndReleased(t *testing.T) {
+	n, g, f := localNode()
+	rec := newRecorder()
+	n.inflight.Admit()
+	p := &pending{id: n.nextID(), w: rec, owner: 1, start: n.clock(), deadline: n.clock() + time.Minute, group: g, key: lockKey([]byte("t"), []byte("k"))}
+	n.register(p)
+	token := f.state.tokens.Last + 1
+	b := make([]byte, headerLen)
+	b = appendAcquire(b, 1, p.id, 30, 0, 1<<20, "t", []byte("k"))
+	b = appendRevoke(b, 1, token, f.state.epoch, "t", []byte("k"))
+	putHeader(b, 1, 2)
+	if _, err := f.Update(sm.Entry{Index: 1, Cmd: b}); err != nil {
+		t.Fatal(err)
+	}
+	if r := rec.wait(t, 1, time.Second); r.Outcome != engine.Unavailable {
+		t.Fatalf("a revoked grant was answered %+v, want Unavailable", r)
+	}
+	g.mu.Lock()
+	orphans := g.orphans
+	g.mu.Unlock()
+	if len(orphans) != 1 || orphans[0].token != token {
+		t.Fatalf("orphan releases %+v, want the revoked token %d", orphans, token)
+	}
+	if f.state.locks[lockKey([]byte("t"), []byte("k"))] != nil {
+		t.Fatal("the revoked lock is still held")
+	}
+}
