@@ -30,6 +30,7 @@ const (
 	claimRefused                           // never deliver: the grant is taken back or no longer current
 	claimNotLeader                         // ask the group's leader (again, later)
 	claimNotYet                            // this replica has not applied the grant or its own epoch yet
+	claimWitness                           // the epoch leader's own grant: deliver once a member witnessed it (witness.go)
 )
 
 // claimBook is what an epoch leader knows of claims, node-local and kept
@@ -39,6 +40,7 @@ type claimBook struct {
 	epoch     uint64                       // the epoch the book is for; a new one clears it
 	unclaimed map[uint64]map[string]uint64 // node → lock key → token
 	revoking  map[string]uint64            // lock key → token taken back
+	suspects  suspects                     // the previous epoch leader's own grants (witness.go)
 }
 
 // sync empties the book when the replica's epoch moved on.
@@ -49,6 +51,7 @@ func (b *claimBook) sync(s *replicated) {
 	b.epoch = s.epoch
 	b.unclaimed = nil
 	b.revoking = nil
+	b.suspects = suspects{}
 }
 
 // noteGrants records, on the epoch's leader, the grants just applied to
@@ -91,12 +94,19 @@ func (f *fsm) judgeClaim(key string, node, id, token, index uint64, raftLeader b
 	if l == nil || l.Token != token || l.node != node || l.id != id || l.Lapsed(s.now) {
 		return claimRefused
 	}
-	if l.epoch != s.epoch || node == self {
-		return claimAccepted // an earlier epoch's grant counts as claimed; a leader never revokes its own
-	}
 	f.book.sync(s)
-	if f.book.revoking[key] == token {
+	switch {
+	case f.book.revoking[key] == token:
 		return claimRefused
+	case node == self && l.epoch == s.epoch && s.epochWitnessed:
+		return claimWitness
+	case node == self:
+		return claimAccepted // of an earlier epoch, or of one without witnesses: never taken back
+	case l.epoch != s.epoch:
+		// An earlier epoch's grant counts as claimed; if it is one of the
+		// previous leader's own, this leader is its witness now.
+		delete(f.book.suspects.grants, token)
+		return claimAccepted
 	}
 	if m := f.book.unclaimed[node]; m[key] == token {
 		delete(m, key)
@@ -151,7 +161,7 @@ func (g *group) revokeUnclaimed(peer uint64) bool {
 	g.n.stats.revokes.Add(uint64(len(taken)))
 	for _, e := range taken {
 		tenant, key := splitLockKey(e.key)
-		g.queue(func(b []byte) []byte { return appendRevoke(b, peer, e.token, epoch, tenant, key) })
+		g.queue(func(b []byte) []byte { return appendRevoke(b, cmdRevoke, peer, e.token, epoch, tenant, key) })
 	}
 	return true
 }
@@ -195,7 +205,8 @@ func (n *Node) askClaims(all bool) {
 	now := n.clock()
 	retry := n.claimRetry()
 	var settled []settledClaim
-	var asks map[uint64][]byte
+	claims, asks := map[uint64][]byte{}, map[uint64][]byte{} // claims to leaders, witness requests
+	readMembers := false
 	n.regMu.Lock()
 	held := n.toAsk
 	n.toAsk = n.askSpare[:0]
@@ -216,7 +227,24 @@ func (n *Node) askClaims(all bool) {
 		if f.state.epochLeader == n.cfg.NodeID {
 			v = f.judgeClaim(c.key, n.cfg.NodeID, p.id, c.r.Token, c.index, true)
 		}
+		epoch := f.state.epoch
 		f.mu.Unlock()
+		if v == claimWitness {
+			witnesses, ok := c.g.witnesses(epoch)
+			switch {
+			case !ok: // the members are read on the expiry driver's next pass
+				n.toAsk = append(n.toAsk, p)
+				readMembers = true
+			case len(witnesses) == 0: // a group of one: nobody could take it back
+				settled = append(settled, n.settleLocked(p, claimAccepted))
+			case c.askedOf != n.cfg.NodeID || now-c.askedAt >= retry:
+				c.askedOf, c.askedAt = n.cfg.NodeID, now
+				for _, w := range witnesses {
+					asks[w] = appendWitnessRequest(asks[w], c.g.shardID, epoch, p.id, c.r.Token, c.key)
+				}
+			}
+			continue
+		}
 		if v == claimAccepted || v == claimRefused {
 			settled = append(settled, n.settleLocked(p, v))
 			continue
@@ -229,19 +257,22 @@ func (n *Node) askClaims(all bool) {
 			n.toAsk = append(n.toAsk, p)
 		case c.askedOf != leader || now-c.askedAt >= retry:
 			c.askedOf, c.askedAt = leader, now
-			if asks == nil {
-				asks = make(map[uint64][]byte)
-			}
-			asks[leader] = appendClaim(asks[leader], c.g.shardID, p.id, n.cfg.NodeID, c.r.Token, c.index, c.key)
+			claims[leader] = appendClaim(claims[leader], c.g.shardID, p.id, n.cfg.NodeID, c.r.Token, c.index, c.key)
 		}
 	}
 	clear(held)
 	n.askSpare = held[:0]
 	n.regMu.Unlock()
-	for leader, b := range asks {
+	for leader, b := range claims {
 		n.links.send(leader, b)
 	}
+	for witness, b := range asks {
+		n.links.send(witness, b)
+	}
 	n.finishSettled(settled)
+	if readMembers {
+		n.expiryDue()
+	}
 }
 
 // claimRetry is how long a claim waits for a verdict before it is asked
@@ -350,7 +381,7 @@ func (n *Node) onClaims(b []byte, sink verdictSink) {
 		key := string(b[claimFixedLen : claimFixedLen+klen])
 		b = b[claimFixedLen+klen:]
 		v := claimNotLeader
-		if g := n.groupByShard(shard); g != nil {
+		if g := n.groupByShard(shard); g != nil && node != n.cfg.NodeID { // a peer claims its own grants only
 			v = g.judge(parkedClaim{key: key, node: node, id: id, token: token, index: index, sink: sink})
 		}
 		if v != claimNotYet {
@@ -362,23 +393,32 @@ func (n *Node) onClaims(b []byte, sink verdictSink) {
 	}
 }
 
-// parkedClaim is a peer's claim this replica could not judge yet.
+// parkedClaim is a peer's claim, or its witness request (epoch set,
+// witness.go), that this replica could not judge yet.
 type parkedClaim struct {
 	key                    string
 	node, id, token, index uint64
+	epoch                  uint64
 	sink                   verdictSink
 	at                     time.Duration // when it was first parked
 }
 
-// judge judges c as g's leader, parking it while this replica is behind.
+// judge judges c as g's leader, or witnesses it, parking it while this
+// replica is behind.
 func (g *group) judge(c parkedClaim) claimVerdict {
 	f := g.fsm.Load()
 	if f == nil {
 		return claimNotLeader
 	}
-	leader := g.n.Leader(g.idx) == g.n.cfg.NodeID
-	f.mu.Lock()
-	v := f.judgeClaim(c.key, c.node, c.id, c.token, c.index, leader)
+	var v claimVerdict
+	if c.epoch != 0 {
+		f.mu.Lock()
+		v = f.witnessed.witness(&f.state, c.epoch, c.key, c.token)
+	} else {
+		leader := g.n.Leader(g.idx) == g.n.cfg.NodeID
+		f.mu.Lock()
+		v = f.judgeClaim(c.key, c.node, c.id, c.token, c.index, leader)
+	}
 	f.mu.Unlock()
 	if v == claimNotYet {
 		if c.at == 0 {
@@ -481,15 +521,23 @@ func appendVerdict(b []byte, shard, id, token uint64, v claimVerdict) []byte {
 }
 
 // onPeerFrame dispatches a frame of kind 'L' from a peer: claims to
-// judge, answered through sink, or verdicts on this node's claims.
+// judge and witness requests and queries (witness.go), answered through
+// sink, or the answers to this node's.
 func (n *Node) onPeerFrame(body []byte, sink verdictSink) {
 	if len(body) == 0 {
 		return
 	}
-	switch body[0] {
-	case peerClaims:
-		n.onClaims(body[1:], sink)
-	case peerVerdicts:
-		n.onVerdicts(body[1:])
+	switch kind, b := body[0], body[1:]; {
+	case kind == peerVerdicts:
+		n.onVerdicts(b)
+	case kind == peerAnswers:
+		n.onWitnessAnswers(b)
+	case sink == nil: // a request on this node's own link: it answers nobody
+	case kind == peerClaims:
+		n.onClaims(b, sink)
+	case kind == peerWitness:
+		n.onWitnessRequests(b, sink)
+	case kind == peerQueries:
+		n.onWitnessQueries(b, sink)
 	}
 }

@@ -81,7 +81,7 @@ func releaseOf(token uint64, key string) func([]byte) []byte {
 }
 
 func revokeOf(node, token, term uint64, key string) func([]byte) []byte {
-	return func(b []byte) []byte { return appendRevoke(b, node, token, term, "t", []byte(key)) }
+	return func(b []byte) []byte { return appendRevoke(b, cmdRevoke, node, token, term, "t", []byte(key)) }
 }
 
 // The revoke command's rule, on every replica alike: it frees only the
@@ -263,7 +263,7 @@ func TestRevokedGrantIsAnsweredUnavailableAndReleased(t *testing.T) {
 	token := f.state.tokens.Last + 1
 	b := make([]byte, headerLen)
 	b = appendAcquire(b, 1, p.id, 30, 0, 1<<20, "t", []byte("k"))
-	b = appendRevoke(b, 1, token, f.state.epoch, "t", []byte("k"))
+	b = appendRevoke(b, cmdRevoke, 1, token, f.state.epoch, "t", []byte("k"))
 	putHeader(b, 1, 2)
 	if _, err := f.Update(sm.Entry{Index: 1, Cmd: b}); err != nil {
 		t.Fatal(err)

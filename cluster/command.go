@@ -45,6 +45,10 @@ import (
 //	cmdRevoke:   node u64 | token u64 | term u64: the leader of epoch term
 //	             takes back the grant token, made in that epoch to a request
 //	             of node, which node never claimed (node fell silent)
+//	cmdRevokeUnwitnessed: node u64 | token u64 | term u64: a later epoch's
+//	             leader takes back the grant token that node, the leader of
+//	             epoch term, made to its own request and no member witnessed
+//	             (witness.go); written only from log format 2 on
 //
 // A KEEP names the renewal it extends, as the proposer's replica last saw it, so
 // that a retried proposal applied twice renews once: the second apply
@@ -66,6 +70,8 @@ const (
 	cmdCancel     = 'C'
 	cmdEpoch      = 'P'
 	cmdRevoke     = 'V'
+
+	cmdRevokeUnwitnessed = 'W'
 )
 
 var errBadBatch = errors.New("cluster: malformed proposal")
@@ -80,7 +86,7 @@ type command struct {
 	keyLimit uint32
 	// keepFirst and keepLast are cmdForget's range of ids to keep.
 	keepFirst, keepLast uint64
-	term                uint64 // cmdEpoch, cmdRevoke
+	term                uint64 // cmdEpoch, cmdRevoke, cmdRevokeUnwitnessed
 	tenant              []byte
 	key                 []byte
 }
@@ -142,8 +148,9 @@ func appendEpoch(dst []byte, term, node uint64) []byte {
 	return appendText(dst, "", nil)
 }
 
-func appendRevoke(dst []byte, node, token, term uint64, tenant string, key []byte) []byte {
-	dst = append(dst, cmdRevoke)
+// appendRevoke appends a revoke of kind cmdRevoke or cmdRevokeUnwitnessed.
+func appendRevoke(dst []byte, kind byte, node, token, term uint64, tenant string, key []byte) []byte {
+	dst = append(dst, kind)
 	dst = binary.BigEndian.AppendUint64(dst, node)
 	dst = binary.BigEndian.AppendUint64(dst, token)
 	dst = binary.BigEndian.AppendUint64(dst, term)
@@ -196,7 +203,7 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 		need = 8 + 8
 	case cmdEpoch:
 		need = 8 + 8
-	case cmdRevoke:
+	case cmdRevoke, cmdRevokeUnwitnessed:
 		need = 8 + 8 + 8
 	default:
 		return nil, errBadBatch
@@ -236,7 +243,7 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 	case cmdEpoch:
 		c.term = binary.BigEndian.Uint64(b)
 		c.node = binary.BigEndian.Uint64(b[8:])
-	case cmdRevoke:
+	case cmdRevoke, cmdRevokeUnwitnessed:
 		c.node = binary.BigEndian.Uint64(b)
 		c.token = binary.BigEndian.Uint64(b[8:])
 		c.term = binary.BigEndian.Uint64(b[16:])

@@ -48,6 +48,7 @@ func (n *Node) expiryLoop(ctx context.Context) {
 		case <-wake.C:
 		case <-n.wakeExpiry:
 		}
+		n.refreshMembers()
 		sleep := expiryHousekeeping
 		gatherOn := uint64(0) // group 0's leader, where idle groups gather
 		for i, g := range n.groups {
@@ -207,7 +208,9 @@ func (n *Node) moveLeader(g *group, to uint64) {
 // for ForgetAfter is taken for dead, and its queued waiters are dropped
 // from the group (cmdForget), once until it is heard from again; its
 // grants not claimed yet are taken back (cmdRevoke, claims.go) for as
-// long as it stays silent. A peer that was only slow loses its waits and
+// long as it stays silent, and, when it led the epoch before this
+// node's, its own grants that no member witnessed (cmdRevokeUnwitnessed,
+// witness.go). A peer that was only slow loses its waits and
 // its unclaimed grants, answered E unavailable, never a lock it was
 // given: a revoked grant was never delivered. It reports whether it
 // queued commands.
@@ -241,8 +244,12 @@ func (g *group) forgetSilentPeers(now time.Duration) (queued bool) {
 			queued = true
 		}
 		// Every pass while it stays silent: a grant to one of its
-		// requests may apply after the forget (its proposal was in flight).
+		// requests may apply after the forget (its proposal was in flight),
+		// and the members' answers about its own epoch's grants come in.
 		if g.revokeUnclaimed(peer) {
+			queued = true
+		}
+		if g.revokeUnwitnessed(peer, now) {
 			queued = true
 		}
 	}

@@ -3,6 +3,7 @@ package cluster
 import (
 	"errors"
 	"io"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,6 +35,15 @@ type fsm struct {
 	load    map[uint64]uint64 // acquires and releases applied per proposing node, for leader placement
 	applied uint64            // index of the last entry applied
 	book    claimBook         // claims on this epoch's grants, while this replica leads it (claims.go)
+	// witnessed is what this replica witnessed of epoch leaders' own
+	// grants (witness.go).
+	witnessed witnessBook
+	// epochIndex is the entry index at which the group's epoch began on
+	// this replica, 0 when it came in a snapshot.
+	epochIndex uint64
+	// liveAfter is the last entry index of the log this process started
+	// with: an epoch begun after it began while this process ran.
+	liveAfter uint64
 	// holds are the hold times of the leases that ended while this
 	// replica led the group's epoch: one node counts each, as the group
 	// saw it.
@@ -50,7 +60,8 @@ type fsm struct {
 }
 
 func newFSM(g *group, firstToken uint64) *fsm {
-	return &fsm{g: g, state: newReplicated(firstToken), load: make(map[uint64]uint64), clock: g.n.clock}
+	return &fsm{g: g, state: newReplicated(firstToken), load: make(map[uint64]uint64), clock: g.n.clock,
+		liveAfter: math.MaxUint64, witnessed: witnessBook{knownFrom: math.MaxUint64}}
 }
 
 // Update applies one batch. A batch whose header is malformed is skipped;
@@ -66,6 +77,7 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 		return sm.Result{}, nil
 	}
 	f.state.now = max(f.state.now, time.Duration(now))
+	prevEpoch, prevLeader, prevWitnessed := f.state.epoch, f.state.epochLeader, f.state.epochWitnessed
 	for range count {
 		if b, err = readCommand(b, &f.cmd); err != nil {
 			break
@@ -77,6 +89,9 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 	}
 	if len(f.out.leases) > 0 {
 		f.takeLeases(f.clock())
+	}
+	if f.state.epoch != prevEpoch {
+		f.epochBegan(prevEpoch, prevLeader, prevWitnessed, e.Index)
 	}
 	f.book.noteGrants(&f.state, f.g.n.cfg.NodeID, f.out.answers)
 	f.observeHolds()
@@ -181,6 +196,7 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 		}
 	}
 	f.state = state
+	f.epochIndex = 0
 	f.heap = f.heap[:0]
 	f.takeLeases(f.clock())
 	f.restored.Add(1)

@@ -299,7 +299,16 @@ func (n *Node) startReplica(g *group) error {
 		g.fsm.Store(f)
 		return f
 	}
-	return n.nh.StartReplica(initial, join, create, n.replicaConfig(g))
+	if err := n.nh.StartReplica(initial, join, create, n.replicaConfig(g)); err != nil {
+		return err
+	}
+	reader, err := n.nh.GetLogReader(g.shardID)
+	if err != nil {
+		return fmt.Errorf("cluster: group %d: log reader: %w", g.shardID, err)
+	}
+	_, last := reader.GetRange()
+	g.fsm.Load().witnessLiveAfter(last)
+	return nil
 }
 
 // replicaConfig is g's Raft configuration on this node.

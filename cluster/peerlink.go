@@ -1,9 +1,10 @@
 package cluster
 
 // This file owns the node's own connections to its peers' Raft ports,
-// which carry grant claims to a group's leader and its verdicts back
-// (frames of kind 'L', claims.go); dragonboat's message streams are its
-// own and carry nothing else.
+// which carry grant claims to a group's leader and witness requests and
+// queries to its members, and their answers back (frames of kind 'L',
+// claims.go and witness.go); dragonboat's message streams are its own
+// and carry nothing else.
 
 import (
 	"bufio"
@@ -15,25 +16,27 @@ import (
 	"github.com/lni/dragonboat/v4"
 )
 
-// peerLinks is one link per peer this node has sent claims to.
+// peerLinks is one link per peer this node has sent messages to.
 type peerLinks struct {
 	n     *Node
 	mu    sync.Mutex
 	links map[uint64]*peerLink
 }
 
-// peerLink sends claims to one peer and reads its verdicts. A claim lost
-// with a broken connection is asked again by the expiry driver's pass
-// (askClaims), so the link only keeps what it has not written yet.
+// peerLink sends messages to one peer and reads its answers. A message
+// lost with a broken connection is sent again by the expiry driver's pass
+// (askClaims, revokeUnwitnessed), so the link only keeps what it has not
+// written yet.
 type peerLink struct {
 	n    *Node
 	peer uint64
 	mu   sync.Mutex
-	out  []byte // claim entries not written yet, without the 'c'
+	out  []byte // whole frames not written yet
 	wake chan struct{}
 }
 
-// send queues a claims message b ('c' | entries) for peer.
+// send queues the message b (kind | entries) for peer, in a frame of its
+// own.
 func (ls *peerLinks) send(peer uint64, b []byte) {
 	ls.mu.Lock()
 	l := ls.links[peer]
@@ -52,7 +55,9 @@ func (ls *peerLinks) send(peer uint64, b []byte) {
 	}
 	ls.mu.Unlock()
 	l.mu.Lock()
-	l.out = append(l.out, b[1:]...)
+	at := len(l.out)
+	l.out = append(append(l.out, make([]byte, frameHeaderLen)...), b...)
+	putFrameHeader(l.out[at:], frameLockd, l.out[at+frameHeaderLen:])
 	l.mu.Unlock()
 	select {
 	case l.wake <- struct{}{}:
@@ -71,7 +76,7 @@ func (l *peerLink) run(ctx context.Context) {
 			<-readerDone
 		}
 	}()
-	var frame []byte
+	var frames []byte
 	for {
 		select {
 		case <-ctx.Done():
@@ -79,23 +84,23 @@ func (l *peerLink) run(ctx context.Context) {
 		case <-l.wake:
 		}
 		l.mu.Lock()
-		frame = append(append(frame[:0], peerClaims), l.out...)
+		frames = append(frames[:0], l.out...)
 		l.out = l.out[:0]
 		l.mu.Unlock()
-		if len(frame) == 1 {
+		if len(frames) == 0 {
 			continue
 		}
 		if conn == nil {
 			var err error
 			if conn, err = l.dial(ctx); err != nil {
-				l.n.log.Debug().Err(err).Uint64("peer", l.peer).Msg("claims link: dial failed")
+				l.n.log.Debug().Err(err).Uint64("peer", l.peer).Msg("peer link: dial failed")
 				conn = nil
 				continue
 			}
 			readerDone = make(chan struct{})
 			go func(c net.Conn) { defer close(readerDone); l.read(c) }(conn)
 		}
-		if err := writeFrame(conn, frameLockd, frame, raftWriteTimeout); err != nil {
+		if err := writeWithin(conn, frames, raftWriteTimeout); err != nil {
 			conn.Close()
 			<-readerDone
 			conn = nil
@@ -113,7 +118,7 @@ func (l *peerLink) dial(ctx context.Context) (net.Conn, error) {
 	return dialRaft(ctx, l.n.cfg.RaftTLS, l.n.log, addr)
 }
 
-// read hands the verdicts the peer writes back to the node, until the
+// read hands the answers the peer writes back to the node, until the
 // connection closes.
 func (l *peerLink) read(conn net.Conn) {
 	r := bufio.NewReaderSize(conn, 4096)

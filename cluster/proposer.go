@@ -74,6 +74,8 @@ type group struct {
 	prevLeader        uint64          // expiry driver only: the leader before leaderSeen
 	leaderSince       time.Duration   // expiry driver only: when this node last became leader
 	placement         leaderPlacement // expiry driver only
+	// members is the group's voting members as last read (witness.go).
+	members atomic.Pointer[memberView]
 	// newLeader is closed, and replaced, when the group's leader changes:
 	// proposals in flight then go out again at once (see watch).
 	newLeader atomic.Pointer[chan struct{}]

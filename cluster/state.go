@@ -62,6 +62,12 @@ type replicated struct {
 	// (cmdEpoch), and epochLeader that leader: the one node that judges
 	// claims on this epoch's grants and may revoke them.
 	epoch, epochLeader uint64
+	// epochWitnessed says the epoch began at log format 2 or later: its
+	// leader delivers its own grants only once a member witnessed them
+	// (witness.go).
+	epochWitnessed bool
+	// format is the log format the group writes (version.go).
+	format uint8
 	// tenantKeys counts each tenant's keys (derived from locks), for the
 	// tenants' keys quotas.
 	tenantKeys map[string]int
@@ -165,9 +171,12 @@ func (s *replicated) apply(c *command, out *applied) {
 	case cmdEpoch:
 		if c.term > s.epoch {
 			s.epoch, s.epochLeader = c.term, c.node
+			s.epochWitnessed = s.format >= logFormat2
 		}
 	case cmdRevoke:
-		s.revoke(k, c, out)
+		s.revoke(k, c, out, c.term == s.epoch)
+	case cmdRevokeUnwitnessed:
+		s.revoke(k, c, out, c.term < s.epoch)
 	case cmdLeaseEnd, cmdLeaseEndV1, cmdExpire:
 		// The leader's timer saw the lease fall due; whether it has is the
 		// replicated clock's to say, so a renewed lease or a later token
@@ -271,14 +280,17 @@ func (s *replicated) free(k string, l *lockState, out *applied) *lockState {
 	return nil
 }
 
-// revoke takes back a grant its node never claimed: only the grant the
-// command names, made in the epoch whose leader proposed it, while that
-// epoch lasts. The leader proposes it only for grants it refused claims
-// on from then (claims.go), so no client holds the token, which is never
-// issued again; the lock goes to the next waiter as at a release.
-func (s *replicated) revoke(k string, c *command, out *applied) {
+// revoke takes back a grant nobody was given: only the grant the command
+// names, of the node and epoch it names, and only while inEpoch holds.
+// cmdRevoke is proposed by an epoch's leader, for grants of its epoch it
+// refused claims on from then (claims.go), and applies while that epoch
+// lasts; cmdRevokeUnwitnessed by a later epoch's leader, for the earlier
+// epoch leader's own grants that no member witnessed (witness.go), and
+// applies once that epoch has ended. No client holds the token, which is
+// never issued again; the lock goes to the next waiter as at a release.
+func (s *replicated) revoke(k string, c *command, out *applied, inEpoch bool) {
 	l := s.settle(k, out)
-	if l == nil || l.Token != c.token || l.node != c.node || l.epoch != c.term || s.epoch != c.term {
+	if !inEpoch || l == nil || l.Token != c.token || l.node != c.node || l.epoch != c.term {
 		return
 	}
 	out.answer(answerRevoked, k, l.node, l.id, engine.Result{Outcome: engine.Unavailable, Token: l.Token})

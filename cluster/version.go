@@ -1,0 +1,5 @@
+package cluster
+
+// logFormat2 is the first log format with witnessed epochs
+// (cmdRevokeUnwitnessed).
+const logFormat2 = 2

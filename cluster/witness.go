@@ -1,0 +1,454 @@
+package cluster
+
+// This file owns witnesses: from log format 2 on, an epoch's leader hands
+// a grant to its own request only once another voting member of the
+// group has witnessed it, and the next epoch's leader takes back
+// (cmdRevokeUnwitnessed) the grants of a dead epoch leader that no member
+// witnessed. A leader's kill -9 then frees the keys its last batches
+// granted — committed, but never written to a client — within a failure-
+// detection interval instead of a lease.
+//
+// Why it is safe (docs/cluster.md, Undelivered grants, has the argument
+// in full): a member witnesses a grant of epoch e only while it has not
+// closed e, and it closes e when it answers a later leader's query about
+// e, under the one lock (the fsm's) that orders both. The later leader
+// revokes only the grants that no member witnessed, by the answers of
+// every voting member but the dead leader, and only when no membership
+// change applied since epoch e began (a member that left could have
+// witnessed). So a grant the dead leader may have delivered has a witness
+// whose answer names it, and is never revoked; and a grant revoked was
+// refused by every member still able to witness it, so it is never
+// delivered after.
+
+import (
+	"encoding/binary"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/lni/dragonboat/v4"
+)
+
+// witnessBook is what this replica witnessed of its group's epoch
+// leaders' own grants: for the two newest epochs it witnessed in, the
+// newest token of each key. Node-local, under the fsm's lock.
+type witnessBook struct {
+	// closed: epochs up to this take no more witnesses (a later leader
+	// asked about them, or they are older than the two kept).
+	closed uint64
+	// knownFrom is the first epoch this process saw begin: what an
+	// earlier run of the node witnessed of an epoch before it was lost
+	// with that run, so a query about it cannot be answered.
+	knownFrom uint64
+	// lost is the newest epoch whose record was dropped to keep two: a
+	// query about it or an older one cannot be answered.
+	lost uint64
+	kept [2]witnessedEpoch
+}
+
+type witnessedEpoch struct {
+	epoch  uint64
+	grants map[string]uint64 // lock key → the newest token witnessed
+}
+
+// witness records epoch's leader's grant of token on key, unless the
+// epoch is closed; not before this replica applied the epoch's beginning,
+// so that a restarted node finds the epoch in the log it restarts with
+// (see knownFrom). s is the replica's state, to prune grants long over.
+func (b *witnessBook) witness(s *replicated, epoch uint64, key string, token uint64) claimVerdict {
+	switch {
+	case epoch <= b.closed:
+		return claimRefused
+	case s.epoch < epoch:
+		return claimNotYet
+	}
+	e := b.slot(epoch)
+	if e == nil {
+		return claimRefused
+	}
+	if e.grants == nil {
+		e.grants = make(map[string]uint64)
+	}
+	if e.grants[key] < token {
+		e.grants[key] = token
+	}
+	if len(e.grants) > 64 && len(e.grants) > 2*len(s.locks) {
+		// A token this replica issued already and that is no longer
+		// current was released: a query can ask about current grants only.
+		maps.DeleteFunc(e.grants, func(k string, token uint64) bool {
+			l := s.locks[k]
+			return token <= s.tokens.Last && (l == nil || l.Token != token)
+		})
+	}
+	return claimAccepted
+}
+
+// slot is epoch's record, made in place of the older kept one (which
+// closes it); nil when epoch is older than both.
+func (b *witnessBook) slot(epoch uint64) *witnessedEpoch {
+	older := 0
+	for i := range b.kept {
+		if b.kept[i].epoch == epoch {
+			return &b.kept[i]
+		}
+		if b.kept[i].epoch < b.kept[older].epoch {
+			older = i
+		}
+	}
+	if epoch < b.kept[older].epoch {
+		b.closed = max(b.closed, epoch)
+		return nil
+	}
+	dropped := b.kept[older]
+	b.closed = max(b.closed, dropped.epoch)
+	if len(dropped.grants) > 0 {
+		b.lost = max(b.lost, dropped.epoch)
+	}
+	b.kept[older] = witnessedEpoch{epoch: epoch}
+	return &b.kept[older]
+}
+
+// answer closes epoch and returns the tokens witnessed in it; known is
+// false when its record was dropped.
+func (b *witnessBook) answer(epoch uint64) (tokens []uint64, known bool) {
+	b.closed = max(b.closed, epoch)
+	for _, e := range b.kept {
+		if e.epoch == epoch {
+			return slices.Collect(maps.Values(e.grants)), epoch >= b.knownFrom
+		}
+	}
+	return nil, epoch > b.lost && epoch >= b.knownFrom
+}
+
+// witnessLiveAfter tells the replica the last entry index of the log its
+// process started with.
+func (f *fsm) witnessLiveAfter(last uint64) {
+	f.mu.Lock()
+	f.liveAfter = last
+	f.mu.Unlock()
+}
+
+// suspects are, on a new epoch's leader, the grants the previous epoch's
+// leader made to its own requests and still held when this epoch began:
+// each is taken back unless a member witnessed it. Node-local, in the
+// claim book.
+type suspects struct {
+	epoch, leader uint64
+	// since is the entry index at which epoch began on this replica.
+	since    uint64
+	grants   map[uint64]string // token → lock key
+	answered map[uint64]bool   // members whose answer came, this node included
+	askedAt  time.Duration     // when the others were last asked
+}
+
+// epochBegan runs in Update when the batch at index moved the group to a
+// new epoch; prev is the epoch before it, its leader and whether it was
+// witnessed. On the new epoch's leader it gathers the previous leader's
+// own grants as suspects. Called with the fsm's lock held.
+func (f *fsm) epochBegan(prevEpoch, prevLeader uint64, prevWitnessed bool, index uint64) {
+	since := f.epochIndex
+	f.epochIndex = index
+	if index > f.liveAfter {
+		f.witnessed.knownFrom = min(f.witnessed.knownFrom, f.state.epoch)
+	}
+	s := &f.state
+	self := f.g.n.cfg.NodeID
+	if s.epochLeader != self || !prevWitnessed || prevLeader == 0 || prevLeader == self || since == 0 {
+		return
+	}
+	f.book.sync(s)
+	sus := suspects{epoch: prevEpoch, leader: prevLeader, since: since, grants: make(map[uint64]string), answered: make(map[uint64]bool)}
+	for k, l := range s.locks {
+		if l.epoch == prevEpoch && l.node == prevLeader && !l.Lapsed(s.now) {
+			sus.grants[l.Token] = k
+		}
+	}
+	if len(sus.grants) > 0 {
+		f.book.suspects = sus
+	}
+}
+
+// memberView is one reading of a group's voting members on this replica.
+type memberView struct {
+	epoch     uint64 // the group's epoch on this replica before the reading
+	voters    []uint64
+	changedAt uint64 // the entry index of the last membership change applied
+}
+
+// refreshMembers reads every group's voting members as this replica has
+// applied them, each after reading its epoch: the view of an epoch's
+// leader then holds every membership change applied before its epoch
+// began. The expiry driver runs it on every pass, holding no lock of
+// this node's (dragonboat's NodeHost lock is taken).
+func (n *Node) refreshMembers() {
+	epochs := make(map[uint64]uint64, len(n.groups))
+	for _, g := range n.groups {
+		if f := g.fsm.Load(); f != nil {
+			f.mu.Lock()
+			epochs[g.shardID] = f.state.epoch
+			f.mu.Unlock()
+		}
+	}
+	info := n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true})
+	if info == nil {
+		return
+	}
+	for _, si := range info.ShardInfoList {
+		if g := n.groupByShard(si.ShardID); g != nil && !si.Pending {
+			g.members.Store(&memberView{epoch: epochs[si.ShardID], voters: slices.Sorted(maps.Keys(si.Replicas)), changedAt: si.ConfigChangeIndex})
+		}
+	}
+}
+
+// memberView is g's voting members as last read, if read since this
+// replica's epoch began.
+func (g *group) memberView(epoch uint64) *memberView {
+	if v := g.members.Load(); v != nil && v.epoch >= epoch {
+		return v
+	}
+	return nil
+}
+
+// witnesses are the members g's epoch leader asks to witness its own
+// grants: the voters but itself; ok is false until the members were read
+// in this epoch.
+func (g *group) witnesses(epoch uint64) (ids []uint64, ok bool) {
+	v := g.memberView(epoch)
+	if v == nil {
+		return nil, false
+	}
+	return slices.DeleteFunc(slices.Clone(v.voters), func(id uint64) bool { return id == g.n.cfg.NodeID }), true
+}
+
+// revokeUnwitnessed, run by g's leader while peer stays silent, asks the
+// members about peer's epoch's suspects, and once every voting member but
+// peer has answered, queues the revokes of those no member witnessed. It
+// reports whether it queued any.
+func (g *group) revokeUnwitnessed(peer uint64, now time.Duration) bool {
+	n := g.n
+	self := n.cfg.NodeID
+	f := g.fsm.Load()
+	f.mu.Lock()
+	sus := &f.book.suspects
+	view := g.memberView(f.state.epoch)
+	if sus.leader != peer || len(sus.grants) == 0 || f.state.epochLeader != self || view == nil {
+		f.mu.Unlock()
+		return false
+	}
+	if view.changedAt > sus.since {
+		n.log.Info().Uint64("group", g.shardID).Uint64("peer", peer).Int("grants", len(sus.grants)).
+			Msg("the membership changed since the dead leader's epoch began: its own grants are left to their leases")
+		*sus = suspects{}
+		f.mu.Unlock()
+		return false
+	}
+	if !sus.answered[self] {
+		tokens, known := f.witnessed.answer(sus.epoch)
+		f.noteAnswer(self, sus.epoch, tokens, known)
+	}
+	var missing []uint64
+	for _, id := range view.voters {
+		if id != peer && !sus.answered[id] {
+			missing = append(missing, id)
+		}
+	}
+	var taken []expiry
+	epoch := sus.epoch
+	switch {
+	case len(sus.grants) == 0:
+	case len(missing) == 0:
+		taken = f.takeSuspects()
+	case now-sus.askedAt >= n.claimRetry():
+		sus.askedAt = now
+	default:
+		missing = nil
+	}
+	f.mu.Unlock()
+	if len(taken) == 0 {
+		for _, id := range missing {
+			n.links.send(id, appendWitnessQuery(nil, g.shardID, epoch))
+		}
+		return false
+	}
+	n.log.Info().Uint64("group", g.shardID).Uint64("peer", peer).Int("grants", len(taken)).
+		Msg("taking back grants a dead leader made to itself that no member witnessed")
+	n.stats.revokes.Add(uint64(len(taken)))
+	for _, e := range taken {
+		tenant, key := splitLockKey(e.key)
+		g.queue(func(b []byte) []byte {
+			return appendRevoke(b, cmdRevokeUnwitnessed, peer, e.token, epoch, tenant, key)
+		})
+	}
+	return true
+}
+
+// noteAnswer takes member's answer about epoch's witnesses into the
+// suspects: a witnessed grant is kept; a member that cannot tell keeps
+// them all (left to their leases). Called with the fsm's lock held.
+func (f *fsm) noteAnswer(member, epoch uint64, tokens []uint64, known bool) {
+	sus := &f.book.suspects
+	if sus.epoch != epoch || len(sus.grants) == 0 {
+		return
+	}
+	if !known {
+		f.g.n.log.Info().Uint64("group", f.g.shardID).Uint64("member", member).
+			Msg("a member cannot tell which grants of the dead leader it witnessed: they are left to their leases")
+		*sus = suspects{}
+		return
+	}
+	for _, t := range tokens {
+		delete(sus.grants, t)
+	}
+	sus.answered[member] = true
+}
+
+// takeSuspects moves the suspects still current to the revoked, and
+// returns them: claims on them are refused from now on. Called with the
+// fsm's lock held.
+func (f *fsm) takeSuspects() []expiry {
+	s := &f.state
+	sus := &f.book.suspects
+	var out []expiry
+	for token, k := range sus.grants {
+		if l := s.locks[k]; l != nil && l.Token == token && l.node == sus.leader && l.epoch == sus.epoch {
+			if f.book.revoking == nil {
+				f.book.revoking = make(map[string]uint64)
+			}
+			f.book.revoking[k] = token
+			out = append(out, expiry{key: k, token: token})
+		}
+	}
+	*sus = suspects{}
+	return out
+}
+
+// Witness messages, inside a transport frame of kind 'L' (with claims
+// and verdicts, claims.go):
+//
+//	witness requests: 'w' | count × (shard u64 | epoch u64 | id u64 | token u64 | key len u16 | key)
+//	                  answered with verdicts ('v'): accepted = witnessed
+//	queries:          'q' | count × (shard u64 | epoch u64): close epoch, say what you witnessed in it
+//	answers:          'r' | count × (shard u64 | epoch u64 | from u64 | known u8 | n u32 | n × token u64)
+const (
+	witnessFixedLen = 8 + 8 + 8 + 8 + 2
+	queryLen        = 8 + 8
+	answerFixedLen  = 8 + 8 + 8 + 1 + 4
+	peerWitness     = 'w'
+	peerQueries     = 'q'
+	peerAnswers     = 'r'
+)
+
+func appendWitnessRequest(b []byte, shard, epoch, id, token uint64, key string) []byte {
+	if len(b) == 0 {
+		b = append(b, peerWitness)
+	}
+	b = binary.BigEndian.AppendUint64(b, shard)
+	b = binary.BigEndian.AppendUint64(b, epoch)
+	b = binary.BigEndian.AppendUint64(b, id)
+	b = binary.BigEndian.AppendUint64(b, token)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(key)))
+	return append(b, key...)
+}
+
+func appendWitnessQuery(b []byte, shard, epoch uint64) []byte {
+	if len(b) == 0 {
+		b = append(b, peerQueries)
+	}
+	b = binary.BigEndian.AppendUint64(b, shard)
+	return binary.BigEndian.AppendUint64(b, epoch)
+}
+
+func appendWitnessAnswer(b []byte, shard, epoch, from uint64, tokens []uint64, known bool) []byte {
+	if len(b) == 0 {
+		b = append(b, peerAnswers)
+	}
+	b = binary.BigEndian.AppendUint64(b, shard)
+	b = binary.BigEndian.AppendUint64(b, epoch)
+	b = binary.BigEndian.AppendUint64(b, from)
+	if known {
+		b = append(b, 1)
+	} else {
+		b = append(b, 0)
+	}
+	b = binary.BigEndian.AppendUint32(b, uint32(len(tokens)))
+	for _, t := range tokens {
+		b = binary.BigEndian.AppendUint64(b, t)
+	}
+	return b
+}
+
+// onWitnessRequests witnesses an epoch leader's grants and answers each
+// with a verdict through sink: at once, or once this replica has applied
+// the epoch's beginning (judgeParked).
+func (n *Node) onWitnessRequests(b []byte, sink verdictSink) {
+	var out []byte
+	for len(b) >= witnessFixedLen {
+		shard, epoch := binary.BigEndian.Uint64(b), binary.BigEndian.Uint64(b[8:])
+		id, token := binary.BigEndian.Uint64(b[16:]), binary.BigEndian.Uint64(b[24:])
+		klen := int(binary.BigEndian.Uint16(b[32:]))
+		if len(b) < witnessFixedLen+klen {
+			break
+		}
+		key := string(b[witnessFixedLen : witnessFixedLen+klen])
+		b = b[witnessFixedLen+klen:]
+		v := claimRefused
+		if g := n.groupByShard(shard); g != nil && epoch != 0 {
+			v = g.judge(parkedClaim{key: key, id: id, token: token, epoch: epoch, sink: sink})
+		}
+		if v != claimNotYet {
+			out = appendVerdict(out, shard, id, token, v)
+		}
+	}
+	if len(out) > 0 {
+		sink.sendVerdicts(out)
+	}
+}
+
+// onWitnessQueries closes the epochs a later leader asks about and
+// answers what this replica witnessed in them.
+func (n *Node) onWitnessQueries(b []byte, sink verdictSink) {
+	var out []byte
+	for ; len(b) >= queryLen; b = b[queryLen:] {
+		shard, epoch := binary.BigEndian.Uint64(b), binary.BigEndian.Uint64(b[8:])
+		g := n.groupByShard(shard)
+		if g == nil {
+			continue
+		}
+		f := g.fsm.Load()
+		if f == nil {
+			continue
+		}
+		f.mu.Lock()
+		tokens, known := f.witnessed.answer(epoch)
+		f.mu.Unlock()
+		out = appendWitnessAnswer(out, shard, epoch, n.cfg.NodeID, tokens, known)
+	}
+	if len(out) > 0 {
+		sink.sendVerdicts(out)
+	}
+}
+
+// onWitnessAnswers takes members' answers into the suspects, and wakes
+// the expiry driver to revoke once the last one came.
+func (n *Node) onWitnessAnswers(b []byte) {
+	for len(b) >= answerFixedLen {
+		shard, epoch, from := binary.BigEndian.Uint64(b), binary.BigEndian.Uint64(b[8:]), binary.BigEndian.Uint64(b[16:])
+		known, count := b[24] == 1, int(binary.BigEndian.Uint32(b[25:]))
+		if len(b) < answerFixedLen+8*count {
+			return
+		}
+		tokens := make([]uint64, count)
+		for i := range tokens {
+			tokens[i] = binary.BigEndian.Uint64(b[answerFixedLen+8*i:])
+		}
+		b = b[answerFixedLen+8*count:]
+		if g := n.groupByShard(shard); g != nil {
+			if f := g.fsm.Load(); f != nil {
+				f.mu.Lock()
+				f.noteAnswer(from, epoch, tokens, known)
+				f.mu.Unlock()
+			}
+		}
+	}
+	n.expiryDue()
+}

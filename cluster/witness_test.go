@@ -1,0 +1,298 @@
+package cluster
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+)
+
+// witnessedReplica is node self's replica of a group at log format 2
+// whose members are nodes 1, 2 and 3, read in every epoch.
+func witnessedReplica(t *testing.T, self uint64) *replica {
+	r := newReplica(t, self)
+	r.f.state.format = logFormat2
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // no peer links: the tests hand the answers in themselves
+	r.n().ctx = ctx
+	r.n().links.n = r.n()
+	r.f.liveAfter = 0 // every epoch begins while this process runs
+	r.f.g.members.Store(&memberView{epoch: 1 << 62, voters: []uint64{1, 2, 3}})
+	return r
+}
+
+func revokeUnwitnessedOf(node, token, term uint64, key string) func([]byte) []byte {
+	return func(b []byte) []byte { return appendRevoke(b, cmdRevokeUnwitnessed, node, token, term, "t", []byte(key)) }
+}
+
+func (r *replica) witness(epoch uint64, key string, token uint64) claimVerdict {
+	r.f.mu.Lock()
+	defer r.f.mu.Unlock()
+	return r.f.witnessed.witness(&r.f.state, epoch, lockKey([]byte("t"), []byte(key)), token)
+}
+
+func (r *replica) answerQuery(epoch uint64) ([]uint64, bool) {
+	r.f.mu.Lock()
+	defer r.f.mu.Unlock()
+	return r.f.witnessed.answer(epoch)
+}
+
+func (r *replica) noteAnswer(member, epoch uint64, tokens []uint64, known bool) {
+	r.f.mu.Lock()
+	defer r.f.mu.Unlock()
+	r.f.noteAnswer(member, epoch, tokens, known)
+}
+
+// silentPass runs node self's expiry step as the group's leader at term,
+// with the previous leader silent for longer than an election timeout,
+// and returns what it queued.
+func (r *replica) silentPass(term, prevLeader uint64) map[byte]int {
+	g := r.f.g
+	g.wasLeader, g.leaderSeen, g.prevLeader = true, r.n().cfg.NodeID, prevLeader
+	r.n().liveness.heard(prevLeader, 0)
+	g.expiryStep(5*time.Second, leaderView{leader: r.n().cfg.NodeID, term: term}, r.n().cfg.NodeID)
+	got := queued(r.t, g)
+	g.take()
+	return got
+}
+
+// The epoch leader's own grant waits for a witness in a witnessed epoch,
+// and is delivered at once in an epoch begun before log format 2 (its
+// followers may not know witness requests).
+func TestOwnGrantNeedsAWitnessOnlyInAWitnessedEpoch(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		format uint8
+		want   claimVerdict
+	}{
+		{"format 2: witness first", logFormat2, claimWitness},
+		{"format 1: at once", 0, claimAccepted},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := witnessedReplica(t, 1)
+			r.f.state.format = tc.format
+			r.apply(1, epoch(5, 1))
+			r.apply(1, acquireBy(1, 100, "k", 0))
+			if v := r.judge("k", 1, 100, r.index); v != tc.want {
+				t.Fatalf("the leader's own grant judged %v, want %v", v, tc.want)
+			}
+			if v := r.judge("k", 1, 100, r.index); v != tc.want {
+				t.Fatalf("judged again: %v, want %v", v, tc.want)
+			}
+		})
+	}
+}
+
+// A witness request and a later leader's query about the same epoch, in
+// both orders, on one member: a grant witnessed before the query is in
+// its answer; a request after the query is refused, so the old leader
+// never delivers a grant the new one may take back.
+func TestWitnessAndQueryExcludeEachOther(t *testing.T) {
+	t.Run("witness, then query", func(t *testing.T) {
+		r := witnessedReplica(t, 2)
+		r.apply(1, epoch(5, 1))
+		if v := r.witness(5, "k", 42); v != claimAccepted {
+			t.Fatalf("witness refused: %v", v)
+		}
+		tokens, known := r.answerQuery(5)
+		if !known || !slices.Equal(tokens, []uint64{42}) {
+			t.Fatalf("answer %v known %v, want [42] known", tokens, known)
+		}
+		if v := r.witness(5, "j", 43); v != claimRefused {
+			t.Fatalf("a witness request after the query: %v, want refused", v)
+		}
+	})
+	t.Run("query, then witness", func(t *testing.T) {
+		r := witnessedReplica(t, 2)
+		r.apply(1, epoch(5, 1))
+		if tokens, known := r.answerQuery(5); !known || len(tokens) != 0 {
+			t.Fatalf("answer %v known %v before any witness, want none, known", tokens, known)
+		}
+		if v := r.witness(5, "k", 42); v != claimRefused {
+			t.Fatalf("witnessed after the query: %v", v)
+		}
+		if v := r.witness(4, "k", 40); v != claimRefused {
+			t.Fatalf("witnessed an older epoch after the query: %v", v)
+		}
+		r.apply(2, epoch(6, 3))
+		if v := r.witness(6, "k", 50); v != claimAccepted {
+			t.Fatalf("a later epoch refused: %v", v)
+		}
+	})
+}
+
+// A member witnesses an epoch only once it applied the epoch's beginning
+// (so a restart finds the epoch in its log), and a restarted member
+// cannot tell what its earlier run witnessed: an epoch begun before its
+// log's end at start is answered "cannot tell", never "none".
+func TestWitnessWaitsForTheEpochAndForgetsNothingAcrossRestarts(t *testing.T) {
+	r := witnessedReplica(t, 2)
+	if v := r.witness(5, "k", 42); v != claimNotYet {
+		t.Fatalf("witnessed epoch 5 before applying it: %v, want not yet", v)
+	}
+	restarted := witnessedReplica(t, 2)
+	restarted.f.liveAfter = 2 // its log held entries 1 and 2 when it started
+	restarted.apply(1, epoch(5, 1))
+	restarted.apply(1, acquireBy(3, 300, "x", 0))
+	restarted.apply(2, epoch(6, 3)) // entry 3: begun while it runs
+	if _, known := restarted.answerQuery(5); known {
+		t.Fatal("a restarted member answered for an epoch its earlier run may have witnessed in")
+	}
+	if tokens, known := restarted.answerQuery(6); !known || len(tokens) != 0 {
+		t.Fatalf("epoch 6, begun since the start: %v known %v, want none, known", tokens, known)
+	}
+}
+
+// A member keeps the records of the two newest epochs it witnessed in; a
+// query about one it dropped is answered "cannot tell", never "none".
+func TestWitnessBookDroppedEpochIsUnknown(t *testing.T) {
+	r := witnessedReplica(t, 2)
+	for e := uint64(5); e <= 7; e++ {
+		r.apply(int64(e), epoch(e, 1))
+		if v := r.witness(e, "k", 10*e); v != claimAccepted {
+			t.Fatalf("epoch %d refused: %v", e, v)
+		}
+	}
+	if _, known := r.answerQuery(5); known {
+		t.Fatal("a dropped epoch's answer says it is known")
+	}
+	if tokens, known := r.answerQuery(6); !known || !slices.Equal(tokens, []uint64{60}) {
+		t.Fatalf("kept epoch 6: %v known %v", tokens, known)
+	}
+	if v := r.witness(5, "j", 51); v != claimRefused {
+		t.Fatalf("a dropped epoch took a witness: %v", v)
+	}
+}
+
+// unwitnessedScript: node 1 leads epoch 5 (witnessed) and grants itself
+// keys a and b, node 3 key c; node 2 (this replica) witnessed a, and
+// becomes leader of epoch 6; node 1 fell silent.
+func unwitnessedScript(t *testing.T) (r *replica, a, b, c uint64) {
+	r = witnessedReplica(t, 2)
+	r.apply(1, epoch(5, 1))
+	r.apply(1, acquireBy(1, 100, "a", 0), acquireBy(1, 101, "b", 0), acquireBy(3, 300, "c", 0))
+	r.apply(1, acquireBy(3, 301, "b", time.Minute)) // node 3 waits for b
+	a, b, c = r.lock("a").Token, r.lock("b").Token, r.lock("c").Token
+	if v := r.witness(5, "a", a); v != claimAccepted {
+		t.Fatalf("witness refused: %v", v)
+	}
+	r.apply(2, epoch(6, 2))
+	return r, a, b, c
+}
+
+// The new leader takes back the dead leader's own grants that no member
+// witnessed, once every voting member but the dead one answered; the key
+// goes to its waiter with a new token, and the witnessed grant and the
+// other node's grant stay.
+func TestNewLeaderRevokesTheDeadLeadersUnwitnessedGrants(t *testing.T) {
+	r, a, b, c := unwitnessedScript(t)
+	if got := r.silentPass(6, 1); got[cmdRevokeUnwitnessed] != 0 {
+		t.Fatalf("revoked before node 3 answered: %v", got)
+	}
+	r.noteAnswer(3, 6, nil, true) // an answer about another epoch
+	if got := r.silentPass(6, 1); got[cmdRevokeUnwitnessed] != 0 {
+		t.Fatalf("revoked on an answer about another epoch: %v", got)
+	}
+	r.noteAnswer(3, 5, nil, true)
+	if got := r.silentPass(6, 1); got[cmdRevokeUnwitnessed] != 1 {
+		t.Fatalf("queued %v, want one revoke (b)", got)
+	}
+	r.apply(3, revokeUnwitnessedOf(1, b, 5, "b"))
+	if l := r.lock("b"); l.node != 3 || l.Token <= b {
+		t.Fatalf("b after the revoke: node %d token %d, want node 3's waiter with a token above %d", l.node, l.Token, b)
+	}
+	if r.lock("a").Token != a || r.lock("c").Token != c {
+		t.Fatal("a witnessed grant or another node's grant was taken back")
+	}
+	if got := r.silentPass(6, 1); got[cmdRevokeUnwitnessed] != 0 {
+		t.Fatalf("revoked again: %v", got)
+	}
+}
+
+// Whatever a member witnessed, by its answer or by this replica's own
+// record, is kept; a member that cannot tell keeps them all.
+func TestWitnessedOrUnknownGrantsStay(t *testing.T) {
+	t.Run("another member witnessed b", func(t *testing.T) {
+		r, _, b, _ := unwitnessedScript(t)
+		r.noteAnswer(3, 5, []uint64{b}, true)
+		if got := r.silentPass(6, 1); got[cmdRevokeUnwitnessed] != 0 {
+			t.Fatalf("queued %v, want nothing: a and b were witnessed", got)
+		}
+	})
+	t.Run("a member cannot tell", func(t *testing.T) {
+		r, _, _, _ := unwitnessedScript(t)
+		r.noteAnswer(3, 5, nil, false)
+		r.noteAnswer(3, 5, nil, true) // a later answer does not bring them back
+		if got := r.silentPass(6, 1); got[cmdRevokeUnwitnessed] != 0 {
+			t.Fatalf("queued %v, want nothing", got)
+		}
+	})
+	t.Run("the membership changed since the epoch began", func(t *testing.T) {
+		r, _, _, _ := unwitnessedScript(t)
+		r.f.g.members.Store(&memberView{epoch: 1 << 62, voters: []uint64{1, 2, 3}, changedAt: r.index})
+		r.noteAnswer(3, 5, nil, true)
+		if got := r.silentPass(6, 1); got[cmdRevokeUnwitnessed] != 0 {
+			t.Fatalf("queued %v, want nothing: a member that left may have witnessed", got)
+		}
+	})
+}
+
+// The old leader, alive after all, claims its grant with the new leader,
+// in both orders against the revoke: a claim judged first makes the new
+// leader its witness (no revoke); one judged after the grant was taken
+// is refused.
+func TestOldLeadersClaimAndUnwitnessedRevokeExcludeEachOther(t *testing.T) {
+	t.Run("claim first", func(t *testing.T) {
+		r, _, _, _ := unwitnessedScript(t)
+		if v := r.judge("b", 1, 101, r.index); v != claimAccepted {
+			t.Fatalf("claim judged %v, want accepted", v)
+		}
+		r.noteAnswer(3, 5, nil, true)
+		if got := r.silentPass(6, 1); got[cmdRevokeUnwitnessed] != 0 {
+			t.Fatalf("queued %v after accepting the claim", got)
+		}
+	})
+	t.Run("revoke first", func(t *testing.T) {
+		r, _, _, _ := unwitnessedScript(t)
+		r.noteAnswer(3, 5, nil, true)
+		if got := r.silentPass(6, 1); got[cmdRevokeUnwitnessed] != 1 {
+			t.Fatalf("queued %v, want b's revoke", got)
+		}
+		if v := r.judge("b", 1, 101, r.index); v != claimRefused {
+			t.Fatalf("claim after the revoke judged %v, want refused", v)
+		}
+	})
+}
+
+// The unwitnessed revoke's rule, on every replica alike: only the grant
+// it names, of the node and epoch it names, and only once that epoch has
+// ended (a revoke of the current epoch's grants is cmdRevoke's).
+func TestRevokeUnwitnessedAppliesOnlyAfterItsEpoch(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		newEpoch  bool
+		node      uint64
+		term      uint64
+		wantFreed bool
+	}{
+		{"the ended epoch's leader's grant", true, 1, 5, true},
+		{"the epoch still lasts: nothing", false, 1, 5, false},
+		{"another node: nothing", true, 3, 5, false},
+		{"another epoch: nothing", true, 1, 4, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newReplica(t, 7)
+			r.apply(1, epoch(5, 1))
+			r.apply(1, acquireBy(1, 100, "k", 0))
+			r.apply(1, acquireBy(3, 200, "k", time.Minute))
+			granted := r.lock("k").Token
+			if tc.newEpoch {
+				r.apply(2, epoch(6, 2))
+			}
+			r.apply(2, revokeUnwitnessedOf(tc.node, granted, tc.term, "k"))
+			if freed := r.lock("k").node == 3; freed != tc.wantFreed {
+				t.Fatalf("freed %v, want %v", freed, tc.wantFreed)
+			}
+		})
+	}
+}
