@@ -514,3 +514,79 @@ func TestRaftTransportSurvivesTheRegistryConflict(t *testing.T) {
 	}()
 	_ = p.handle(frameMessages, body)
 }
+
+// A node restarted with --admin-tls-cert, --admin-tls-key and
+// --admin-tls-client-ca changes its membership for a client certificate
+// its CA signed only: without one it answers 401, one of another CA fails
+// the handshake, and lockctl with its --admin-ca, --admin-cert and
+// --admin-key adds, lists and removes a member.
+func TestProcessesMembershipNeedsAnAdminCertificate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test skipped in -short mode")
+	}
+	dir := t.TempDir()
+	bin, ctl := buildLockd(t, dir), buildLockctl(t, dir)
+	procs := startProcesses(t, bin, dir, 1)
+	groupLeader(t, procs, 0)
+	ca, rogue := testcerts.NewCA(t, "lockd admin CA"), testcerts.NewCA(t, "rogue CA")
+	files := ca.WriteFiles(t, dir, "admin", "127.0.0.1")
+	operator := ca.WriteFiles(t, dir, "operator", "operator")
+	p := procs[0]
+	p.kill9()
+	p.args = append(p.args, "--admin-tls-cert", files.Cert, "--admin-tls-key", files.Key, "--admin-tls-client-ca", files.CA)
+	p.start(t, bin)
+	awaitAdmin(t, p)
+
+	intruderCert := rogue.Issue(t, "intruder")
+	anonymous := &tls.Config{RootCAs: ca.Pool()}
+	intruder := &tls.Config{RootCAs: ca.Pool(), GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		return &intruderCert, nil
+	}}
+	post := func(cfg *tls.Config) (*http.Response, error) {
+		c := http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg, DisableKeepAlives: true}}
+		return c.Post("https://"+p.admin+MembersPath, "application/json", strings.NewReader(`{"id": 9, "raft_addr": "127.0.0.1:1"}`))
+	}
+	resp, err := post(anonymous)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("adding a member without a certificate: %s, want 401", resp.Status)
+	}
+	if resp, err := post(intruder); err == nil {
+		resp.Body.Close()
+		t.Fatalf("adding a member with a certificate of another CA: %s, want the handshake refused", resp.Status)
+	}
+
+	admin := []string{"cluster", "--admin", p.admin, "--admin-ca", files.CA, "--admin-cert", operator.Cert, "--admin-key", operator.Key}
+	list := func() []uint64 {
+		t.Helper()
+		out, err := exec.Command(ctl, append(admin, "--json", "list")...).Output()
+		if err != nil {
+			t.Fatalf("lockctl cluster list with a certificate of the CA: %v", err)
+		}
+		var m Membership
+		if err := json.Unmarshal(out, &m); err != nil {
+			t.Fatal(err)
+		}
+		return memberIDs(m)
+	}
+	if got := list(); !slices.Equal(got, []uint64{1, 2, 3}) {
+		t.Fatalf("members after the refused requests: %v, want 1 2 3", got)
+	}
+	unused := freePorts(t, 1)[0]
+	for _, change := range [][]string{{"add", "9", fmt.Sprintf("127.0.0.1:%d", unused)}, {"remove", "9"}} {
+		if out, err := exec.Command(ctl, append(admin, change...)...).CombinedOutput(); err != nil {
+			t.Fatalf("lockctl cluster %v with a certificate of the CA: %v\n%s", change, err, out)
+		}
+		if change[0] == "add" {
+			if got := list(); !slices.Equal(got, []uint64{1, 2, 3, 9}) {
+				t.Fatalf("members after adding 9: %v", got)
+			}
+		}
+	}
+	if got := list(); !slices.Equal(got, []uint64{1, 2, 3}) {
+		t.Fatalf("members after removing 9: %v, want 1 2 3", got)
+	}
+}

@@ -325,7 +325,8 @@ func Start(cfg Config) (*Server, error) {
 		Int("admin_max_conns", d.admin).Int("fd_headroom", d.headroom).Int("max_conns", d.configured).
 		Int("conn_cap", d.cap).Msg("connection cap: the descriptor limit less the descriptors open, the admin connections and the headroom, at most --max-conns")
 	s.log.Info().Str("listen", s.addr).Str("tls_listen", s.TLSAddr()).Bool("mtls", cfg.TLS != nil && cfg.TLS.ClientAuth == tls.RequireAndVerifyClientCert).
-		Str("admin", s.AdminAddr()).Bool("auth", cfg.Auth != nil).Int("loops", cfg.Loops).Int("gomaxprocs", runtime.GOMAXPROCS(0)).Msg("lockd serving")
+		Str("admin", s.AdminAddr()).Bool("admin_https", cfg.AdminTLS != nil).Bool("admin_client_certs", cfg.adminClientCerts()).
+		Bool("auth", cfg.Auth != nil).Int("loops", cfg.Loops).Int("gomaxprocs", runtime.GOMAXPROCS(0)).Msg("lockd serving")
 	return s, nil
 }
 
