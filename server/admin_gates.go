@@ -60,17 +60,36 @@ func (l *adminListener) Accept() (net.Conn, error) {
 			c.Close()
 			continue
 		}
-		_ = c.SetDeadline(time.Now().Add(adminProbeTimeout))
-		return &adminConn{Conn: c, probe: true, release: func() { l.probes.Add(-1) }}, nil
+		probe := &adminConn{Conn: c, probe: true, end: time.Now().Add(adminProbeTimeout), release: func() { l.probes.Add(-1) }}
+		_ = probe.SetDeadline(probe.end)
+		return probe, nil
 	}
 }
 
-// adminConn gives its slot back once, when closed.
+// adminConn gives its slot back once, when closed. A probe connection's
+// deadlines never reach past its end: the HTTP server sets its own, for
+// the TLS handshake, the headers and the body, and they would give a
+// probe its 5 and 10 s instead of adminProbeTimeout.
 type adminConn struct {
 	net.Conn
 	probe   bool
+	end     time.Time // a probe's
 	once    sync.Once
 	release func()
+}
+
+func (c *adminConn) SetDeadline(t time.Time) error { return c.Conn.SetDeadline(c.bound(t)) }
+
+func (c *adminConn) SetReadDeadline(t time.Time) error { return c.Conn.SetReadDeadline(c.bound(t)) }
+
+func (c *adminConn) SetWriteDeadline(t time.Time) error { return c.Conn.SetWriteDeadline(c.bound(t)) }
+
+// bound is t, or a probe's end when t is later or none.
+func (c *adminConn) bound(t time.Time) time.Time {
+	if c.probe && (t.IsZero() || t.After(c.end)) {
+		return c.end
+	}
+	return t
 }
 
 func (c *adminConn) Close() error {

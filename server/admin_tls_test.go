@@ -139,7 +139,8 @@ func TestAdminTokenStillWorksBesideClientCertificates(t *testing.T) {
 }
 
 // Over HTTPS too, a connection accepted past the admin connection cap is
-// for /healthz alone.
+// for /healthz alone, and has adminProbeTimeout, its TLS handshake
+// included.
 func TestAdminTLSProbeConnectionsServeHealthzOnly(t *testing.T) {
 	ca := testcerts.NewCA(t, "lockd admin CA")
 	s, _ := adminTLSServer(t, ca, false, func(cfg *Config) { cfg.AdminMaxConns = 1 })
@@ -156,5 +157,8 @@ func TestAdminTLSProbeConnectionsServeHealthzOnly(t *testing.T) {
 	}
 	if code, err := adminDo(anonymous, "GET", base+"/metrics", ""); err != nil || code != http.StatusServiceUnavailable {
 		t.Fatalf("/metrics past the admin connection cap: %d %v, want 503", code, err)
+	}
+	if held := probeHeldFor(t, s.AdminAddr(), ""); held >= adminReadHeaderTimeout {
+		t.Fatalf("a probe that never starts its TLS handshake was held %v, past its %v", held, adminProbeTimeout)
 	}
 }
