@@ -502,7 +502,7 @@ func TestRaftTransportSurvivesTheRegistryConflict(t *testing.T) {
 	if err := p.handle(frameMessages, body); !errors.Is(err, errForeignSource) {
 		t.Fatalf("a frame the registry panicked on: %v, want the connection closed as foreign", err)
 	}
-	if _, pinned := sources.pinned.Load(raftio.NodeInfo{ShardID: 5, ReplicaID: 4}); pinned {
+	if _, pinned := sources.pinned[raftio.NodeInfo{ShardID: 5, ReplicaID: 4}]; pinned {
 		t.Fatal("the refused address stays pinned for replica 4")
 	}
 
@@ -588,5 +588,47 @@ func TestProcessesMembershipNeedsAnAdminCertificate(t *testing.T) {
 	}
 	if got := list(); !slices.Equal(got, []uint64{1, 2, 3}) {
 		t.Fatalf("members after removing 9: %v, want 1 2 3", got)
+	}
+}
+
+// Senders not known as members are pinned, and filed by dragonboat, up to
+// maxUnknownSenders: without a bound, frames naming new replica ids (one
+// frame can name millions) grew both by an entry each. Past the bound a new one is refused, while members
+// and senders already pinned still get through; a pinned sender that
+// becomes a member frees its room at the next reading.
+func TestRaftSourcesBoundTheUnknownSenders(t *testing.T) {
+	var members atomic.Pointer[map[uint64]string]
+	members.Store(&map[uint64]string{1: "127.0.0.1:7001", 2: "127.0.0.1:7002"})
+	read := func() []dragonboat.ShardInfo {
+		return []dragonboat.ShardInfo{{ShardID: 5, ReplicaID: 1, Replicas: *members.Load()}}
+	}
+	sources := &raftSources{}
+	sources.shards.Store(&read)
+	batch := func(source string, from ...uint64) *pb.MessageBatch {
+		mb := &pb.MessageBatch{DeploymentId: deploymentID, BinVer: raftio.TransportBinVersion, SourceAddress: source}
+		for _, f := range from {
+			mb.Requests = append(mb.Requests, pb.Message{Type: pb.Heartbeat, ShardID: 5, From: f, To: 1, Term: 1})
+		}
+		return mb
+	}
+	var flood []uint64
+	for id := range uint64(maxUnknownSenders) {
+		flood = append(flood, 100+id)
+	}
+	if keep, err := sources.checkBatch(batch("127.0.0.1:9", flood...)); err != nil || !keep {
+		t.Fatalf("%d unknown senders: keep source %v, %v", len(flood), keep, err)
+	}
+	if _, err := sources.checkBatch(batch("127.0.0.1:9", 1_000_000)); !errors.Is(err, errForeignSource) {
+		t.Fatalf("one unknown sender past the bound: %v, want refused", err)
+	}
+	if keep, err := sources.checkBatch(batch("127.0.0.1:7002", 2)); err != nil || keep {
+		t.Fatalf("member 2 past the bound: keep source %v, %v", keep, err)
+	}
+	if keep, err := sources.checkBatch(batch("127.0.0.1:9", 100)); err != nil || !keep {
+		t.Fatalf("a pinned sender past the bound: keep source %v, %v", keep, err)
+	}
+	members.Store(&map[uint64]string{1: "127.0.0.1:7001", 2: "127.0.0.1:7002", 100: "127.0.0.1:9"})
+	if keep, err := sources.checkBatch(batch("127.0.0.1:9", 1_000_000)); err != nil || !keep {
+		t.Fatalf("an unknown sender once a pinned one became a member: keep source %v, %v", keep, err)
 	}
 }

@@ -23,7 +23,7 @@ package cluster
 // a leader). Its batches keep their source address, so that this node
 // can answer, and the first address given for such a sender is the only
 // one accepted for it, so that the transport never gives dragonboat's
-// registry two. Before a sender is taken as unknown, the memberships are
+// registry two; past maxUnknownSenders such senders, new ones are refused. Before a sender is taken as unknown, the memberships are
 // read again, after the frame arrived (a frame waits for that reading at
 // most sourcesReadEvery, and a flood of such frames costs one reading per
 // interval): a member added a moment ago is then known, and a frame giving
@@ -55,10 +55,19 @@ import (
 	pb "github.com/lni/dragonboat/v4/raftpb"
 )
 
-// sourcesReadEvery bounds how often frames from unknown sources make the
-// memberships be read again, and so how long such a frame waits for a
-// reading made after it arrived.
-const sourcesReadEvery = 10 * time.Millisecond
+const (
+	// sourcesReadEvery bounds how often frames from unknown sources make
+	// the memberships be read again, and so how long such a frame waits
+	// for a reading made after it arrived.
+	sourcesReadEvery = 10 * time.Millisecond
+	// maxUnknownSenders bounds the senders not known as members whose
+	// address is pinned, and so the addresses of non-members dragonboat
+	// files in its registry, which forgets none: frames naming a new
+	// replica id each, or one frame naming millions, would grow both
+	// without end. The legitimate ones are the few nodes of groups this
+	// node is joining or electing a leader with while it lags.
+	maxUnknownSenders = 1024
+)
 
 var errForeignSource = errors.New("cluster: raft frame from outside the group's membership")
 
@@ -73,9 +82,11 @@ type raftSources struct {
 
 	readMu sync.Mutex // held while a reading is made or awaited
 
+	pinMu sync.Mutex
 	// pinned holds the address first given for each sender not known as
-	// a member (raftio.NodeInfo -> string).
-	pinned sync.Map
+	// a member, at most maxUnknownSenders of them; a sender is unpinned
+	// once a reading shows it as a member.
+	pinned map[raftio.NodeInfo]string
 }
 
 // sourcesView is one reading of the memberships.
@@ -116,14 +127,26 @@ func (s *raftSources) checkBatch(mb *pb.MessageBatch) (keepSource bool, err erro
 	if err != nil || !keepSource {
 		return false, err
 	}
+	s.pinMu.Lock()
+	defer s.pinMu.Unlock()
 	for i := range mb.Requests {
 		sender := raftio.NodeInfo{ShardID: mb.Requests[i].ShardID, ReplicaID: mb.Requests[i].From}
 		if _, member := view.addrs[sender]; member {
 			continue
 		}
-		if first, _ := s.pinned.LoadOrStore(sender, mb.SourceAddress); first != mb.SourceAddress {
+		first, pinned := s.pinned[sender]
+		switch {
+		case pinned && first != mb.SourceAddress:
 			return false, fmt.Errorf("%w: group %d replica %d was at %q, now %q", errForeignSource, sender.ShardID, sender.ReplicaID, first, mb.SourceAddress)
+		case pinned:
+			continue
+		case len(s.pinned) >= maxUnknownSenders:
+			return false, fmt.Errorf("%w: group %d replica %d: %d senders outside the memberships known already", errForeignSource, sender.ShardID, sender.ReplicaID, len(s.pinned))
 		}
+		if s.pinned == nil {
+			s.pinned = make(map[raftio.NodeInfo]string)
+		}
+		s.pinned[sender] = mb.SourceAddress
 	}
 	return true, nil
 }
@@ -132,8 +155,13 @@ func (s *raftSources) checkBatch(mb *pb.MessageBatch) (keepSource bool, err erro
 // refused the batch: its senders turned out to be members at another
 // address, which their own frames must still be able to give.
 func (s *raftSources) unpin(mb *pb.MessageBatch) {
+	s.pinMu.Lock()
+	defer s.pinMu.Unlock()
 	for i := range mb.Requests {
-		s.pinned.CompareAndDelete(raftio.NodeInfo{ShardID: mb.Requests[i].ShardID, ReplicaID: mb.Requests[i].From}, mb.SourceAddress)
+		sender := raftio.NodeInfo{ShardID: mb.Requests[i].ShardID, ReplicaID: mb.Requests[i].From}
+		if s.pinned[sender] == mb.SourceAddress {
+			delete(s.pinned, sender)
+		}
 	}
 }
 
@@ -188,6 +216,13 @@ func (s *raftSources) readSince(arrived time.Time) *sourcesView {
 		}
 	}
 	s.view.Store(v)
+	s.pinMu.Lock()
+	for sender := range s.pinned {
+		if _, member := v.addrs[sender]; member {
+			delete(s.pinned, sender)
+		}
+	}
+	s.pinMu.Unlock()
 	return v
 }
 
