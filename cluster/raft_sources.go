@@ -23,11 +23,12 @@ package cluster
 // a leader). Its batches keep their source address, so that this node
 // can answer, and the first address given for such a sender is the only
 // one accepted for it, so that the transport never gives dragonboat's
-// registry two; past maxUnknownSenders such senders, new ones are refused. Before a sender is taken as unknown, the memberships are
-// read again, after the frame arrived (a frame waits for that reading at
-// most sourcesReadEvery, and a flood of such frames costs one reading per
-// interval): a member added a moment ago is then known, and a frame giving
-// it another address is refused. Dragonboat files an added member's
+// registry two; past maxUnknownSenders such senders, new ones are
+// refused. Before a sender is taken as unknown, the memberships are read
+// again, after the frame arrived (a frame waits for that reading at most
+// sourcesReadEvery, and a flood of such frames costs one reading per
+// interval): a member added a moment ago is then known, and a frame
+// giving it another address is refused. Dragonboat files an added member's
 // address a moment before its membership shows the member; a frame that
 // falls into that instant makes the registry panic, and the transport
 // takes that panic back and closes the connection (deliverWithSource).
