@@ -18,7 +18,11 @@
 # token: mount one (a line of at least 16 characters, same ownership and
 # mode) at /etc/lockd/admin-token. /healthz and /metrics answer without
 # it; lock inspection and membership changes need it (lockctl
-# --admin-token-file). For a throwaway trusted network only:
+# --admin-token-file). Client certificates can stand in for the token:
+# mount the admin endpoint's certificate, key and client CA, and give
+# -e LOCKD_ADMIN_TLS_CERT=... -e LOCKD_ADMIN_TLS_KEY=...
+# -e LOCKD_ADMIN_TLS_CLIENT_CA=... -e LOCKD_ADMIN_TOKEN_FILE= (lockctl
+# --admin-ca, --admin-cert, --admin-key). For a throwaway trusted network only:
 # -e LOCKD_AUTH_FILE= -e LOCKD_INSECURE_NO_AUTH=true
 # -e LOCKD_ADMIN_TOKEN_FILE= -e LOCKD_INSECURE_ADMIN=true.
 

@@ -211,7 +211,7 @@ func serveArgs(t *testing.T, file string, c k8sContainer, flags map[string]bool)
 }
 
 // pathFlags are the flags of lockd serve that name files or directories.
-var pathFlags = []string{"auth-file", "admin-token-file", "data-dir", "tls-cert", "tls-key", "tls-client-ca", "raft-tls-cert", "raft-tls-key", "raft-tls-ca"}
+var pathFlags = []string{"auth-file", "admin-token-file", "admin-tls-cert", "admin-tls-key", "admin-tls-client-ca", "data-dir", "tls-cert", "tls-key", "tls-client-ca", "raft-tls-cert", "raft-tls-key", "raft-tls-ca"}
 
 // checkPod checks a lockd pod template: every flag exists, every path is
 // on a mounted volume (a secret's file among its items, readable by

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"fmt"
 	"strings"
 	"sync"
 
@@ -108,4 +109,15 @@ func (z *zlog) Errorf(f string, a ...any) {
 	}
 }
 
-func (z *zlog) Panicf(f string, a ...any) { z.l.Panic().Msgf(f, a...) }
+// dragonboatPanic is the value dragonboat's panics carry: its format
+// string tells which one it is, for the one the transport takes back
+// (raftTransport.deliverWithSource).
+type dragonboatPanic struct{ format, msg string }
+
+func (p dragonboatPanic) Error() string { return p.msg }
+
+func (z *zlog) Panicf(f string, a ...any) {
+	p := dragonboatPanic{format: f, msg: fmt.Sprintf(f, a...)}
+	z.l.WithLevel(zerolog.PanicLevel).Msg(p.msg)
+	panic(p)
+}

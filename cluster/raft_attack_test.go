@@ -5,10 +5,8 @@ import (
 	"crypto/tls"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"github.com/lni/dragonboat/v4/config"
-	"github.com/lockd/lockd/internal/testcerts"
-	"github.com/rs/zerolog"
 	"io"
 	"net"
 	"net/http"
@@ -18,12 +16,18 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/lni/dragonboat/v4"
+	"github.com/lni/dragonboat/v4/config"
 	"github.com/lni/dragonboat/v4/raftio"
 	pb "github.com/lni/dragonboat/v4/raftpb"
 	"github.com/lockd/lockd/codec"
+	"github.com/lockd/lockd/internal/testcerts"
+	"github.com/rs/zerolog"
 )
 
 // sendForged writes one frame of mb to a node's Raft port as an attacker
@@ -67,9 +71,11 @@ func lockCycle(t *testing.T, p *proc, owner uint64, key string) {
 // (plain TCP on loopback, the default there) are dropped with their
 // connection: one naming a member at another address made dragonboat's
 // address registry panic ("inconsistent target") and the node exit; one
-// naming an address that is not host:port panicked on its check; one for
-// no group of the node, or naming no sender, is not heard either. The
-// node keeps serving locks through its group.
+// naming an address that is not host:port panicked on its check, and one
+// naming no receiver on its delivery; one for no group of the node, naming
+// no sender, or carrying a snapshot to install (dragonboat makes those
+// locally from the chunks it received) is not heard either. The node keeps
+// serving locks through its group.
 func TestProcessesForgedRaftFramesAreDropped(t *testing.T) {
 	if testing.Short() {
 		t.Skip("multi-process test skipped in -short mode")
@@ -87,11 +93,19 @@ func TestProcessesForgedRaftFramesAreDropped(t *testing.T) {
 		return pb.MessageBatch{DeploymentId: deploymentID, BinVer: raftio.TransportBinVersion, SourceAddress: source,
 			Requests: []pb.Message{{Type: pb.Heartbeat, ShardID: shard, From: from, To: target.id, Term: 1 << 40}}}
 	}
+	member2 := procs[1].args[slices.Index(procs[1].args, "--raft-addr")+1]
+	toNobody := forged(2, member2, group)
+	toNobody.Requests[0].To = 0
+	install := forged(2, member2, group)
+	install.Requests[0].Type = pb.InstallSnapshot
 	for _, mb := range []pb.MessageBatch{
-		forged(2, "127.0.0.1:1", group),    // a member at an address not its own
-		forged(3, "not-an-address", group), // a source dragonboat refuses to file
-		forged(2, "127.0.0.1:1", 77),       // no group of this node
-		forged(0, "127.0.0.1:1", group),    // no sender
+		forged(2, "127.0.0.1:1", group),     // a member at an address not its own
+		forged(3, "not-an-address", group),  // a source dragonboat refuses to file
+		forged(99, "not-an-address", group), // the same from a sender not known as a member
+		forged(2, "127.0.0.1:1", 77),        // no group of this node
+		forged(0, "127.0.0.1:1", group),     // no sender
+		toNobody,                            // no receiver (dragonboat panicked on it)
+		install,                             // a snapshot to install, a message only made locally
 	} {
 		sendForged(t, raftAddr, mb)
 	}
@@ -106,6 +120,113 @@ func TestProcessesForgedRaftFramesAreDropped(t *testing.T) {
 	if l := groupLeader(t, procs, 0); l == 0 {
 		t.Fatal("no leader after forged frames")
 	}
+}
+
+// adminMembers asks p's admin endpoint to add (id, addr) or, with addr
+// empty, to remove id, and fails the test unless it answers 200.
+func adminMembers(t *testing.T, p *proc, id uint64, addr string) {
+	t.Helper()
+	method, path, body := http.MethodPost, MembersPath, fmt.Sprintf(`{"id": %d, "raft_addr": %q}`, id, addr)
+	if addr == "" {
+		method, path, body = http.MethodDelete, fmt.Sprintf("%s/%d", MembersPath, id), ""
+	}
+	r, err := http.NewRequest(method, "http://"+p.admin+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s %s: %s %s", method, path, resp.Status, out)
+	}
+}
+
+// forgeUntilClosed writes mb to raftAddr on a new connection and waits for
+// the node to close it.
+func forgeUntilClosed(raftAddr string, mb pb.MessageBatch) error {
+	conn, err := net.DialTimeout("tcp", raftAddr, 5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if err := (&frameConn{conn: conn}).SendMessageBatch(mb); err != nil {
+		return err
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = io.Copy(io.Discard, conn)
+	return err
+}
+
+// A frame naming a member added a moment ago, at another address than the
+// membership gives it, is refused: the node reads the memberships again
+// before it takes a sender for unknown. It read them at most every 50 ms,
+// so such a frame, sent while others kept that reading recent, reached
+// dragonboat's address registry with its address, and the registry
+// panicked ("inconsistent target") and the node exited. Each round adds a
+// member (on no running node) through the node attacked, then forges its
+// frames, then removes it.
+func TestProcessesForgedFramesRightAfterAnAddition(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test skipped in -short mode")
+	}
+	dir := t.TempDir()
+	bin := buildLockd(t, dir)
+	procs := startProcesses(t, bin, dir, 1)
+	groupLeader(t, procs, 0)
+	target := procs[0]
+	awaitAdmin(t, target)
+	raftAddr := target.args[slices.Index(target.args, "--raft-addr")+1]
+	group := shardID(1, 0)
+	forged := func(from uint64, source string) pb.MessageBatch {
+		return pb.MessageBatch{DeploymentId: deploymentID, BinVer: raftio.TransportBinVersion, SourceAddress: source,
+			Requests: []pb.Message{{Type: pb.Heartbeat, ShardID: group, From: from, To: target.id, Term: 1 << 40}}}
+	}
+
+	// Member 2 at another address, over and over: each is refused, and
+	// each made the node read the memberships if it had not lately.
+	stop, keepReading := make(chan struct{}), make(chan error, 1)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				keepReading <- nil
+				return
+			default:
+			}
+			if err := forgeUntilClosed(raftAddr, forged(2, "127.0.0.1:1")); err != nil {
+				keepReading <- err
+				return
+			}
+		}
+	}()
+	defer func() {
+		close(stop)
+		if err := <-keepReading; err != nil {
+			t.Errorf("forged frames of member 2: %v", err)
+		}
+	}()
+
+	unused := freePorts(t, 2*3)
+	for round := range 3 {
+		id := uint64(4 + round)
+		adminMembers(t, target, id, fmt.Sprintf("127.0.0.1:%d", unused[2*round]))
+		for range 5 {
+			if err := forgeUntilClosed(raftAddr, forged(id, fmt.Sprintf("127.0.0.1:%d", unused[2*round+1]))); err != nil {
+				t.Fatalf("round %d: a forged frame of the member just added: %v, want the connection closed", round, err)
+			}
+		}
+		select {
+		case <-target.done:
+			t.Fatalf("round %d: node %d exited after a forged frame of member %d", round, target.id, id)
+		default:
+		}
+		adminMembers(t, target, id, "")
+	}
+	lockCycle(t, target, 1, "forged/added")
 }
 
 // A frame's header alone cannot make the transport allocate what it
@@ -209,7 +330,7 @@ func TestStartRefusesPlainRaftOffLoopback(t *testing.T) {
 func TestRaftTLSPeerSpeaksOnlyForItsHost(t *testing.T) {
 	ca := testcerts.NewCA(t, "lockd raft CA")
 	sources := &raftSources{}
-	sources.view.Store(&sourcesView{groups: map[uint64]bool{5: true}, addrs: map[raftio.NodeInfo]string{
+	sources.view.Store(&sourcesView{groups: map[uint64]uint64{5: 3}, addrs: map[raftio.NodeInfo]string{
 		{ShardID: 5, ReplicaID: 1}: "127.0.0.1:7001", {ShardID: 5, ReplicaID: 2}: "127.0.0.2:7002"}})
 	batches := make(chan pb.MessageBatch, 4)
 	ln := raftListeners(t, 1)[0]
@@ -304,5 +425,210 @@ func TestProcessesRogueJoinNeedsTheAdminToken(t *testing.T) {
 	}
 	if got := memberIDs(m); !slices.Equal(got, []uint64{1, 2, 3}) {
 		t.Fatalf("members after the rogue requests: %v, want 1 2 3", got)
+	}
+}
+
+// A sender not known as a member is taken for unknown only on a reading of
+// the memberships made after its frame arrived: a member added since the
+// last reading, given another address than its own, is refused at once
+// (the last reading stood for up to 50 ms, and the frame went through
+// with its address), and given its own, goes through without it. A flood
+// of frames from unknown senders costs one reading per sourcesReadEvery.
+func TestRaftSourcesReadTheMembershipsAfterAFrameArrives(t *testing.T) {
+	var members atomic.Pointer[map[uint64]string]
+	var readings atomic.Int64
+	members.Store(&map[uint64]string{1: "127.0.0.1:7001", 2: "127.0.0.1:7002"})
+	read := func() []dragonboat.ShardInfo {
+		readings.Add(1)
+		return []dragonboat.ShardInfo{{ShardID: 5, ReplicaID: 1, Replicas: *members.Load()}}
+	}
+	sources := &raftSources{}
+	sources.shards.Store(&read)
+	batch := func(from uint64, source string) *pb.MessageBatch {
+		return &pb.MessageBatch{DeploymentId: deploymentID, BinVer: raftio.TransportBinVersion, SourceAddress: source,
+			Requests: []pb.Message{{Type: pb.Heartbeat, ShardID: 5, From: from, To: 1, Term: 1}}}
+	}
+	if keep, err := sources.checkBatch(batch(9, "127.0.0.1:7009")); err != nil || !keep {
+		t.Fatalf("unknown sender 9: keep source %v, %v; want it delivered with its address", keep, err)
+	}
+
+	members.Store(&map[uint64]string{1: "127.0.0.1:7001", 2: "127.0.0.1:7002", 3: "127.0.0.1:7003"})
+	if _, err := sources.checkBatch(batch(3, "127.0.0.1:1")); !errors.Is(err, errForeignSource) {
+		t.Fatalf("member 3 added a moment ago, at another address: %v, want refused", err)
+	}
+	if keep, err := sources.checkBatch(batch(3, "127.0.0.1:7003")); err != nil || keep {
+		t.Fatalf("member 3 at its address: keep source %v, %v; want it delivered without", keep, err)
+	}
+
+	// A flood of them: readings are sourcesReadEvery apart.
+	before, start := readings.Load(), time.Now()
+	var wg sync.WaitGroup
+	for i := range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := sources.checkBatch(batch(uint64(20+i), fmt.Sprintf("127.0.0.1:%d", 7020+i))); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if n, most := readings.Load()-before, 1+int64(elapsed/sourcesReadEvery); n > most {
+		t.Fatalf("50 frames of unknown senders in %v made %d readings, want at most %d", elapsed, n, most)
+	}
+}
+
+// Dragonboat files an added member's address a moment before its
+// membership shows the member; a frame giving that member another address
+// in that instant makes its address registry panic. The transport takes
+// that panic back and closes the connection; any other panic stays one.
+func TestRaftTransportSurvivesTheRegistryConflict(t *testing.T) {
+	sources := &raftSources{}
+	sources.view.Store(&sourcesView{groups: map[uint64]uint64{5: 1}, addrs: map[raftio.NodeInfo]string{{ShardID: 5, ReplicaID: 1}: "127.0.0.1:7001"}})
+	registry := newZlog(zerolog.Nop(), "registry")
+	panics := registryConflict
+	tr := &raftTransport{log: zerolog.Nop(), sources: sources, onChunk: func(pb.Chunk) bool { return true },
+		onMessages: func(mb pb.MessageBatch) {
+			registry.Panicf(panics, "[00005:00004]", "127.0.0.1:7004", mb.SourceAddress)
+		}}
+	mb := pb.MessageBatch{DeploymentId: deploymentID, BinVer: raftio.TransportBinVersion, SourceAddress: "127.0.0.1:1",
+		Requests: []pb.Message{{Type: pb.Heartbeat, ShardID: 5, From: 4, To: 1, Term: 1}}}
+	body, err := mb.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := peerConn{t: tr}
+	if err := p.handle(frameMessages, body); !errors.Is(err, errForeignSource) {
+		t.Fatalf("a frame the registry panicked on: %v, want the connection closed as foreign", err)
+	}
+	if _, pinned := sources.pinned[raftio.NodeInfo{ShardID: 5, ReplicaID: 4}]; pinned {
+		t.Fatal("the refused address stays pinned for replica 4")
+	}
+
+	panics = "to field not set, %s%s%s"
+	defer func() {
+		if r := recover(); r == nil {
+			t.Fatal("another panic of dragonboat was taken back")
+		}
+	}()
+	_ = p.handle(frameMessages, body)
+}
+
+// A node restarted with --admin-tls-cert, --admin-tls-key and
+// --admin-tls-client-ca changes its membership for a client certificate
+// its CA signed only: without one it answers 401, one of another CA fails
+// the handshake, and lockctl with its --admin-ca, --admin-cert and
+// --admin-key adds, lists and removes a member.
+func TestProcessesMembershipNeedsAnAdminCertificate(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test skipped in -short mode")
+	}
+	dir := t.TempDir()
+	bin, ctl := buildLockd(t, dir), buildLockctl(t, dir)
+	procs := startProcesses(t, bin, dir, 1)
+	groupLeader(t, procs, 0)
+	ca, rogue := testcerts.NewCA(t, "lockd admin CA"), testcerts.NewCA(t, "rogue CA")
+	files := ca.WriteFiles(t, dir, "admin", "127.0.0.1")
+	operator := ca.WriteFiles(t, dir, "operator", "operator")
+	p := procs[0]
+	p.kill9()
+	p.args = append(p.args, "--admin-tls-cert", files.Cert, "--admin-tls-key", files.Key, "--admin-tls-client-ca", files.CA)
+	p.start(t, bin)
+	awaitAdmin(t, p)
+
+	intruderCert := rogue.Issue(t, "intruder")
+	anonymous := &tls.Config{RootCAs: ca.Pool()}
+	intruder := &tls.Config{RootCAs: ca.Pool(), GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		return &intruderCert, nil
+	}}
+	post := func(cfg *tls.Config) (*http.Response, error) {
+		c := http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg, DisableKeepAlives: true}}
+		return c.Post("https://"+p.admin+MembersPath, "application/json", strings.NewReader(`{"id": 9, "raft_addr": "127.0.0.1:1"}`))
+	}
+	resp, err := post(anonymous)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("adding a member without a certificate: %s, want 401", resp.Status)
+	}
+	if resp, err := post(intruder); err == nil {
+		resp.Body.Close()
+		t.Fatalf("adding a member with a certificate of another CA: %s, want the handshake refused", resp.Status)
+	}
+
+	admin := []string{"cluster", "--admin", p.admin, "--admin-ca", files.CA, "--admin-cert", operator.Cert, "--admin-key", operator.Key}
+	list := func() []uint64 {
+		t.Helper()
+		out, err := exec.Command(ctl, append(admin, "--json", "list")...).Output()
+		if err != nil {
+			t.Fatalf("lockctl cluster list with a certificate of the CA: %v", err)
+		}
+		var m Membership
+		if err := json.Unmarshal(out, &m); err != nil {
+			t.Fatal(err)
+		}
+		return memberIDs(m)
+	}
+	if got := list(); !slices.Equal(got, []uint64{1, 2, 3}) {
+		t.Fatalf("members after the refused requests: %v, want 1 2 3", got)
+	}
+	unused := freePorts(t, 1)[0]
+	for _, change := range [][]string{{"add", "9", fmt.Sprintf("127.0.0.1:%d", unused)}, {"remove", "9"}} {
+		if out, err := exec.Command(ctl, append(admin, change...)...).CombinedOutput(); err != nil {
+			t.Fatalf("lockctl cluster %v with a certificate of the CA: %v\n%s", change, err, out)
+		}
+		if change[0] == "add" {
+			if got := list(); !slices.Equal(got, []uint64{1, 2, 3, 9}) {
+				t.Fatalf("members after adding 9: %v", got)
+			}
+		}
+	}
+	if got := list(); !slices.Equal(got, []uint64{1, 2, 3}) {
+		t.Fatalf("members after removing 9: %v, want 1 2 3", got)
+	}
+}
+
+// Senders not known as members are pinned, and filed by dragonboat, up to
+// maxUnknownSenders: without a bound, frames naming new replica ids (one
+// frame can name millions) grew both by an entry each. Past the bound a new one is refused, while members
+// and senders already pinned still get through; a pinned sender that
+// becomes a member frees its room at the next reading.
+func TestRaftSourcesBoundTheUnknownSenders(t *testing.T) {
+	var members atomic.Pointer[map[uint64]string]
+	members.Store(&map[uint64]string{1: "127.0.0.1:7001", 2: "127.0.0.1:7002"})
+	read := func() []dragonboat.ShardInfo {
+		return []dragonboat.ShardInfo{{ShardID: 5, ReplicaID: 1, Replicas: *members.Load()}}
+	}
+	sources := &raftSources{}
+	sources.shards.Store(&read)
+	batch := func(source string, from ...uint64) *pb.MessageBatch {
+		mb := &pb.MessageBatch{DeploymentId: deploymentID, BinVer: raftio.TransportBinVersion, SourceAddress: source}
+		for _, f := range from {
+			mb.Requests = append(mb.Requests, pb.Message{Type: pb.Heartbeat, ShardID: 5, From: f, To: 1, Term: 1})
+		}
+		return mb
+	}
+	var flood []uint64
+	for id := range uint64(maxUnknownSenders) {
+		flood = append(flood, 100+id)
+	}
+	if keep, err := sources.checkBatch(batch("127.0.0.1:9", flood...)); err != nil || !keep {
+		t.Fatalf("%d unknown senders: keep source %v, %v", len(flood), keep, err)
+	}
+	if _, err := sources.checkBatch(batch("127.0.0.1:9", 1_000_000)); !errors.Is(err, errForeignSource) {
+		t.Fatalf("one unknown sender past the bound: %v, want refused", err)
+	}
+	if keep, err := sources.checkBatch(batch("127.0.0.1:7002", 2)); err != nil || keep {
+		t.Fatalf("member 2 past the bound: keep source %v, %v", keep, err)
+	}
+	if keep, err := sources.checkBatch(batch("127.0.0.1:9", 100)); err != nil || !keep {
+		t.Fatalf("a pinned sender past the bound: keep source %v, %v", keep, err)
+	}
+	members.Store(&map[uint64]string{1: "127.0.0.1:7001", 2: "127.0.0.1:7002", 100: "127.0.0.1:9"})
+	if keep, err := sources.checkBatch(batch("127.0.0.1:9", 1_000_000)); err != nil || !keep {
+		t.Fatalf("an unknown sender once a pinned one became a member: keep source %v, %v", keep, err)
 	}
 }

@@ -2,8 +2,9 @@ package cluster
 
 // This file owns the check of where a Raft frame says it comes from,
 // made by the transport before dragonboat sees the frame: each message
-// must be for a group this node runs, name its sender, and come from the
-// Raft address that group's membership records for that sender.
+// must be for a group this node runs and for its replica there, name its
+// sender, and come from the Raft address that group's membership records
+// for that sender.
 //
 // Dragonboat trusts a message batch's source address: it files it in its
 // address registry under every sender replica the batch names, and panics
@@ -21,16 +22,31 @@ package cluster
 // vote with (it was refused, and two live members of three never elected
 // a leader). Its batches keep their source address, so that this node
 // can answer, and the first address given for such a sender is the only
-// one accepted for it, so that dragonboat's registry is never given two.
-// Someone who reaches a plain TCP Raft port can therefore still speak as
-// a replica id the group does not have yet, and, in the moment between a
-// member's addition and the next reading of the view, as that member at
-// another address; mutual TLS (LoadRaftTLS) closes that: a peer's
-// certificate must name the host of the address it gives.
+// one accepted for it, so that the transport never gives dragonboat's
+// registry two; past maxUnknownSenders such senders, new ones are
+// refused. Before a sender is taken as unknown, the memberships are read
+// again, after the frame arrived (a frame waits for that reading at most
+// sourcesReadEvery, and a flood of such frames costs one reading per
+// interval): a member added a moment ago is then known, and a frame
+// giving it another address is refused. Dragonboat files an added member's
+// address a moment before its membership shows the member; a frame that
+// falls into that instant makes the registry panic, and the transport
+// takes that panic back and closes the connection (deliverWithSource).
+//
+// What remains on a plain TCP Raft port (loopback, or --insecure-raft):
+// someone who reaches it can speak as any member at its recorded address
+// (forged votes and heartbeats), and as a replica id the group does not
+// have yet; a node given such an id at a made-up address exits when it
+// later applies the addition of that id at another address (dragonboat's
+// registry panics as it files the membership's address, on its apply
+// path, where nothing can take the panic back). Mutual TLS (LoadRaftTLS)
+// closes all of it: a peer's certificate must come from the cluster's CA
+// and name the host of the address it gives.
 
 import (
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,11 +56,19 @@ import (
 	pb "github.com/lni/dragonboat/v4/raftpb"
 )
 
-// sourcesRefreshEvery bounds how often a frame from an unknown source
-// makes the view of the memberships be read again: a member added a
-// moment ago is known after at most this, and a flood of forged frames
-// costs one read per interval.
-const sourcesRefreshEvery = 50 * time.Millisecond
+const (
+	// sourcesReadEvery bounds how often frames from unknown sources make
+	// the memberships be read again, and so how long such a frame waits
+	// for a reading made after it arrived.
+	sourcesReadEvery = 10 * time.Millisecond
+	// maxUnknownSenders bounds the senders not known as members whose
+	// address is pinned, and so the addresses of non-members dragonboat
+	// files in its registry, which forgets none: frames naming a new
+	// replica id each, or one frame naming millions, would grow both
+	// without end. The legitimate ones are the few nodes of groups this
+	// node is joining or electing a leader with while it lags.
+	maxUnknownSenders = 1024
+)
 
 var errForeignSource = errors.New("cluster: raft frame from outside the group's membership")
 
@@ -57,17 +81,19 @@ type raftSources struct {
 	shards atomic.Pointer[func() []dragonboat.ShardInfo]
 	view   atomic.Pointer[sourcesView]
 
-	refreshMu   sync.Mutex
-	refreshedAt time.Time // under refreshMu
+	readMu sync.Mutex // held while a reading is made or awaited
 
+	pinMu sync.Mutex
 	// pinned holds the address first given for each sender not known as
-	// a member (raftio.NodeInfo -> string).
-	pinned sync.Map
+	// a member, at most maxUnknownSenders of them; a sender is unpinned
+	// once a reading shows it as a member.
+	pinned map[raftio.NodeInfo]string
 }
 
 // sourcesView is one reading of the memberships.
 type sourcesView struct {
-	groups map[uint64]bool            // the groups this node runs
+	readAt time.Time                  // when the reading began
+	groups map[uint64]uint64          // the groups this node runs -> its replica in each
 	addrs  map[raftio.NodeInfo]string // (group, member) -> Raft address
 }
 
@@ -86,44 +112,71 @@ func (s *raftSources) attach(nh *dragonboat.NodeHost) {
 // checkBatch reports whether mb's messages may reach dragonboat (see the
 // file comment), and whether its source address must go with them (a
 // sender is not a member as this replica knows). A batch that is refused
-// or names a sender not known as a member makes the view be read again,
-// at most every sourcesRefreshEvery.
+// or names a sender not known as a member is checked again against a
+// reading of the memberships made after it arrived.
 func (s *raftSources) checkBatch(mb *pb.MessageBatch) (keepSource bool, err error) {
+	arrived := time.Now()
 	if err := checkOrigin(mb.DeploymentId, mb.BinVer); err != nil {
 		return false, err
 	}
 	view := s.view.Load()
 	keepSource, err = view.checkBatch(mb)
-	if (err != nil || keepSource) && s.refresh() {
-		view = s.view.Load()
+	if err != nil || keepSource {
+		view = s.readSince(arrived)
 		keepSource, err = view.checkBatch(mb)
 	}
 	if err != nil || !keepSource {
 		return false, err
 	}
+	s.pinMu.Lock()
+	defer s.pinMu.Unlock()
 	for i := range mb.Requests {
-		m := &mb.Requests[i]
-		if _, member := view.addrs[raftio.NodeInfo{ShardID: m.ShardID, ReplicaID: m.From}]; member {
+		sender := raftio.NodeInfo{ShardID: mb.Requests[i].ShardID, ReplicaID: mb.Requests[i].From}
+		if _, member := view.addrs[sender]; member {
 			continue
 		}
-		sender := raftio.NodeInfo{ShardID: m.ShardID, ReplicaID: m.From}
-		if first, _ := s.pinned.LoadOrStore(sender, mb.SourceAddress); first != mb.SourceAddress {
-			return false, fmt.Errorf("%w: group %d replica %d was at %q, now %q", errForeignSource, m.ShardID, m.From, first, mb.SourceAddress)
+		first, pinned := s.pinned[sender]
+		switch {
+		case pinned && first != mb.SourceAddress:
+			return false, fmt.Errorf("%w: group %d replica %d was at %q, now %q", errForeignSource, sender.ShardID, sender.ReplicaID, first, mb.SourceAddress)
+		case pinned:
+			continue
+		case len(s.pinned) >= maxUnknownSenders:
+			return false, fmt.Errorf("%w: group %d replica %d: %d senders outside the memberships known already", errForeignSource, sender.ShardID, sender.ReplicaID, len(s.pinned))
 		}
+		if s.pinned == nil {
+			s.pinned = make(map[raftio.NodeInfo]string)
+		}
+		s.pinned[sender] = mb.SourceAddress
 	}
 	return true, nil
+}
+
+// unpin forgets the addresses mb pinned for its senders, once dragonboat
+// refused the batch: its senders turned out to be members at another
+// address, which their own frames must still be able to give.
+func (s *raftSources) unpin(mb *pb.MessageBatch) {
+	s.pinMu.Lock()
+	defer s.pinMu.Unlock()
+	for i := range mb.Requests {
+		sender := raftio.NodeInfo{ShardID: mb.Requests[i].ShardID, ReplicaID: mb.Requests[i].From}
+		if s.pinned[sender] == mb.SourceAddress {
+			delete(s.pinned, sender)
+		}
+	}
 }
 
 // checkChunk reports whether a snapshot chunk comes from a member of its
 // group (a chunk carries no address).
 func (s *raftSources) checkChunk(c *pb.Chunk) error {
+	arrived := time.Now()
 	if err := checkOrigin(c.DeploymentId, c.BinVer); err != nil {
 		return err
 	}
-	if _, err := s.view.Load().checkSender(c.ShardID, c.From, ""); err == nil || !s.refresh() {
-		return err
+	if _, err := s.view.Load().checkChunk(c); err == nil {
+		return nil
 	}
-	_, err := s.view.Load().checkSender(c.ShardID, c.From, "")
+	_, err := s.readSince(arrived).checkChunk(c)
 	return err
 }
 
@@ -137,62 +190,116 @@ func checkOrigin(deployment uint64, binVer uint32) error {
 	return nil
 }
 
-// refresh reads the memberships again unless that was done less than
-// sourcesRefreshEvery ago; it reports whether it did.
-func (s *raftSources) refresh() bool {
+// readSince returns a reading of the memberships begun at or after
+// arrived: the last one if it is, else a new one, made once
+// sourcesReadEvery has passed since the last. Callers queue on readMu, so
+// one reading serves every frame that arrived before it began. Before the
+// NodeHost exists there is nothing to read, and the last view stands.
+func (s *raftSources) readSince(arrived time.Time) *sourcesView {
 	read := s.shards.Load()
 	if read == nil {
-		return false
+		return s.view.Load()
 	}
-	s.refreshMu.Lock()
-	defer s.refreshMu.Unlock()
-	if time.Since(s.refreshedAt) < sourcesRefreshEvery {
-		return false
+	s.readMu.Lock()
+	defer s.readMu.Unlock()
+	last := s.view.Load()
+	if last != nil {
+		if !last.readAt.Before(arrived) {
+			return last
+		}
+		time.Sleep(sourcesReadEvery - time.Since(last.readAt))
 	}
-	s.refreshedAt = time.Now()
-	v := &sourcesView{groups: make(map[uint64]bool), addrs: make(map[raftio.NodeInfo]string)}
+	v := &sourcesView{readAt: time.Now(), groups: make(map[uint64]uint64), addrs: make(map[raftio.NodeInfo]string)}
 	for _, si := range (*read)() {
-		v.groups[si.ShardID] = true
+		v.groups[si.ShardID] = si.ReplicaID
 		for id, addr := range si.Replicas {
 			v.addrs[raftio.NodeInfo{ShardID: si.ShardID, ReplicaID: id}] = addr
 		}
 	}
 	s.view.Store(v)
-	return true
+	s.pinMu.Lock()
+	for sender := range s.pinned {
+		if _, member := v.addrs[sender]; member {
+			delete(s.pinned, sender)
+		}
+	}
+	s.pinMu.Unlock()
+	return v
 }
 
-// checkBatch checks every message of mb (checkSender); member is false
-// when a sender is not a member as this replica knows.
+// checkBatch checks every message of mb (checkMessage) and, when a sender
+// is not a member as this replica knows, that the source address is one
+// dragonboat can file; notMember reports such a sender.
 func (v *sourcesView) checkBatch(mb *pb.MessageBatch) (notMember bool, err error) {
 	if mb.SourceAddress == "" {
 		return false, fmt.Errorf("%w: no source address", errForeignSource)
 	}
 	for i := range mb.Requests {
-		member, err := v.checkSender(mb.Requests[i].ShardID, mb.Requests[i].From, mb.SourceAddress)
+		member, err := v.checkMessage(&mb.Requests[i], mb.SourceAddress)
 		if err != nil {
 			return false, err
 		}
 		notMember = notMember || !member
 	}
+	if notMember && !validRaftAddr(mb.SourceAddress) {
+		return false, fmt.Errorf("%w: source address %q is not host:port", errForeignSource, mb.SourceAddress)
+	}
 	return notMember, nil
 }
 
-// checkSender refuses a message for a group this node does not run, one
-// without a sender, and one whose sender is a member at another address
-// than addr (unless addr is empty); it reports whether the sender is a
-// member.
-func (v *sourcesView) checkSender(shard, from uint64, addr string) (member bool, err error) {
-	switch {
-	case v == nil:
-		return false, fmt.Errorf("%w: no membership known yet", errForeignSource)
-	case !v.groups[shard]:
-		return false, fmt.Errorf("%w: no group %d here", errForeignSource, shard)
-	case from == 0:
-		return false, fmt.Errorf("%w: group %d, no sender", errForeignSource, shard)
+// checkMessage refuses a message that is not for this node's replica of
+// its group, one without a sender, one of a kind dragonboat only makes
+// locally (a snapshot to install arrives as chunks), and one whose sender
+// is a member at another address than addr; it reports whether the sender
+// is a member.
+func (v *sourcesView) checkMessage(m *pb.Message, addr string) (member bool, err error) {
+	if m.Type == pb.InstallSnapshot {
+		return false, fmt.Errorf("%w: group %d, a local message kind (%s)", errForeignSource, m.ShardID, m.Type)
 	}
-	known, member := v.addrs[raftio.NodeInfo{ShardID: shard, ReplicaID: from}]
-	if member && addr != "" && known != addr {
-		return false, fmt.Errorf("%w: group %d has member %d at %q, not %q", errForeignSource, shard, from, known, addr)
+	if err := v.checkSender(m.ShardID, m.From); err != nil {
+		return false, err
+	}
+	if m.To != v.groups[m.ShardID] {
+		return false, fmt.Errorf("%w: group %d, for replica %d, not this node's %d", errForeignSource, m.ShardID, m.To, v.groups[m.ShardID])
+	}
+	known, member := v.addrs[raftio.NodeInfo{ShardID: m.ShardID, ReplicaID: m.From}]
+	if member && known != addr {
+		return false, fmt.Errorf("%w: group %d has member %d at %q, not %q", errForeignSource, m.ShardID, m.From, known, addr)
 	}
 	return member, nil
+}
+
+// checkChunk refuses a chunk that checkMessage would, but for its address
+// (a chunk carries none); it reports whether the sender is a member.
+func (v *sourcesView) checkChunk(c *pb.Chunk) (member bool, err error) {
+	if err := v.checkSender(c.ShardID, c.From); err != nil {
+		return false, err
+	}
+	if c.ReplicaID != v.groups[c.ShardID] {
+		return false, fmt.Errorf("%w: group %d, a chunk for replica %d, not this node's %d", errForeignSource, c.ShardID, c.ReplicaID, v.groups[c.ShardID])
+	}
+	_, member = v.addrs[raftio.NodeInfo{ShardID: c.ShardID, ReplicaID: c.From}]
+	return member, nil
+}
+
+// checkSender refuses a frame for a group this node does not run and one
+// without a sender.
+func (v *sourcesView) checkSender(shard, from uint64) error {
+	switch {
+	case v == nil:
+		return fmt.Errorf("%w: no membership known yet", errForeignSource)
+	case v.groups[shard] == 0:
+		return fmt.Errorf("%w: no group %d here", errForeignSource, shard)
+	case from == 0:
+		return fmt.Errorf("%w: group %d, no sender", errForeignSource, shard)
+	}
+	return nil
+}
+
+// validRaftAddr is what the transport tells dragonboat a Raft address
+// must be (raftTransportFactory.Validate): dragonboat panics when asked to
+// file any other.
+func validRaftAddr(addr string) bool {
+	_, _, err := net.SplitHostPort(addr)
+	return err == nil
 }

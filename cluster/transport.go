@@ -149,10 +149,7 @@ func (f raftTransportFactory) Create(nhc config.NodeHostConfig, mh raftio.Messag
 		done: make(chan struct{})}
 }
 
-func (raftTransportFactory) Validate(addr string) bool {
-	_, _, err := net.SplitHostPort(addr)
-	return err == nil
-}
+func (raftTransportFactory) Validate(addr string) bool { return validRaftAddr(addr) }
 
 // raftTransport is one NodeHost's listener and dialer.
 type raftTransport struct {
@@ -335,9 +332,10 @@ func (p *peerConn) handle(kind byte, body []byte) error {
 			if err := p.checkCert(mb.SourceAddress); err != nil {
 				return err
 			}
-			if !keepSource {
-				mb.SourceAddress = "" // see raft_sources.go
+			if keepSource {
+				return t.deliverWithSource(&mb)
 			}
+			mb.SourceAddress = "" // see raft_sources.go
 		}
 		t.onMessages(mb)
 	case frameChunk:
@@ -361,6 +359,34 @@ func (p *peerConn) handle(kind byte, body []byte) error {
 			t.onPeer(body, p.sink)
 		}
 	}
+	return nil
+}
+
+// registryConflict is the format of the panic of dragonboat's address
+// registry when it is given a second address for a replica.
+const registryConflict = "inconsistent target for %s, %s:%s"
+
+// deliverWithSource hands dragonboat a batch that keeps its source
+// address, from a sender this node did not know as a member when it read
+// the memberships (raft_sources.go). Dragonboat files an added member's
+// address a moment before the membership shows it, so a frame giving that
+// member another address in that instant makes the registry panic. The
+// panic is raised as the address is filed, before the batch is handled
+// and with nothing else changed, so it is taken back here: the frame is
+// dropped with its connection instead of ending the process.
+func (t *raftTransport) deliverWithSource(mb *pb.MessageBatch) (err error) {
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		if p, ok := r.(dragonboatPanic); !ok || p.format != registryConflict {
+			panic(r)
+		}
+		t.sources.unpin(mb)
+		err = fmt.Errorf("%w: %v", errForeignSource, r)
+	}()
+	t.onMessages(*mb)
 	return nil
 }
 

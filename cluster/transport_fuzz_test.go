@@ -41,7 +41,8 @@ func (bufferConn) SetWriteDeadline(time.Time) error { return nil }
 // Raft connection: the frame reader, the decoding and the source check.
 // Whatever arrives, nothing panics, the buffer grows only with the bytes
 // that arrived, every message dragonboat is handed is for the node's
-// group and names a sender, and its address registry is never given two
+// replica of its group, names a sender and is of a kind sent between
+// nodes, and its address registry is never given an invalid address, two
 // addresses for one sender, nor a member's at another address than the
 // membership records.
 func FuzzRaftFrameReader(f *testing.F) {
@@ -55,7 +56,7 @@ func FuzzRaftFrameReader(f *testing.F) {
 	f.Add(fuzzFrame(frameChunk, &chunk, chunk.Size()))
 	f.Add([]byte{0x4c, 0x52, 'M', 0x04, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3})
 
-	view := &sourcesView{groups: map[uint64]bool{fuzzGroup: true}, addrs: make(map[raftio.NodeInfo]string)}
+	view := &sourcesView{groups: map[uint64]uint64{fuzzGroup: 1}, addrs: make(map[raftio.NodeInfo]string)}
 	for id, addr := range fuzzMembers {
 		view.addrs[raftio.NodeInfo{ShardID: fuzzGroup, ReplicaID: id}] = addr
 	}
@@ -87,11 +88,14 @@ func FuzzRaftFrameReader(f *testing.F) {
 		filed := make(map[uint64]string)
 		for _, mb := range delivered {
 			for _, m := range mb.Requests {
-				if m.ShardID != fuzzGroup || m.From == 0 {
-					t.Fatalf("a message from replica %d of group %d reached dragonboat", m.From, m.ShardID)
+				if m.ShardID != fuzzGroup || m.From == 0 || m.To != 1 || m.Type == pb.InstallSnapshot {
+					t.Fatalf("a %s message from replica %d to %d of group %d reached dragonboat", m.Type, m.From, m.To, m.ShardID)
 				}
 				if mb.SourceAddress == "" {
 					continue
+				}
+				if !validRaftAddr(mb.SourceAddress) {
+					t.Fatalf("source address %q reached dragonboat", mb.SourceAddress)
 				}
 				if addr := fuzzMembers[m.From]; addr != "" && addr != mb.SourceAddress {
 					t.Fatalf("member %d reached dragonboat at %q, not its %q", m.From, mb.SourceAddress, addr)

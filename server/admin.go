@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/http"
@@ -33,7 +34,8 @@ type adminServer struct {
 
 // startAdmin serves at most Config.AdminMaxConns connections at once;
 // past that, a few more are accepted for /healthz alone (admin_gates.go).
-// With Config.AdminToken every route but /healthz and /metrics needs it.
+// With Config.AdminToken or client CAs in Config.AdminTLS every route but
+// /healthz and /metrics needs the token or a client certificate.
 func startAdmin(s *Server) (*adminServer, error) {
 	ln, err := net.Listen("tcp", s.cfg.Admin)
 	if err != nil {
@@ -64,8 +66,8 @@ func startAdmin(s *Server) (*adminServer, error) {
 	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: metricsLogger{s.log}, ErrorHandling: promhttp.ContinueOnError}))
 	handler := s.withLocks(mux)
-	if s.cfg.AdminToken != nil {
-		handler = requireToken(s.cfg.AdminToken, handler)
+	if s.cfg.adminAuthenticates() {
+		handler = requireAuth(s.cfg.AdminToken, s.cfg.adminClientCerts(), handler)
 	}
 	a := &adminServer{
 		addr: ln.Addr().String(),
@@ -80,9 +82,16 @@ func startAdmin(s *Server) (*adminServer, error) {
 		},
 		done: make(chan struct{}),
 	}
+	// The TLS handshake happens in the connection's goroutine, under the
+	// server's read deadlines, once the connection holds a slot. Without
+	// NextProtos the endpoint speaks HTTP/1.1 only, as in plain HTTP.
+	var served net.Listener = limited
+	if s.cfg.AdminTLS != nil {
+		served = tls.NewListener(limited, s.cfg.AdminTLS)
+	}
 	go func() {
 		defer close(a.done)
-		_ = a.http.Serve(limited)
+		_ = a.http.Serve(served)
 	}()
 	return a, nil
 }

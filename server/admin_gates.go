@@ -1,13 +1,17 @@
 package server
 
 // This file owns what guards the admin endpoint: its connection slots,
-// with room beside them for health probes, and its bearer token.
+// with room beside them for health probes, its bearer token and its
+// client certificates.
 
 import (
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
+	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,17 +60,36 @@ func (l *adminListener) Accept() (net.Conn, error) {
 			c.Close()
 			continue
 		}
-		_ = c.SetDeadline(time.Now().Add(adminProbeTimeout))
-		return &adminConn{Conn: c, probe: true, release: func() { l.probes.Add(-1) }}, nil
+		probe := &adminConn{Conn: c, probe: true, end: time.Now().Add(adminProbeTimeout), release: func() { l.probes.Add(-1) }}
+		_ = probe.SetDeadline(probe.end)
+		return probe, nil
 	}
 }
 
-// adminConn gives its slot back once, when closed.
+// adminConn gives its slot back once, when closed. A probe connection's
+// deadlines never reach past its end: the HTTP server sets its own, for
+// the TLS handshake, the headers and the body, and they would give a
+// probe its 5 and 10 s instead of adminProbeTimeout.
 type adminConn struct {
 	net.Conn
 	probe   bool
+	end     time.Time // a probe's
 	once    sync.Once
 	release func()
+}
+
+func (c *adminConn) SetDeadline(t time.Time) error { return c.Conn.SetDeadline(c.bound(t)) }
+
+func (c *adminConn) SetReadDeadline(t time.Time) error { return c.Conn.SetReadDeadline(c.bound(t)) }
+
+func (c *adminConn) SetWriteDeadline(t time.Time) error { return c.Conn.SetWriteDeadline(c.bound(t)) }
+
+// bound is t, or a probe's end when t is later or none.
+func (c *adminConn) bound(t time.Time) time.Time {
+	if c.probe && (t.IsZero() || t.After(c.end)) {
+		return c.end
+	}
+	return t
 }
 
 func (c *adminConn) Close() error {
@@ -79,6 +102,9 @@ type probeConnKey struct{}
 // markProbeConn is the admin server's ConnContext: it tells the handlers
 // which requests came on a probe connection.
 func markProbeConn(ctx context.Context, c net.Conn) context.Context {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
 	if ac, ok := c.(*adminConn); ok && ac.probe {
 		return context.WithValue(ctx, probeConnKey{}, true)
 	}
@@ -109,18 +135,61 @@ func LoadAdminToken(path string) ([]byte, error) {
 	return privatefile.ReadToken(path, MinAdminTokenLen)
 }
 
-// requireToken answers 401 to a request without the bearer token, except
+// LoadAdminTLSConfig builds the admin endpoint's TLS configuration from
+// PEM files, as LoadTLSConfig does for the TLS port, but a client CA makes
+// client certificates optional at the handshake: probes and scrapers
+// reach /healthz and /metrics without one, and requireAuth asks for one
+// (or the token) on the other routes. A certificate the CA did not sign
+// still fails the handshake.
+func LoadAdminTLSConfig(certFile, keyFile, clientCA string) (*tls.Config, error) {
+	cfg, err := LoadTLSConfig(certFile, keyFile, clientCA)
+	if err != nil {
+		return nil, fmt.Errorf("admin: %w", err)
+	}
+	if cfg.ClientCAs != nil {
+		cfg.ClientAuth = tls.VerifyClientCertIfGiven
+	}
+	return cfg, nil
+}
+
+// adminAuthenticates reports whether the admin endpoint checks who asks:
+// a token, client certificates, or both.
+func (c *Config) adminAuthenticates() bool {
+	return c.AdminToken != nil || c.adminClientCerts()
+}
+
+// adminClientCerts reports whether a client certificate authenticates on
+// the admin endpoint.
+func (c *Config) adminClientCerts() bool {
+	return c.AdminTLS != nil && c.AdminTLS.ClientCAs != nil
+}
+
+// requireAuth answers 401 to a request that shows neither the bearer
+// token (when there is one) nor a client certificate the admin CA
+// verified (with certs; the TLS handshake verified any certificate given
+// against the CA), except
 // for /healthz and /metrics, which probes and scrapers read.
-func requireToken(token []byte, next http.Handler) http.Handler {
-	want := append([]byte("Bearer "), token...)
+func requireAuth(token []byte, certs bool, next http.Handler) http.Handler {
+	var want []byte
+	var needs []string
+	if token != nil {
+		want = append([]byte("Bearer "), token...)
+		needs = append(needs, "the bearer token of lockd's --admin-token-file")
+	}
+	if certs {
+		needs = append(needs, "a client certificate signed by lockd's --admin-tls-client-ca")
+	}
+	refusal := "this admin route needs " + strings.Join(needs, " or ")
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/healthz" || r.URL.Path == "/metrics" {
-			next.ServeHTTP(w, r)
-			return
-		}
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="lockd admin"`)
-			adminjson.Error(w, http.StatusUnauthorized, "this admin route needs the bearer token of lockd's --admin-token-file")
+		switch {
+		case r.URL.Path == "/healthz" || r.URL.Path == "/metrics":
+		case certs && r.TLS != nil && len(r.TLS.VerifiedChains) > 0:
+		case want != nil && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) == 1:
+		default:
+			if want != nil {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="lockd admin"`)
+			}
+			adminjson.Error(w, http.StatusUnauthorized, refusal)
 			return
 		}
 		next.ServeHTTP(w, r)

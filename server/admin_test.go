@@ -204,6 +204,42 @@ func TestAdminSlowClientsDoNotStallHealthz(t *testing.T) {
 	}
 }
 
+// probeHeldFor opens a connection to addr, which must be past the admin
+// connection cap, sends it first (half a request, or nothing), and
+// reports how long the server kept the connection open.
+func probeHeldFor(t *testing.T, addr, first string) time.Duration {
+	t.Helper()
+	probe, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
+	if _, err := io.WriteString(probe, first); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_ = probe.SetReadDeadline(start.Add(adminReadTimeout + ioTimeout))
+	if _, err := io.Copy(io.Discard, probe); err != nil {
+		t.Fatalf("a stalled probe connection: %v, want it closed by the server", err)
+	}
+	return time.Since(start)
+}
+
+// A connection past the admin connection cap has adminProbeTimeout for
+// its whole exchange: the server's own read deadlines (5 s for the
+// headers) used to replace it, so stalled probes held their room longer.
+func TestAdminProbeConnectionsEndInTheirTime(t *testing.T) {
+	s := startServer(t, func(cfg *Config) { cfg.Admin = "127.0.0.1:0"; cfg.AdminMaxConns = 1 })
+	hold, err := net.Dial("tcp", s.AdminAddr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Close()
+	if held := probeHeldFor(t, s.AdminAddr(), "GET /healthz HTTP/1.1\r\n"); held >= adminReadHeaderTimeout {
+		t.Fatalf("a probe that stalls in its headers was held %v, past its %v", held, adminProbeTimeout)
+	}
+}
+
 // A request body past adminMaxBodyBytes is refused, not read on.
 func TestAdminBodyLimit(t *testing.T) {
 	got := make(chan error, 1)

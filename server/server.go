@@ -86,12 +86,17 @@ type Config struct {
 	// Admin is the admin HTTP address; empty means no admin endpoint.
 	Admin string
 	// InsecureAdmin allows Admin on a non-loopback address without
-	// AdminToken.
+	// AdminToken or client certificates.
 	InsecureAdmin bool
 	// AdminToken, when set, is the bearer token every admin route but
 	// /healthz and /metrics requires (LoadAdminToken); it lets Admin be
 	// on a non-loopback address.
 	AdminToken []byte
+	// AdminTLS, when set, makes the admin endpoint HTTPS
+	// (LoadAdminTLSConfig). With client CAs, a client certificate they
+	// signed authenticates for every route AdminToken guards (the token
+	// still does too), and lets Admin be on a non-loopback address.
+	AdminTLS *tls.Config
 	// AdminMaxConns bounds the admin endpoint's open connections; past
 	// it, new ones wait in the kernel's accept queue.
 	AdminMaxConns int
@@ -320,7 +325,8 @@ func Start(cfg Config) (*Server, error) {
 		Int("admin_max_conns", d.admin).Int("fd_headroom", d.headroom).Int("max_conns", d.configured).
 		Int("conn_cap", d.cap).Msg("connection cap: the descriptor limit less the descriptors open, the admin connections and the headroom, at most --max-conns")
 	s.log.Info().Str("listen", s.addr).Str("tls_listen", s.TLSAddr()).Bool("mtls", cfg.TLS != nil && cfg.TLS.ClientAuth == tls.RequireAndVerifyClientCert).
-		Str("admin", s.AdminAddr()).Bool("auth", cfg.Auth != nil).Int("loops", cfg.Loops).Int("gomaxprocs", runtime.GOMAXPROCS(0)).Msg("lockd serving")
+		Str("admin", s.AdminAddr()).Bool("admin_https", cfg.AdminTLS != nil).Bool("admin_client_certs", cfg.adminClientCerts()).
+		Bool("auth", cfg.Auth != nil).Int("loops", cfg.Loops).Int("gomaxprocs", runtime.GOMAXPROCS(0)).Msg("lockd serving")
 	return s, nil
 }
 
@@ -389,8 +395,8 @@ func (m *loggedMark) Reserve(mark uint64) error {
 }
 
 // checkExposure refuses auth off on an address other machines can reach,
-// the TLS port's included, and the admin endpoint, which has no
-// authentication, on one.
+// the TLS port's included, and the admin endpoint without authentication
+// (a token or client certificates) on one.
 func checkExposure(cfg Config) error {
 	for _, listen := range []string{cfg.Listen, cfg.TLSListen} {
 		if listen == "" || cfg.Auth != nil || cfg.InsecureNoAuth {
@@ -404,13 +410,13 @@ func checkExposure(cfg Config) error {
 			return fmt.Errorf("server: refusing to listen on non-loopback %q with auth off: give --auth-file, or --insecure-no-auth to accept the risk", listen)
 		}
 	}
-	if cfg.Admin != "" && !cfg.InsecureAdmin && cfg.AdminToken == nil {
+	if cfg.Admin != "" && !cfg.InsecureAdmin && !cfg.adminAuthenticates() {
 		loopback, err := netaddr.IsLoopback(cfg.Admin)
 		if err != nil {
 			return fmt.Errorf("server: admin address %q: %w", cfg.Admin, err)
 		}
 		if !loopback {
-			return fmt.Errorf("server: refusing the admin endpoint on non-loopback %q without authentication: give --admin-token-file, keep it on 127.0.0.1, or give --insecure-admin to accept the risk", cfg.Admin)
+			return fmt.Errorf("server: refusing the admin endpoint on non-loopback %q without authentication: give --admin-token-file or --admin-tls-client-ca, keep it on 127.0.0.1, or give --insecure-admin to accept the risk", cfg.Admin)
 		}
 	}
 	return nil

@@ -15,6 +15,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/lockd/lockd/client"
 	"github.com/lockd/lockd/codec"
 	"github.com/lockd/lockd/internal/privatefile"
 )
@@ -45,6 +46,9 @@ func usesAdmin(command string) bool {
 func defineAdminFlags(fs *flag.FlagSet, command string, o *options) {
 	fs.StringVar(&o.admin, "admin", defaultAdmin, "`HOST:PORT` of lockd's admin endpoint (lockd --admin)")
 	fs.StringVar(&o.adminTokenFile, "admin-token-file", "", "`file` holding the admin endpoint's bearer token (lockd --admin-token-file)")
+	fs.StringVar(&o.adminCA, "admin-ca", "", "speak HTTPS to the admin endpoint, verifying it against the PEM CA certificates in this `file` (without it, the system's roots when --admin-cert turns HTTPS on)")
+	fs.StringVar(&o.adminCert, "admin-cert", "", "PEM client certificate `file` for an admin endpoint that takes them (lockd --admin-tls-client-ca); turns HTTPS on")
+	fs.StringVar(&o.adminKey, "admin-key", "", "PEM private key `file` of --admin-cert (mode 0600: refused when the group or others can read it)")
 	if command != "cluster" {
 		fs.StringVar(&o.tenant, "tenant", "", "tenant `name` whose locks to show; empty means \"default\", the tenant of clients that send no HELLO")
 	}
@@ -58,6 +62,9 @@ func defineAdminFlags(fs *flag.FlagSet, command string, o *options) {
 func (o *options) checkAdmin(command string) error {
 	if _, _, err := net.SplitHostPort(o.admin); err != nil {
 		return fmt.Errorf("--admin %q: want HOST:PORT", o.admin)
+	}
+	if (o.adminCert == "") != (o.adminKey == "") {
+		return errors.New("--admin-cert and --admin-key go together")
 	}
 	if command == "list" && (o.limit < 1 || o.limit > maxListLimit) {
 		return fmt.Errorf("--limit %d: want 1..%d", o.limit, maxListLimit)
@@ -127,9 +134,14 @@ func askAdmin(ctx context.Context, o *options, command string, req adminRequest,
 	if o.adminTokenFile != "" {
 		token, err = privatefile.ReadToken(o.adminTokenFile, 1)
 	}
+	var hc *http.Client
+	var scheme string
+	if err == nil {
+		hc, scheme, err = o.adminClient()
+	}
 	var body []byte
 	if err == nil {
-		body, err = callAdmin(ctx, req.method, "http://"+o.admin+req.path, req.body, token)
+		body, err = callAdmin(ctx, hc, req.method, scheme+"://"+o.admin+req.path, req.body, token)
 	}
 	if err == nil && !o.asJSON {
 		if err = json.Unmarshal(body, v); err != nil {
@@ -148,9 +160,24 @@ func askAdmin(ctx context.Context, o *options, command string, req adminRequest,
 	return exitOK
 }
 
+// adminClient is the HTTP client for the admin endpoint and its scheme:
+// HTTPS, with the CA and client certificate given, when any of
+// --admin-ca, --admin-cert, --admin-key is.
+func (o *options) adminClient() (*http.Client, string, error) {
+	if o.adminCA == "" && o.adminCert == "" && o.adminKey == "" {
+		return http.DefaultClient, "http", nil
+	}
+	cfg, err := client.LoadTLSConfig(o.adminCA, o.adminCert, o.adminKey, "")
+	if err != nil {
+		return nil, "", fmt.Errorf("--admin-ca, --admin-cert, --admin-key: %w", err)
+	}
+	// No keep-alive: lockctl makes one request, and no connection outlives it.
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg, DisableKeepAlives: true}}, "https", nil
+}
+
 // callAdmin returns the body of a 200 answer, or an error with the
 // server's own message; a token, when given, is sent as the bearer token.
-func callAdmin(ctx context.Context, method, u string, reqBody, token []byte) ([]byte, error) {
+func callAdmin(ctx context.Context, hc *http.Client, method, u string, reqBody, token []byte) ([]byte, error) {
 	var rd io.Reader
 	if reqBody != nil {
 		rd = bytes.NewReader(reqBody)
@@ -165,7 +192,7 @@ func callAdmin(ctx context.Context, method, u string, reqBody, token []byte) ([]
 	if token != nil {
 		req.Header.Set("Authorization", "Bearer "+string(token))
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("--admin: %w", err)
 	}

@@ -45,7 +45,9 @@ one command's help and flags.
 
 status and list ask lockd's admin endpoint (--admin), which needs no
 tenant secret, but the admin token when lockd has one
-(--admin-token-file); --tenant names the tenant whose locks to show. In cluster mode the
+(--admin-token-file) or a client certificate when lockd takes them
+(--admin-cert, --admin-key; with --admin-ca, or either, over HTTPS);
+--tenant names the tenant whose locks to show. In cluster mode the
 node asked answers from its replica of the keys' groups and says so in
 the NODE column.
 
@@ -276,7 +278,7 @@ node, remove it and add a new one with a new id.
 
 // printHelp is lockctl --help: the usage, then every flag, once.
 func printHelp(w io.Writer) {
-	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant, --secret-file and the --tls ones; --grace is exec's and elect's, --keepalive and --budget exec's, and elect's --lease and --wait mean its own; status and list take only --admin, --admin-token-file, --tenant and --json, and list --limit; cluster only --admin, --admin-token-file and --json):\n", usage)
+	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant, --secret-file and the --tls ones; --grace is exec's and elect's, --keepalive and --budget exec's, and elect's --lease and --wait mean its own; status and list take only --admin, --admin-token-file, the --admin-ca, --admin-cert and --admin-key ones, --tenant and --json, and list --limit; cluster only the --admin ones and --json):\n", usage)
 	exec := newFlagSet("exec", &options{})
 	envflag.PrintFlags(w, exec)
 	inspection := flag.NewFlagSet("inspection", flag.ContinueOnError)
@@ -302,8 +304,11 @@ type options struct {
 	// status and list:
 	admin          string
 	adminTokenFile string
-	asJSON         bool
-	limit          int
+	// adminCA, adminCert and adminKey: any of them speaks HTTPS to the
+	// admin endpoint.
+	adminCA, adminCert, adminKey string
+	asJSON                       bool
+	limit                        int
 }
 
 // newFlagSet defines the flags of command over o.

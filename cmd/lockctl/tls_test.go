@@ -66,3 +66,41 @@ func TestTLSFlags(t *testing.T) {
 		}
 	}
 }
+
+// lockctl's --admin-ca, --admin-cert and --admin-key (or their LOCKD_ADMIN_
+// variables) speak HTTPS to an admin endpoint that takes client
+// certificates of its CA: with one the CA signed, status answers; with
+// none, or one another CA signed, it is refused and says so.
+func TestAdminCertificateFlags(t *testing.T) {
+	ca, rogue := testcerts.NewCA(t, "lockd admin CA"), testcerts.NewCA(t, "rogue CA")
+	files := ca.WriteFiles(t, t.TempDir(), "admin", "127.0.0.1")
+	adminTLS, err := server.LoadAdminTLSConfig(files.Cert, files.Key, files.CA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := server.Start(server.Config{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0", AdminTLS: adminTLS})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	operator := ca.WriteFiles(t, t.TempDir(), "operator", "operator")
+	intruder := rogue.WriteFiles(t, t.TempDir(), "intruder", "intruder")
+	admin := []string{"status", "--admin", srv.AdminAddr(), "--admin-ca", files.CA}
+
+	if code, out, errs := (ctl{}).run(append(admin, "--admin-cert", operator.Cert, "--admin-key", operator.Key, "some/key")...); code != exitOK || !strings.Contains(out, "some/key") {
+		t.Fatalf("status with a certificate of the admin CA: exit %d\n%s%s", code, out, errs)
+	}
+	env := map[string]string{"LOCKD_ADMIN": srv.AdminAddr(), "LOCKD_ADMIN_CA": files.CA, "LOCKD_ADMIN_CERT": operator.Cert, "LOCKD_ADMIN_KEY": operator.Key}
+	if code, out, errs := (ctl{env: env}).run("status", "some/key"); code != exitOK || !strings.Contains(out, "some/key") {
+		t.Fatalf("status with LOCKD_ADMIN_CA, _CERT and _KEY: exit %d\n%s%s", code, out, errs)
+	}
+	if code, out, errs := (ctl{}).run(append(admin, "some/key")...); code != exitFailure || !strings.Contains(errs, "client certificate") {
+		t.Fatalf("status without a certificate: exit %d\n%s%s", code, out, errs)
+	}
+	if code, out, errs := (ctl{}).run(append(admin, "--admin-cert", intruder.Cert, "--admin-key", intruder.Key, "some/key")...); code != exitFailure {
+		t.Fatalf("status with a certificate of another CA: exit %d\n%s%s", code, out, errs)
+	}
+	if code, _, errs := (ctl{}).run(append(admin, "--admin-cert", operator.Cert, "some/key")...); code != exitUsage || !strings.Contains(errs, "--admin-key") {
+		t.Fatalf("--admin-cert without --admin-key: exit %d %s", code, errs)
+	}
+}

@@ -111,6 +111,12 @@ func serve(opts serveOptions, level zerolog.Level) error {
 			return fmt.Errorf("--tls-cert, --tls-key, --tls-client-ca: %w", err)
 		}
 	}
+	if opts.adminTLS[0] != "" {
+		var err error
+		if cfg.AdminTLS, err = server.LoadAdminTLSConfig(opts.adminTLS[0], opts.adminTLS[1], opts.adminTLS[2]); err != nil {
+			return fmt.Errorf("--admin-tls-cert, --admin-tls-key, --admin-tls-client-ca: %w", err)
+		}
+	}
 
 	_, gomaxprocsSet := os.LookupEnv("GOMAXPROCS")
 	var procs int
@@ -201,6 +207,10 @@ type serveOptions struct {
 	adminTokenFile string
 	// The TLS port's files; all empty without --tls-listen.
 	tlsCert, tlsKey, tlsClientCA string
+	// adminTLS is --admin-tls-cert, --admin-tls-key and
+	// --admin-tls-client-ca: the admin endpoint's HTTPS files, the first
+	// two together, the CA only with them.
+	adminTLS [3]string
 	// raftTLS is --raft-tls-cert, --raft-tls-key and --raft-tls-ca: all
 	// three or none.
 	raftTLS    [3]string
@@ -230,7 +240,10 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.StringVar(&o.tlsClientCA, "tls-client-ca", "", "PEM CA certificates; turns mutual TLS on: TLS clients must present a certificate they signed")
 	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "allow auth off on a non-loopback address")
 	fs.StringVar(&o.adminTokenFile, "admin-token-file", "", "file holding the admin endpoint's bearer token (mode 0600; make one with openssl rand -hex 32): every admin route but /healthz and /metrics then needs 'Authorization: Bearer TOKEN', and --admin may be on a non-loopback address")
-	fs.BoolVar(&cfg.InsecureAdmin, "insecure-admin", false, "allow --admin without --admin-token-file on a non-loopback address")
+	fs.StringVar(&o.adminTLS[0], "admin-tls-cert", "", "PEM certificate chain of the admin endpoint, which then serves HTTPS; needs --admin-tls-key")
+	fs.StringVar(&o.adminTLS[1], "admin-tls-key", "", "PEM private key of --admin-tls-cert (mode 0600: refused when the group or others can read it)")
+	fs.StringVar(&o.adminTLS[2], "admin-tls-client-ca", "", "PEM CA certificates; a client certificate they signed then authenticates for every admin route but /healthz and /metrics (as the --admin-token-file token does), and --admin may be on a non-loopback address; needs --admin-tls-cert")
+	fs.BoolVar(&cfg.InsecureAdmin, "insecure-admin", false, "allow --admin without --admin-token-file or --admin-tls-client-ca on a non-loopback address")
 	fs.IntVar(&cfg.AdminMaxConns, "admin-max-conns", server.DefaultAdminMaxConns, "admin connections served at once; more wait to be accepted")
 	envflag.DurationVar(fs, &cfg.DrainGrace, "drain-grace", server.DefaultDrainGrace, "on SIGTERM, how long /healthz answers 503 before the ports close, for load balancers to notice (a start that fails exits at once)")
 	fs.StringVar(&cfg.NodeName, "node-name", hostname(), "node name sent in the greeting (at most 64 bytes)")
@@ -273,6 +286,12 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	}
 	if cfg.TLSListen != "" && (o.tlsCert == "" || o.tlsKey == "") {
 		return o, errors.New("--tls-listen needs --tls-cert and --tls-key")
+	}
+	if cfg.Admin == "" && o.adminTLS != [3]string{} {
+		return o, errors.New("--admin-tls-cert, --admin-tls-key and --admin-tls-client-ca need --admin")
+	}
+	if (o.adminTLS[0] == "") != (o.adminTLS[1] == "") || (o.adminTLS[2] != "" && o.adminTLS[0] == "") {
+		return o, errors.New("--admin-tls-cert and --admin-tls-key go together, and --admin-tls-client-ca needs them")
 	}
 	raftTLSFlags := 0
 	for _, f := range o.raftTLS {
