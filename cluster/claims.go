@@ -491,5 +491,7 @@ func (n *Node) onPeerFrame(body []byte, sink verdictSink) {
 		n.onClaims(body[1:], sink)
 	case peerVerdicts:
 		n.onVerdicts(body[1:])
+	case peerFormat:
+		n.onStatement(body[1:], sink)
 	}
 }

@@ -3,6 +3,7 @@ package cluster
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 )
 
 // A proposal is one batch of commands for one group (group commit):
@@ -45,6 +46,9 @@ import (
 //	cmdRevoke:   node u64 | token u64 | term u64: the leader of epoch term
 //	             takes back the grant token, made in that epoch to a request
 //	             of node, which node never claimed (node fell silent)
+//	cmdFormat:   format u32 (tenant and key empty): the group's log format
+//	             rises to format (version.go); written only by a leader
+//	             whose every member stated it reads it
 //
 // A KEEP names the renewal it extends, as the proposer's replica last saw it, so
 // that a retried proposal applied twice renews once: the second apply
@@ -66,9 +70,15 @@ const (
 	cmdCancel     = 'C'
 	cmdEpoch      = 'P'
 	cmdRevoke     = 'V'
+	cmdFormat     = 'N' // log format 2 on (version.go)
 )
 
 var errBadBatch = errors.New("cluster: malformed proposal")
+
+// errUnknownCommand is a batch version or command kind this build does not
+// know: a newer build wrote it, and this replica must not apply past it
+// (version.go, halt).
+var errUnknownCommand = errors.New("cluster: unknown")
 
 type command struct {
 	kind     byte
@@ -81,6 +91,7 @@ type command struct {
 	// keepFirst and keepLast are cmdForget's range of ids to keep.
 	keepFirst, keepLast uint64
 	term                uint64 // cmdEpoch, cmdRevoke
+	format              uint32 // cmdFormat
 	tenant              []byte
 	key                 []byte
 }
@@ -150,6 +161,12 @@ func appendRevoke(dst []byte, node, token, term uint64, tenant string, key []byt
 	return appendText(dst, tenant, key)
 }
 
+func appendFormat(dst []byte, format uint32) []byte {
+	dst = append(dst, cmdFormat)
+	dst = binary.BigEndian.AppendUint32(dst, format)
+	return appendText(dst, "", nil)
+}
+
 func appendLeaseEnd(dst []byte, tenant string, key []byte) []byte {
 	dst = append(dst, cmdLeaseEnd)
 	return appendText(dst, tenant, key)
@@ -163,8 +180,11 @@ func putHeader(b []byte, now int64, count uint32) {
 }
 
 func readHeader(b []byte) (now int64, count uint32, rest []byte, err error) {
-	if len(b) < headerLen || b[0] != batchVersion {
+	switch {
+	case len(b) < headerLen:
 		return 0, 0, nil, errBadBatch
+	case b[0] != batchVersion:
+		return 0, 0, nil, fmt.Errorf("%w batch version %d (this build writes and reads %d)", errUnknownCommand, b[0], batchVersion)
 	}
 	return int64(binary.BigEndian.Uint64(b[1:])), binary.BigEndian.Uint32(b[9:]), b[headerLen:], nil
 }
@@ -198,8 +218,10 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 		need = 8 + 8
 	case cmdRevoke:
 		need = 8 + 8 + 8
+	case cmdFormat:
+		need = 4
 	default:
-		return nil, errBadBatch
+		return nil, fmt.Errorf("%w command kind %q", errUnknownCommand, c.kind)
 	}
 	if len(b) < need {
 		return nil, errBadBatch
@@ -240,6 +262,8 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 		c.node = binary.BigEndian.Uint64(b)
 		c.token = binary.BigEndian.Uint64(b[8:])
 		c.term = binary.BigEndian.Uint64(b[16:])
+	case cmdFormat:
+		c.format = binary.BigEndian.Uint32(b)
 	}
 	b = b[need:]
 	var ok bool
