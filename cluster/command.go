@@ -189,6 +189,36 @@ func readHeader(b []byte) (now int64, count uint32, rest []byte, err error) {
 	return int64(binary.BigEndian.Uint64(b[1:])), binary.BigEndian.Uint32(b[9:]), b[headerLen:], nil
 }
 
+// fieldsLen is the length of the fields of a command of kind, between
+// its kind and its text; an error for a kind this build does not know.
+func fieldsLen(kind byte) (int, error) {
+	switch kind {
+	case cmdAcquire:
+		return 8 + 8 + 2 + 8 + 4, nil
+	case cmdRelease:
+		return 8 + 8 + 8, nil
+	case cmdKeep:
+		return 8 + 8 + 8 + 4 + 2, nil
+	case cmdLeaseEnd:
+		return 0, nil
+	case cmdLeaseEndV1:
+		return 8 + 4, nil
+	case cmdExpire:
+		return 8, nil
+	case cmdForget:
+		return 8 + 8 + 8, nil
+	case cmdCancel:
+		return 8 + 8, nil
+	case cmdEpoch:
+		return 8 + 8, nil
+	case cmdRevoke:
+		return 8 + 8 + 8, nil
+	case cmdFormat:
+		return 4, nil
+	}
+	return 0, fmt.Errorf("%w command kind %q", errUnknownCommand, kind)
+}
+
 // readCommand decodes one command; its slices point into b.
 func readCommand(b []byte, c *command) ([]byte, error) {
 	if len(b) < 1 {
@@ -196,32 +226,9 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 	}
 	c.kind = b[0]
 	b = b[1:]
-	need := 0
-	switch c.kind {
-	case cmdAcquire:
-		need = 8 + 8 + 2 + 8 + 4
-	case cmdRelease:
-		need = 8 + 8 + 8
-	case cmdKeep:
-		need = 8 + 8 + 8 + 4 + 2
-	case cmdLeaseEnd:
-		need = 0
-	case cmdLeaseEndV1:
-		need = 8 + 4
-	case cmdExpire:
-		need = 8
-	case cmdForget:
-		need = 8 + 8 + 8
-	case cmdCancel:
-		need = 8 + 8
-	case cmdEpoch:
-		need = 8 + 8
-	case cmdRevoke:
-		need = 8 + 8 + 8
-	case cmdFormat:
-		need = 4
-	default:
-		return nil, fmt.Errorf("%w command kind %q", errUnknownCommand, c.kind)
+	need, err := fieldsLen(c.kind)
+	if err != nil {
+		return nil, err
 	}
 	if len(b) < need {
 		return nil, errBadBatch

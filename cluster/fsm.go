@@ -69,7 +69,7 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 		f.mu.Unlock()
 		return sm.Result{}, nil
 	}
-	if err := unreadable(e.Cmd, &f.cmd); err != nil {
+	if err := unreadable(e.Cmd); err != nil {
 		f.halt(e.Index, err)
 		f.mu.Unlock()
 		return sm.Result{}, nil
@@ -198,7 +198,9 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 	}
 	self := f.g.n.cfg.NodeID
 	f.mu.Lock()
-	f.halted.Store(nil)
+	if f.halted.Swap(nil) != nil {
+		f.g.n.log.Warn().Uint64("group", f.g.shardID).Msg("halted replica resumed from a snapshot this build reads")
+	}
 	for k, l := range state.locks {
 		f.out.leases = append(f.out.leases, expiry{key: k, token: l.Token, renewals: l.renewals, lease: seconds(l.lease)})
 		if l.node == self {

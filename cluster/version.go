@@ -321,10 +321,10 @@ func (f *fsm) format() uint32 {
 
 // unreadable is what in the batch cmd this build cannot apply — a batch
 // version or a command kind it does not know, or a format above the
-// newest it reads — nil when there is none. A batch this build can read
-// but finds malformed is Update's to skip: every replica of the same
-// build skips it alike. c is decode scratch.
-func unreadable(cmd []byte, c *command) error {
+// newest it reads — nil when there is none. It walks the commands without
+// decoding their fields. A batch this build can read but finds malformed
+// is Update's to skip: every replica of the same build skips it alike.
+func unreadable(cmd []byte) error {
 	_, count, b, err := readHeader(cmd)
 	if err != nil {
 		if errors.Is(err, errUnknownCommand) {
@@ -333,14 +333,28 @@ func unreadable(cmd []byte, c *command) error {
 		return nil
 	}
 	for range count {
-		if b, err = readCommand(b, c); err != nil {
-			if errors.Is(err, errUnknownCommand) {
-				return err
-			}
+		if len(b) < 1 {
 			return nil
 		}
-		if c.kind == cmdFormat && c.format > logFormatNewest {
-			return fmt.Errorf("%w log format %d (this build reads 1 to %d)", errUnknownCommand, c.format, logFormatNewest)
+		kind := b[0]
+		need, err := fieldsLen(kind)
+		if err != nil {
+			return err
+		}
+		if len(b) < 1+need {
+			return nil
+		}
+		if kind == cmdFormat {
+			if format := binary.BigEndian.Uint32(b[1:]); format > logFormatNewest {
+				return fmt.Errorf("%w log format %d (this build reads 1 to %d)", errUnknownCommand, format, logFormatNewest)
+			}
+		}
+		var ok bool
+		if _, b, ok = readText(b[1+need:]); !ok {
+			return nil
+		}
+		if _, b, ok = readText(b); !ok {
+			return nil
 		}
 	}
 	return nil

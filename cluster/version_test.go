@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -271,4 +272,42 @@ func TestAddMemberRefusesAnOlderFormat(t *testing.T) {
 	if err := n.AddMember(ctx, 2, cfg.RaftAddr); err != nil {
 		t.Fatalf("AddMember of a node of this build: %v", err)
 	}
+}
+
+// The readability check walks every batch once more before it applies:
+// BenchmarkBatchReadable is that walk alone, BenchmarkBatchUpdate the
+// whole Update with it, on the same 64-command batch of acquires and
+// releases (their ratio is the check's share of an apply).
+func BenchmarkBatchReadable(b *testing.B) {
+	batch := benchBatch()
+	for b.Loop() {
+		if unreadable(batch) != nil {
+			b.Fatal("unreadable")
+		}
+	}
+}
+
+func BenchmarkBatchUpdate(b *testing.B) {
+	batch := benchBatch()
+	f := detachedFSM()
+	i := uint64(0)
+	for b.Loop() {
+		i++
+		if _, err := f.Update(sm.Entry{Index: i, Cmd: batch}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchBatch is 32 acquires and their 32 releases (of tokens a fresh
+// group issues, so each Update grants and frees 32 keys).
+func benchBatch() []byte {
+	var cmds []func([]byte) []byte
+	for k := range 32 {
+		cmds = append(cmds, acquireCmd(1, uint64(k+1), 0, 1<<20, strconv.Itoa(k)))
+	}
+	for k := range 32 {
+		cmds = append(cmds, releaseCmd(uint64(k+1), strconv.Itoa(k)))
+	}
+	return logBatch(1e9, cmds...)
 }
