@@ -166,7 +166,9 @@ func buildPrevious(t *testing.T, dir string) string {
 		t.Fatalf("git archive %s: %v\n%s", commit, err, out)
 	}
 	bin := filepath.Join(dir, "lockd-previous")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/lockd")
+	// -trimpath: the build cache then knows the sources from an earlier
+	// run, extracted to another temporary dir.
+	build := exec.Command("go", "build", "-trimpath", "-o", bin, "./cmd/lockd")
 	build.Dir = src
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build lockd at %s: %v\n%s", commit, err, out)
