@@ -52,7 +52,8 @@ func startClusterNode(t *testing.T) (admin, raft string) {
 func TestClusterCommand(t *testing.T) {
 	admin, raft := startClusterNode(t)
 	code, out, errs := ctl{}.run("cluster", "--admin", admin, "list")
-	if code != exitOK || !strings.Contains(out, "NODE  RAFT ADDRESS") || !strings.Contains(out, fmt.Sprintf("1     %s  3/3     1,2,3", raft)) {
+	if code != exitOK || !strings.Contains(out, "NODE  RAFT ADDRESS") || !strings.Contains(out, fmt.Sprintf("1     %s  3/3     1,2,3", raft)) ||
+		!strings.Contains(out, "log format by group, as node 1 applied it: 1:") || strings.Contains(out, "HALTED") {
 		t.Fatalf("cluster list: exit %d\n%s%s", code, out, errs)
 	}
 	code, out, _ = ctl{env: map[string]string{"LOCKD_ADMIN": admin}}.run("cluster", "--json", "list")
