@@ -18,7 +18,7 @@ FUZZ_TARGETS := \
 	./client:FuzzClientAnswers \
 	./cluster:FuzzRaftFrameReader
 
-.PHONY: help build dist image test test-python bench bench-peers bench-cluster bench-python bench-failover bench-gate fault-test fuzz reliability run cluster clean
+.PHONY: help build dist image test test-python bench bench-peers bench-cluster bench-python bench-failover bench-gate fault-test upgrade-test fuzz reliability run cluster clean
 
 help:
 	@echo "make build   build bin/lockd, bin/lockctl, bin/lockbench"
@@ -32,6 +32,7 @@ help:
 	@echo "make bench-cluster  3-node lockd cluster vs 3-node etcd cluster on loopback, data on disk, fsync on (installs etcd-server if missing)"
 	@echo "make bench-failover  3-node lockd cluster under contended load, kill -9, SIGTERM and SIGSTOP of its leader and of a follower (FAILOVER_FLAGS for more lockbench flags)"
 	@echo "make fault-test  the multi-process fault test, $(FAULT_ROUNDS) rounds of faults under lock traffic with the history checker"
+	@echo "make upgrade-test  the rolling upgrade from the build in cluster/testdata/upgrade-from to this one under lock traffic, $(UPGRADE_GRANTS) grants per step"
 	@echo "make bench-gate  lockbench's baseline gate on this machine: false alarms over GATE_TRIALS (default $(GATE_TRIALS)) self-comparisons, and how many repeats a 10 % slowdown needs"
 	@echo "make fuzz    each fuzz target for FUZZTIME (default $(FUZZTIME))"
 	@echo "make reliability  the hostile-client, overload and model-check suite, figures in the log"
@@ -122,6 +123,12 @@ bench-failover: build
 FAULT_ROUNDS ?= 100
 fault-test:
 	LOCKD_FAULT_ROUNDS=$(FAULT_ROUNDS) $(GO) test -race -count=1 -v -timeout 3h -run 'TestProcessFaultRounds' ./cluster
+
+# The rolling-upgrade process test at length: UPGRADE_GRANTS grants of lock
+# traffic after each node's upgrade (make test runs it with 300).
+UPGRADE_GRANTS ?= 5000
+upgrade-test:
+	LOCKD_UPGRADE_GRANTS=$(UPGRADE_GRANTS) $(GO) test -race -count=1 -v -timeout 30m -run '^TestProcessRollingUpgrade$$' ./cluster
 
 # Minutes: GATE_TRIALS self-comparisons of 2 × 5 one-second runs, then a
 # 10 % slowdown at three repeat counts (docs/performance.md).

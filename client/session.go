@@ -121,8 +121,13 @@ type session struct {
 	wakeSent atomic.Bool
 	dead     chan struct{} // closed by fail
 
-	mu        sync.Mutex
-	closed    bool
+	mu     sync.Mutex
+	closed bool
+	// refusing is set once an answer that closes the session (E
+	// shutting_down) was delivered: its caller, woken by it, may call
+	// again before the reader closes the session, and that call must go
+	// to another session, not into one about to end it as lost.
+	refusing  bool
 	table     pendingTable
 	queue     []*request
 	batch     []*request // the writer's spare queue, swapped with queue
@@ -140,8 +145,11 @@ type session struct {
 
 	// testHookShutdown, when set by a test, runs as the session starts
 	// shutting down, before it resolves its requests and closes its
-	// connection.
-	testHookShutdown atomic.Pointer[func()]
+	// connection; testHookClosingAnswer runs on the reader when an answer
+	// ended its reading (one that closes the session, or a protocol
+	// error), before it closes the session.
+	testHookShutdown      atomic.Pointer[func()]
+	testHookClosingAnswer atomic.Pointer[func()]
 }
 
 // writeJob locates one frame in the write buffer: frames starting at or
@@ -187,7 +195,7 @@ func (c *Client) startSession(conn net.Conn, addr string, rr *codec.ResponseRead
 // limit requests already.
 func (s *session) enqueue(req *request, limit int) enqueueResult {
 	s.mu.Lock()
-	if s.closed {
+	if s.closed || s.refusing {
 		s.mu.Unlock()
 		return sessionClosed
 	}
@@ -308,7 +316,7 @@ func (s *session) abandon(req *request) outcome {
 func (s *session) alive() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return !s.closed
+	return !s.closed && !s.refusing
 }
 
 func (s *session) unqueue(req *request) {
@@ -485,6 +493,9 @@ func (s *session) readLoop() {
 			return
 		}
 		if err := s.deliverBuffered(&resp); err != nil {
+			if hook := s.testHookClosingAnswer.Load(); hook != nil {
+				(*hook)()
+			}
 			s.fail(err)
 			return
 		}
@@ -564,8 +575,10 @@ func (s *session) deliver(resp *codec.Response) error {
 		return fmt.Errorf("%w: KEEP of token %d answered with token %d by %s", ErrProtocol, req.token, resp.Token, s.addr)
 	}
 	req.granted, req.waitedMs, req.reason = resp.Token, resp.WaitedMs, resp.Reason
+	closes := out == outRejected && resp.Reason.ClosesConnection()
+	s.refusing = s.refusing || closes
 	s.finish(req, out, nil)
-	if out == outRejected && resp.Reason.ClosesConnection() {
+	if closes {
 		return fmt.Errorf("server %s closes the session: %w", s.addr, resp.Reason)
 	}
 	return nil

@@ -33,6 +33,10 @@ func (n *Node) Acquire(ns engine.Namespace, key []byte, owner uint64, lease, wai
 	}
 	tenant := n.tenant(ns)
 	g := n.groups[groupOf(tenant, key, len(n.groups))]
+	if g.halted() {
+		n.inflight.Leave()
+		return engine.Result{Outcome: engine.Unavailable}, nil
+	}
 	quota := n.quotas.Of(ns)
 	if !quota.AdmitInflight() {
 		n.inflight.Leave()
@@ -96,11 +100,14 @@ func (n *Node) AsyncAnswers() bool { return true }
 // the server releasing an orphaned grant: nobody is told.
 func (n *Node) Release(ns engine.Namespace, key []byte, owner, token uint64, w engine.Waiter) engine.Result {
 	tenant := n.tenant(ns)
+	g := n.groups[groupOf(tenant, key, len(n.groups))]
+	if g.halted() {
+		return engine.Result{Outcome: engine.Unavailable}
+	}
 	var id uint64
 	if w != nil {
 		id = n.registerUngated(owner, w)
 	}
-	g := n.groups[groupOf(tenant, key, len(n.groups))]
 	g.enqueueRelease(id, token, tenant, key)
 	if w == nil {
 		g.propose()
@@ -114,11 +121,14 @@ func (n *Node) Release(ns engine.Namespace, key []byte, owner, token uint64, w e
 // renewed). Like Release it passes no gate.
 func (n *Node) Keep(ns engine.Namespace, key []byte, owner, token uint64, lease time.Duration, w engine.Waiter) engine.Result {
 	tenant := n.tenant(ns)
+	g := n.groups[groupOf(tenant, key, len(n.groups))]
+	if g.halted() {
+		return engine.Result{Outcome: engine.Unavailable}
+	}
 	var id uint64
 	if w != nil {
 		id = n.registerUngated(owner, w)
 	}
-	g := n.groups[groupOf(tenant, key, len(n.groups))]
 	renewals := g.fsm.Load().renewalsOf(lockKey([]byte(tenant), key), token)
 	g.mu.Lock()
 	g.buf = appendKeep(g.buf, n.cfg.NodeID, id, token, renewals, uint16(lease/time.Second), tenant, key)

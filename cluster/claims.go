@@ -532,6 +532,8 @@ func (n *Node) onPeerFrame(body []byte, sink verdictSink) {
 		n.onVerdicts(b)
 	case kind == peerAnswers:
 		n.onWitnessAnswers(b)
+	case kind == peerFormat:
+		n.onStatement(b, sink)
 	case sink == nil: // a request on this node's own link: it answers nobody
 	case kind == peerClaims:
 		n.onClaims(b, sink)

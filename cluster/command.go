@@ -3,6 +3,7 @@ package cluster
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 )
 
 // A proposal is one batch of commands for one group (group commit):
@@ -49,6 +50,9 @@ import (
 //	             leader takes back the grant token that node, the leader of
 //	             epoch term, made to its own request and no member witnessed
 //	             (witness.go); written only from log format 2 on
+//	cmdFormat:   format u32 (tenant and key empty): the group's log format
+//	             rises to format (version.go); written only by a leader
+//	             whose every member stated it reads it
 //
 // A KEEP names the renewal it extends, as the proposer's replica last saw it, so
 // that a retried proposal applied twice renews once: the second apply
@@ -70,11 +74,17 @@ const (
 	cmdCancel     = 'C'
 	cmdEpoch      = 'P'
 	cmdRevoke     = 'V'
-
+	// log format 2 on (version.go):
+	cmdFormat            = 'N'
 	cmdRevokeUnwitnessed = 'W'
 )
 
 var errBadBatch = errors.New("cluster: malformed proposal")
+
+// errUnknownCommand is a batch version or command kind this build does not
+// know: a newer build wrote it, and this replica must not apply past it
+// (version.go, halt).
+var errUnknownCommand = errors.New("cluster: unknown")
 
 type command struct {
 	kind     byte
@@ -87,6 +97,7 @@ type command struct {
 	// keepFirst and keepLast are cmdForget's range of ids to keep.
 	keepFirst, keepLast uint64
 	term                uint64 // cmdEpoch, cmdRevoke, cmdRevokeUnwitnessed
+	format              uint32 // cmdFormat
 	tenant              []byte
 	key                 []byte
 }
@@ -157,6 +168,12 @@ func appendRevoke(dst []byte, kind byte, node, token, term uint64, tenant string
 	return appendText(dst, tenant, key)
 }
 
+func appendFormat(dst []byte, format uint32) []byte {
+	dst = append(dst, cmdFormat)
+	dst = binary.BigEndian.AppendUint32(dst, format)
+	return appendText(dst, "", nil)
+}
+
 func appendLeaseEnd(dst []byte, tenant string, key []byte) []byte {
 	dst = append(dst, cmdLeaseEnd)
 	return appendText(dst, tenant, key)
@@ -170,10 +187,43 @@ func putHeader(b []byte, now int64, count uint32) {
 }
 
 func readHeader(b []byte) (now int64, count uint32, rest []byte, err error) {
-	if len(b) < headerLen || b[0] != batchVersion {
+	switch {
+	case len(b) < headerLen:
 		return 0, 0, nil, errBadBatch
+	case b[0] != batchVersion:
+		return 0, 0, nil, fmt.Errorf("%w batch version %d (this build writes and reads %d)", errUnknownCommand, b[0], batchVersion)
 	}
 	return int64(binary.BigEndian.Uint64(b[1:])), binary.BigEndian.Uint32(b[9:]), b[headerLen:], nil
+}
+
+// fieldsLen is the length of the fields of a command of kind, between
+// its kind and its text; an error for a kind this build does not know.
+func fieldsLen(kind byte) (int, error) {
+	switch kind {
+	case cmdAcquire:
+		return 8 + 8 + 2 + 8 + 4, nil
+	case cmdRelease:
+		return 8 + 8 + 8, nil
+	case cmdKeep:
+		return 8 + 8 + 8 + 4 + 2, nil
+	case cmdLeaseEnd:
+		return 0, nil
+	case cmdLeaseEndV1:
+		return 8 + 4, nil
+	case cmdExpire:
+		return 8, nil
+	case cmdForget:
+		return 8 + 8 + 8, nil
+	case cmdCancel:
+		return 8 + 8, nil
+	case cmdEpoch:
+		return 8 + 8, nil
+	case cmdRevoke, cmdRevokeUnwitnessed:
+		return 8 + 8 + 8, nil
+	case cmdFormat:
+		return 4, nil
+	}
+	return 0, fmt.Errorf("%w command kind %q", errUnknownCommand, kind)
 }
 
 // readCommand decodes one command; its slices point into b.
@@ -183,30 +233,9 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 	}
 	c.kind = b[0]
 	b = b[1:]
-	need := 0
-	switch c.kind {
-	case cmdAcquire:
-		need = 8 + 8 + 2 + 8 + 4
-	case cmdRelease:
-		need = 8 + 8 + 8
-	case cmdKeep:
-		need = 8 + 8 + 8 + 4 + 2
-	case cmdLeaseEnd:
-		need = 0
-	case cmdLeaseEndV1:
-		need = 8 + 4
-	case cmdExpire:
-		need = 8
-	case cmdForget:
-		need = 8 + 8 + 8
-	case cmdCancel:
-		need = 8 + 8
-	case cmdEpoch:
-		need = 8 + 8
-	case cmdRevoke, cmdRevokeUnwitnessed:
-		need = 8 + 8 + 8
-	default:
-		return nil, errBadBatch
+	need, err := fieldsLen(c.kind)
+	if err != nil {
+		return nil, err
 	}
 	if len(b) < need {
 		return nil, errBadBatch
@@ -247,6 +276,8 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 		c.node = binary.BigEndian.Uint64(b)
 		c.token = binary.BigEndian.Uint64(b[8:])
 		c.term = binary.BigEndian.Uint64(b[16:])
+	case cmdFormat:
+		c.format = binary.BigEndian.Uint32(b)
 	}
 	b = b[need:]
 	var ok bool

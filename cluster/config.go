@@ -149,6 +149,10 @@ type Config struct {
 	// reach (checkRaftExposure).
 	InsecureRaft bool
 
+	// Build names this binary's build (its version and commit), for the
+	// error of a replica that halts on what its build cannot read.
+	Build string
+
 	// FS, when set, keeps the NodeHost's files there (vfs.NewMem in tests).
 	FS     config.IFS
 	Logger zerolog.Logger

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"sync"
@@ -26,6 +27,9 @@ type fsm struct {
 	state replicated
 
 	restored atomic.Int64 // snapshots recovered, for tests
+	// halted is why this replica stopped applying its group (version.go,
+	// halt); nil while it applies.
+	halted atomic.Pointer[string]
 	// keysRefused counts the acquires this replica applied that the keys
 	// gate refused.
 	keysRefused atomic.Uint64
@@ -66,10 +70,21 @@ func newFSM(g *group, firstToken uint64) *fsm {
 
 // Update applies one batch. A batch whose header is malformed is skipped;
 // one with a malformed command applies the commands before it. Neither
-// can come from this code. Update never fails, since a failed Update
-// stops the replica.
+// can come from this code. A batch holding what this build cannot read
+// (unreadable) halts the replica before it applies any of it (version.go,
+// halt), and a halted replica applies nothing more. Update never fails,
+// since a failed Update stops the process.
 func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 	f.mu.Lock()
+	if f.halted.Load() != nil {
+		f.mu.Unlock()
+		return sm.Result{}, nil
+	}
+	if err := unreadable(e.Cmd); err != nil {
+		f.halt(e.Index, err)
+		f.mu.Unlock()
+		return sm.Result{}, nil
+	}
 	f.applied = e.Index
 	now, count, b, err := readHeader(e.Cmd)
 	if err != nil {
@@ -163,10 +178,15 @@ func (f *fsm) tokenOf(k string) uint64 {
 }
 
 // SaveSnapshot writes the replicated state. IStateMachine snapshots block
-// Update for their duration; the state is a few dozen bytes per key.
+// Update for their duration; the state is a few dozen bytes per key. A
+// halted replica aborts it (dragonboat keeps its last snapshot and log):
+// its state is no longer the group's as of its applied index.
 func (f *fsm) SaveSnapshot(w io.Writer, _ sm.ISnapshotFileCollection, stop <-chan struct{}) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.halted.Load() != nil {
+		return sm.ErrSnapshotAborted
+	}
 	return f.state.save(w, stop)
 }
 
@@ -174,14 +194,28 @@ func (f *fsm) SaveSnapshot(w io.Writer, _ sm.ISnapshotFileCollection, stop <-cha
 // expiry driver with its full lease from now on this replica: a restored
 // replica may extend a lease, never shorten it. Grants and queue entries
 // of this node's requests that the snapshot holds are handed to the node
-// (answerRestored), since no Update will report them.
+// (answerRestored), since no Update will report them. A snapshot of a
+// version or format this build does not read halts the replica; one it
+// reads is the group's whole state, and a halted replica resumes from it.
 func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan struct{}) error {
 	state, err := restore(r, stop)
+	if err == nil && state.format > logFormatNewest {
+		err = fmt.Errorf("%w with log format %d (this build reads 1 to %d)", errUnknownSnapshot, state.format, logFormatNewest)
+	}
+	if errors.Is(err, errUnknownSnapshot) {
+		f.mu.Lock()
+		f.halt(0, err)
+		f.mu.Unlock()
+		return nil
+	}
 	if err != nil {
 		return err
 	}
 	self := f.g.n.cfg.NodeID
 	f.mu.Lock()
+	if f.halted.Swap(nil) != nil {
+		f.g.n.log.Warn().Uint64("group", f.g.shardID).Msg("halted replica resumed from a snapshot this build reads")
+	}
 	for k, l := range state.locks {
 		f.out.leases = append(f.out.leases, expiry{key: k, token: l.Token, renewals: l.renewals, lease: seconds(l.lease)})
 		if l.node == self {

@@ -76,7 +76,7 @@ func (n *Node) answerMembers(w http.ResponseWriter, r *http.Request, change func
 	if change != nil {
 		if err := change(ctx); err != nil {
 			code := http.StatusServiceUnavailable
-			if errors.Is(err, ErrMemberExists) || errors.Is(err, ErrMemberRemoved) || errors.Is(err, ErrRemoveSelf) {
+			if errors.Is(err, ErrMemberExists) || errors.Is(err, ErrMemberRemoved) || errors.Is(err, ErrRemoveSelf) || errors.Is(err, ErrMemberFormat) {
 				code = http.StatusConflict
 			}
 			adminjson.Error(w, code, err.Error())

@@ -99,6 +99,13 @@ type Membership struct {
 	Members []Member `json:"members"`
 	// Removed lists ids removed from any group: they cannot be added back.
 	Removed []uint64 `json:"removed"`
+	// LogFormats is each group's log format (version.go) as the answering
+	// node's replica applied it, group 1 first.
+	LogFormats []int `json:"log_formats"`
+	// Halted says why each of the answering node's replicas that halted
+	// did (a log entry or snapshot its build cannot read); empty when
+	// none did.
+	Halted []string `json:"halted"`
 }
 
 // maxHeardPeers bounds the peers this node keeps a heard instant of, so
@@ -209,6 +216,14 @@ func (n *Node) Members(ctx context.Context) (Membership, error) {
 	if out.Removed == nil {
 		out.Removed = []uint64{}
 	}
+	halted := n.HaltedGroups()
+	out.Halted = []string{}
+	for i := range n.groups {
+		out.LogFormats = append(out.LogFormats, n.LogFormat(i))
+		if why, ok := halted[i]; ok {
+			out.Halted = append(out.Halted, why)
+		}
+	}
 	return out, nil
 }
 
@@ -229,6 +244,9 @@ func (n *Node) AddMember(ctx context.Context, id uint64, addr string) error {
 				return nil, fmt.Errorf("group %d, node %d at %s: %w", g.shardID, id, have, ErrMemberExists)
 			}
 			return nil, nil
+		}
+		if err := n.checkJoinerFormat(ctx, g, id, addr); err != nil {
+			return nil, err
 		}
 		return func(ctx context.Context) error {
 			return n.nh.SyncRequestAddReplica(ctx, g.shardID, id, addr, m.ConfigChangeID)

@@ -23,6 +23,8 @@ var (
 	nodeIDDesc         = prometheus.NewDesc("lockd_cluster_node_id", "This node's id.", nil, nil)
 	proposalApplyDesc  = prometheus.NewDesc("lockd_cluster_proposal_apply_duration_seconds", "This node's Raft proposals (a batch of commands each) from their proposal to their apply on this node.", nil, nil)
 	raftLogSyncDesc    = prometheus.NewDesc("lockd_cluster_raft_log_sync_duration_seconds", "Durable writes of this node's Raft log: one Pebble commit, fsync included, each.", nil, nil)
+	logFormatDesc      = prometheus.NewDesc("lockd_cluster_log_format", "Each group's log format as this node's replica applied it: what the group may write (docs/cluster.md, Upgrades).", []string{"group"}, nil)
+	replicaHaltedDesc  = prometheus.NewDesc("lockd_replica_halted", "1 when this node's replica of the group stopped applying it on a log entry or snapshot its build cannot read; the node answers the group's requests E unavailable.", []string{"group"}, nil)
 )
 
 // observations are what the node measures for /metrics alone.
@@ -91,6 +93,8 @@ func (n *Node) Describe(ch chan<- *prometheus.Desc) {
 	ch <- nodeIDDesc
 	ch <- proposalApplyDesc
 	ch <- raftLogSyncDesc
+	ch <- logFormatDesc
+	ch <- replicaHaltedDesc
 	for _, c := range clusterCounters {
 		ch <- c.desc
 	}
@@ -108,6 +112,12 @@ func (n *Node) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(groupLeaderDesc, prometheus.GaugeValue, float64(leader), group)
 		ch <- prometheus.MustNewConstMetric(groupHasLeaderDesc, prometheus.GaugeValue, hasLeader, group)
 		ch <- prometheus.MustNewConstMetric(leaderChangesDesc, prometheus.CounterValue, float64(n.obs.leaderChanges(g.shardID)), group)
+		halted := 0.0
+		if g.halted() {
+			halted = 1
+		}
+		ch <- prometheus.MustNewConstMetric(logFormatDesc, prometheus.GaugeValue, float64(n.LogFormat(i)), group)
+		ch <- prometheus.MustNewConstMetric(replicaHaltedDesc, prometheus.GaugeValue, halted, group)
 	}
 	for _, h := range []struct {
 		desc *prometheus.Desc

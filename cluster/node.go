@@ -8,8 +8,9 @@
 // client protocol. Files by responsibility: node.go (start, stop, drain,
 // data dir), config.go, backend.go (the engine.Backend side), registry.go
 // (this node's requests and their answers), proposer.go (group commit),
-// command.go (the log's command format), state.go (the replicated
-// state), fsm.go (the dragonboat adapter), claims.go (grant claims and
+// command.go (the log's command format), version.go (the log format a
+// group may write, and a replica's halt on one it cannot read), state.go
+// (the replicated state), fsm.go (the dragonboat adapter), claims.go (grant claims and
 // the revokes of a dead node's undelivered grants), expiry.go (the
 // lease-expiry driver) and placement.go, orphans.go, membership.go and
 // members_http.go (online membership changes), transport.go, peerlink.go
@@ -63,6 +64,7 @@ type Node struct {
 	// parkedClaims counts peers' claims parked in this node's groups.
 	parkedClaims atomic.Int64
 	links        peerLinks
+	formats      formatStatements // the log formats peers stated (version.go)
 	// wakeExpiry wakes the expiry driver before its timer: a group's
 	// leader changed.
 	wakeExpiry chan struct{}
@@ -345,9 +347,10 @@ func (n *Node) run() {
 		n.wg.Add(1)
 		go func() { defer n.wg.Done(); g.proposeLoop(n.ctx) }()
 	}
-	n.wg.Add(2)
+	n.wg.Add(3)
 	go func() { defer n.wg.Done(); n.expiryLoop(n.ctx) }()
 	go func() { defer n.wg.Done(); n.timerLoop(n.ctx) }()
+	go func() { defer n.wg.Done(); n.formatLoop(n.ctx) }()
 	if n.anchor != nil {
 		n.wg.Add(1)
 		go func() { defer n.wg.Done(); n.anchor.run(n.ctx) }()

@@ -3,6 +3,7 @@ package cluster
 import (
 	"bufio"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -66,11 +67,14 @@ type replicated struct {
 	// leader delivers its own grants only once a member witnessed them
 	// (witness.go).
 	epochWitnessed bool
-	// format is the log format the group writes (version.go).
-	format uint8
 	// tenantKeys counts each tenant's keys (derived from locks), for the
 	// tenants' keys quotas.
 	tenantKeys map[string]int
+	// format is the group's log format (version.go): the newest every
+	// member read when its leader raised it (cmdFormat); 0 is format 1.
+	// A writer of a command kind or snapshot form newer than format 1
+	// checks it first.
+	format uint32
 }
 
 func newReplicated(firstToken uint64) replicated {
@@ -177,6 +181,8 @@ func (s *replicated) apply(c *command, out *applied) {
 		s.revoke(k, c, out, c.term == s.epoch)
 	case cmdRevokeUnwitnessed:
 		s.revoke(k, c, out, c.term < s.epoch)
+	case cmdFormat:
+		s.format = max(s.format, c.format)
 	case cmdLeaseEnd, cmdLeaseEndV1, cmdExpire:
 		// The leader's timer saw the lease fall due; whether it has is the
 		// replicated clock's to say, so a renewed lease or a later token
@@ -350,33 +356,53 @@ func (s *replicated) dropWaiters(l *lockState, drop func(waitEntry) bool) {
 
 func seconds(s uint16) time.Duration { return time.Duration(s) * time.Second }
 
+func boolByte(v bool) byte {
+	if v {
+		return 1
+	}
+	return 0
+}
+
 // snapshotVersion 2 added each lock's holder (node, id), version 3 its
 // renewals, version 4 its lease end on the replicated clock (in place of
 // the grant instant), version 5 the group's epoch and each lock's (a
 // lock of an older snapshot has epoch 0: no leader may revoke it) and
-// grant instant. Older
-// snapshots, written by earlier builds, still
-// restore — dragonboat stops the process when a snapshot cannot be read —
-// with no holder known, no renewals, and a lease ending a full lease after
-// the snapshot's time: never sooner than the lease it describes.
-const snapshotVersion = 5
+// grant instant, version 6 the group's log format and whether its epoch
+// is witnessed (witness.go). Older snapshots,
+// written by earlier builds, still restore with no holder known, no
+// renewals, and a lease ending a full lease after the snapshot's time:
+// never sooner than the lease it describes. A group writes version 6 only
+// once its format is 2 (version.go), so that every member can read what
+// it writes; before, version 5. A newer version than this build reads
+// halts the replica (errUnknownSnapshot).
+const (
+	snapshotVersion5 = 5
+	snapshotVersion  = 6
+)
+
+// errUnknownSnapshot is a snapshot version this build does not read.
+var errUnknownSnapshot = errors.New("cluster: unknown snapshot")
 
 // save writes the state; stop aborts a long save.
 func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
 	bw := bufio.NewWriterSize(w, 64<<10)
 	var b []byte
-	b = append(b, snapshotVersion)
+	version := byte(snapshotVersion5)
+	if s.format >= logFormat2 {
+		version = snapshotVersion
+	}
+	b = append(b, version)
 	b = binary.BigEndian.AppendUint64(b, uint64(s.now))
 	b = binary.BigEndian.AppendUint64(b, s.tokens.Last)
 	b = binary.BigEndian.AppendUint64(b, s.tokens.Issued)
-	if s.keysClosed {
-		b = append(b, 1)
-	} else {
-		b = append(b, 0)
-	}
+	b = append(b, boolByte(s.keysClosed))
 	b = binary.BigEndian.AppendUint64(b, uint64(len(s.locks)))
 	b = binary.BigEndian.AppendUint64(b, s.epoch)
 	b = binary.BigEndian.AppendUint64(b, s.epochLeader)
+	if version >= 6 {
+		b = binary.BigEndian.AppendUint32(b, s.format)
+		b = append(b, boolByte(s.epochWitnessed))
+	}
 	if _, err := bw.Write(b); err != nil {
 		return err
 	}
@@ -424,7 +450,7 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 	}
 	version := hdr[0]
 	if version < 1 || version > snapshotVersion {
-		return replicated{}, fmt.Errorf("cluster: snapshot version %d, this build reads 1 to %d", version, snapshotVersion)
+		return replicated{}, fmt.Errorf("%w version %d (this build reads 1 to %d)", errUnknownSnapshot, version, snapshotVersion)
 	}
 	be := binary.BigEndian
 	s := replicated{
@@ -451,6 +477,13 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 			return replicated{}, err
 		}
 		s.epoch, s.epochLeader = be.Uint64(epoch[:]), be.Uint64(epoch[8:])
+	}
+	if version >= 6 {
+		var format [4 + 1]byte
+		if _, err := io.ReadFull(br, format[:]); err != nil {
+			return replicated{}, err
+		}
+		s.format, s.epochWitnessed = be.Uint32(format[:]), format[4] == 1
 	}
 	var buf [8 + 2 + 8 + 16 + 4 + 16 + 4]byte
 	for i := uint64(0); i < nLocks; i++ {

@@ -22,7 +22,9 @@ func witnessedReplica(t *testing.T, self uint64) *replica {
 }
 
 func revokeUnwitnessedOf(node, token, term uint64, key string) func([]byte) []byte {
-	return func(b []byte) []byte { return appendRevoke(b, cmdRevokeUnwitnessed, node, token, term, "t", []byte(key)) }
+	return func(b []byte) []byte {
+		return appendRevoke(b, cmdRevokeUnwitnessed, node, token, term, "t", []byte(key))
+	}
 }
 
 func (r *replica) witness(epoch uint64, key string, token uint64) claimVerdict {
@@ -62,7 +64,7 @@ func (r *replica) silentPass(term, prevLeader uint64) map[byte]int {
 func TestOwnGrantNeedsAWitnessOnlyInAWitnessedEpoch(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		format uint8
+		format uint32
 		want   claimVerdict
 	}{
 		{"format 2: witness first", logFormat2, claimWitness},

@@ -36,6 +36,11 @@ type clusterMembers struct {
 		LastHeardMs *int64 `json:"last_heard_ms"`
 	} `json:"members"`
 	Removed []uint64 `json:"removed"`
+	// LogFormats and Halted are the answering node's replicas: each
+	// group's log format, and why any of them halted. An earlier build
+	// sends neither.
+	LogFormats []int    `json:"log_formats"`
+	Halted     []string `json:"halted"`
 }
 
 func runCluster(ctx context.Context, o *options, args []string, p proc) int {
@@ -103,5 +108,15 @@ func printMembers(w io.Writer, m clusterMembers) {
 			ids[i] = strconv.FormatUint(id, 10)
 		}
 		fmt.Fprintf(w, "removed (their ids cannot come back): %s\n", strings.Join(ids, ","))
+	}
+	if len(m.LogFormats) > 0 {
+		formats := make([]string, len(m.LogFormats))
+		for i, f := range m.LogFormats {
+			formats[i] = fmt.Sprintf("%d:%d", i+1, f)
+		}
+		fmt.Fprintf(w, "log format by group, as node %d applied it: %s\n", m.Node, strings.Join(formats, " "))
+	}
+	for _, why := range m.Halted {
+		fmt.Fprintf(w, "HALTED on node %d: %s\n", m.Node, why)
 	}
 }

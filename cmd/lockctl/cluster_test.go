@@ -52,7 +52,8 @@ func startClusterNode(t *testing.T) (admin, raft string) {
 func TestClusterCommand(t *testing.T) {
 	admin, raft := startClusterNode(t)
 	code, out, errs := ctl{}.run("cluster", "--admin", admin, "list")
-	if code != exitOK || !strings.Contains(out, "NODE  RAFT ADDRESS") || !strings.Contains(out, fmt.Sprintf("1     %s  3/3     1,2,3", raft)) {
+	if code != exitOK || !strings.Contains(out, "NODE  RAFT ADDRESS") || !strings.Contains(out, fmt.Sprintf("1     %s  3/3     1,2,3", raft)) ||
+		!strings.Contains(out, "log format by group, as node 1 applied it: 1:") || strings.Contains(out, "HALTED") {
 		t.Fatalf("cluster list: exit %d\n%s%s", code, out, errs)
 	}
 	code, out, _ = ctl{env: map[string]string{"LOCKD_ADMIN": admin}}.run("cluster", "--json", "list")
@@ -120,6 +121,38 @@ func TestClusterListShowsReachability(t *testing.T) {
 		if !strings.Contains(out.String(), row) {
 			t.Errorf("cluster list does not show %q:\n%s", row, out.String())
 		}
+	}
+}
+
+// cluster list shows the asked node's log format of each group and why
+// any of its replicas halted; an earlier build's answer has neither.
+func TestClusterListShowsFormatsAndHalts(t *testing.T) {
+	answer := `{"node": 2, "groups": 2, "members": [
+		{"id": 2, "raft_addr": "10.0.0.2:7450", "groups": 2, "leader_of": [], "reachable": "self", "last_heard_ms": null}],
+		"removed": [], "log_formats": [2, 1],
+		"halted": ["group 2 halted at log entry 7: cluster: unknown command kind 'W'; this build (lockd v0.1.0) cannot apply it"]}`
+	var m clusterMembers
+	if err := json.Unmarshal([]byte(answer), &m); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	printMembers(&out, m)
+	for _, line := range []string{
+		"log format by group, as node 2 applied it: 1:2 2:1\n",
+		"HALTED on node 2: group 2 halted at log entry 7: cluster: unknown command kind 'W'; this build (lockd v0.1.0) cannot apply it\n",
+	} {
+		if !strings.Contains(out.String(), line) {
+			t.Errorf("cluster list does not show %q:\n%s", line, out.String())
+		}
+	}
+	var earlier clusterMembers
+	if err := json.Unmarshal([]byte(`{"node": 1, "groups": 1, "members": [], "removed": []}`), &earlier); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	printMembers(&out, earlier)
+	if strings.Contains(out.String(), "log format") || strings.Contains(out.String(), "HALTED") {
+		t.Errorf("an earlier build's answer shows formats or halts:\n%s", out.String())
 	}
 }
 

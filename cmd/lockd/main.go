@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strings"
 	"syscall"
 	"time"
 
@@ -135,6 +136,7 @@ func serve(opts serveOptions, level zerolog.Level) error {
 		cc.MaxKeys, cc.MaxWaiters, cc.MaxInflight = cfg.Engine.MaxKeys, cfg.Engine.MaxWaiters, cfg.Engine.MaxInflight
 		cc.TenantLimits = cfg.Engine.TenantLimits
 		cc.Logger = cfg.Logger
+		cc.Build = strings.ReplaceAll(strings.TrimSpace(version.String("lockd")), "\n", ", ")
 		var err error
 		if opts.raftTLS[0] != "" {
 			if cc.RaftTLS, err = cluster.LoadRaftTLS(opts.raftTLS[0], opts.raftTLS[1], opts.raftTLS[2]); err != nil {
