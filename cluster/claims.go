@@ -98,7 +98,7 @@ func (f *fsm) judgeClaim(key string, node, id, token, index uint64, raftLeader b
 	switch {
 	case f.book.revoking[key] == token:
 		return claimRefused
-	case node == self && l.epoch == s.epoch && s.epochWitnessed:
+	case node == self && l.epoch == s.epoch && s.witnessing.covers(l):
 		return claimWitness
 	case node == self:
 		return claimAccepted // of an earlier epoch, or of one without witnesses: never taken back

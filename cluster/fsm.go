@@ -92,7 +92,7 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 		return sm.Result{}, nil
 	}
 	f.state.now = max(f.state.now, time.Duration(now))
-	prevEpoch, prevLeader, prevWitnessed := f.state.epoch, f.state.epochLeader, f.state.epochWitnessed
+	prevEpoch, prevLeader, prevWitnessing := f.state.epoch, f.state.epochLeader, f.state.witnessing
 	for range count {
 		if b, err = readCommand(b, &f.cmd); err != nil {
 			break
@@ -106,7 +106,7 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 		f.takeLeases(f.clock())
 	}
 	if f.state.epoch != prevEpoch {
-		f.epochBegan(prevEpoch, prevLeader, prevWitnessed, e.Index)
+		f.epochBegan(prevEpoch, prevLeader, prevWitnessing, e.Index)
 	}
 	f.book.noteGrants(&f.state, f.g.n.cfg.NodeID, f.out.answers)
 	f.observeHolds()

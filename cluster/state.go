@@ -63,10 +63,9 @@ type replicated struct {
 	// (cmdEpoch), and epochLeader that leader: the one node that judges
 	// claims on this epoch's grants and may revoke them.
 	epoch, epochLeader uint64
-	// epochWitnessed says the epoch began at log format 2 or later: its
-	// leader delivers its own grants only once a member witnessed them
-	// (witness.go).
-	epochWitnessed bool
+	// witnessing says which of the epoch leader's grants to its own
+	// requests wait for a witness (witness.go).
+	witnessing witnessRule
 	// tenantKeys counts each tenant's keys (derived from locks), for the
 	// tenants' keys quotas.
 	tenantKeys map[string]int
@@ -175,7 +174,7 @@ func (s *replicated) apply(c *command, out *applied) {
 	case cmdEpoch:
 		if c.term > s.epoch {
 			s.epoch, s.epochLeader = c.term, c.node
-			s.epochWitnessed = s.format >= logFormat2
+			s.witnessing = witnessRule{on: s.format >= logFormat2, after: s.now - 1}
 		}
 	case cmdRevoke:
 		s.revoke(k, c, out, c.term == s.epoch)
@@ -183,6 +182,9 @@ func (s *replicated) apply(c *command, out *applied) {
 		s.revoke(k, c, out, c.term < s.epoch)
 	case cmdFormat:
 		s.format = max(s.format, c.format)
+		if s.format >= logFormat2 && !s.witnessing.on {
+			s.witnessing = witnessRule{on: true, after: s.now} // from the epoch's next grant on
+		}
 	case cmdLeaseEnd, cmdLeaseEndV1, cmdExpire:
 		// The leader's timer saw the lease fall due; whether it has is the
 		// replicated clock's to say, so a renewed lease or a later token
@@ -367,8 +369,8 @@ func boolByte(v bool) byte {
 // renewals, version 4 its lease end on the replicated clock (in place of
 // the grant instant), version 5 the group's epoch and each lock's (a
 // lock of an older snapshot has epoch 0: no leader may revoke it) and
-// grant instant, version 6 the group's log format and whether its epoch
-// is witnessed (witness.go). Older snapshots,
+// grant instant, version 6 the group's log format and its epoch's
+// witnessing (witness.go). Older snapshots,
 // written by earlier builds, still restore with no holder known, no
 // renewals, and a lease ending a full lease after the snapshot's time:
 // never sooner than the lease it describes. A group writes version 6 only
@@ -401,7 +403,8 @@ func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
 	b = binary.BigEndian.AppendUint64(b, s.epochLeader)
 	if version >= 6 {
 		b = binary.BigEndian.AppendUint32(b, s.format)
-		b = append(b, boolByte(s.epochWitnessed))
+		b = append(b, boolByte(s.witnessing.on))
+		b = binary.BigEndian.AppendUint64(b, uint64(s.witnessing.after))
 	}
 	if _, err := bw.Write(b); err != nil {
 		return err
@@ -479,11 +482,12 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 		s.epoch, s.epochLeader = be.Uint64(epoch[:]), be.Uint64(epoch[8:])
 	}
 	if version >= 6 {
-		var format [4 + 1]byte
+		var format [4 + 1 + 8]byte
 		if _, err := io.ReadFull(br, format[:]); err != nil {
 			return replicated{}, err
 		}
-		s.format, s.epochWitnessed = be.Uint32(format[:]), format[4] == 1
+		s.format = be.Uint32(format[:])
+		s.witnessing = witnessRule{on: format[4] == 1, after: time.Duration(be.Uint64(format[5:]))}
 	}
 	var buf [8 + 2 + 8 + 16 + 4 + 16 + 4]byte
 	for i := uint64(0); i < nLocks; i++ {

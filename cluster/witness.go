@@ -141,11 +141,24 @@ type suspects struct {
 	askedAt  time.Duration     // when the others were last asked
 }
 
+// witnessRule says which of an epoch's grants to its leader's own
+// requests wait for a witness: none while off; once on, those made after
+// the group's instant after — the epoch's beginning, or the raise of the
+// group's format to 2 during it (the grants before were delivered
+// without one). Replicated, so that the epoch's leader and the next
+// judge every grant alike.
+type witnessRule struct {
+	on    bool
+	after time.Duration
+}
+
+func (w witnessRule) covers(l *lockState) bool { return w.on && l.granted > w.after }
+
 // epochBegan runs in Update when the batch at index moved the group to a
-// new epoch; prev is the epoch before it, its leader and whether it was
-// witnessed. On the new epoch's leader it gathers the previous leader's
-// own grants as suspects. Called with the fsm's lock held.
-func (f *fsm) epochBegan(prevEpoch, prevLeader uint64, prevWitnessed bool, index uint64) {
+// new epoch; prev is the epoch before it, its leader and its witnessing.
+// On the new epoch's leader it gathers the previous leader's own grants
+// that waited for a witness as suspects. Called with the fsm's lock held.
+func (f *fsm) epochBegan(prevEpoch, prevLeader uint64, prev witnessRule, index uint64) {
 	since := f.epochIndex
 	f.epochIndex = index
 	if index > f.liveAfter {
@@ -153,13 +166,13 @@ func (f *fsm) epochBegan(prevEpoch, prevLeader uint64, prevWitnessed bool, index
 	}
 	s := &f.state
 	self := f.g.n.cfg.NodeID
-	if s.epochLeader != self || !prevWitnessed || prevLeader == 0 || prevLeader == self || since == 0 {
+	if s.epochLeader != self || !prev.on || prevLeader == 0 || prevLeader == self || since == 0 {
 		return
 	}
 	f.book.sync(s)
 	sus := suspects{epoch: prevEpoch, leader: prevLeader, since: since, grants: make(map[uint64]string), answered: make(map[uint64]bool)}
 	for k, l := range s.locks {
-		if l.epoch == prevEpoch && l.node == prevLeader && !l.Lapsed(s.now) {
+		if l.epoch == prevEpoch && l.node == prevLeader && prev.covers(l) && !l.Lapsed(s.now) {
 			sus.grants[l.Token] = k
 		}
 	}

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"slices"
 	"testing"
@@ -296,5 +297,56 @@ func TestRevokeUnwitnessedAppliesOnlyAfterItsEpoch(t *testing.T) {
 				t.Fatalf("freed %v, want %v", freed, tc.wantFreed)
 			}
 		})
+	}
+}
+
+// A replica restored from a snapshot judges its epoch's own grants as the
+// others do: whether the epoch is witnessed travels in the snapshot.
+func TestSnapshotKeepsWhetherTheEpochIsWitnessed(t *testing.T) {
+	r := witnessedReplica(t, 2)
+	r.apply(1, epoch(5, 1))
+	if !r.f.state.witnessing.on {
+		t.Fatal("an epoch begun at format 2 is not witnessed")
+	}
+	var b bytes.Buffer
+	if err := r.f.state.save(&b, nil); err != nil {
+		t.Fatal(err)
+	}
+	s, err := restore(&b, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.witnessing != r.f.state.witnessing || s.format != logFormat2 || s.epoch != 5 {
+		t.Fatalf("restored witnessing %v format %d epoch %d, want %v 2 5", s.witnessing, s.format, s.epoch, r.f.state.witnessing)
+	}
+}
+
+// A group whose format rises to 2 during an epoch witnesses the epoch
+// leader's own grants from the next one on: those made before were
+// delivered without a witness, and the next leader does not suspect them.
+func TestFormatRaisedDuringAnEpochWitnessesTheGrantsAfterIt(t *testing.T) {
+	r := witnessedReplica(t, 1)
+	r.f.state.format = 0 // format 1
+	r.apply(1, epoch(5, 1))
+	r.apply(1, acquireBy(1, 100, "before", 0))
+	r.apply(2, func(b []byte) []byte { return appendFormat(b, logFormat2) })
+	r.apply(3, acquireBy(1, 101, "after", 0))
+	if v := r.judge("before", 1, 100, r.index); v != claimAccepted {
+		t.Fatalf("a grant from before the raise judged %v, want accepted at once", v)
+	}
+	if v := r.judge("after", 1, 101, r.index); v != claimWitness {
+		t.Fatalf("a grant from after the raise judged %v, want a witness first", v)
+	}
+
+	next := witnessedReplica(t, 2)
+	next.f.state.format = 0
+	next.apply(1, epoch(5, 1))
+	next.apply(1, acquireBy(1, 100, "before", 0))
+	next.apply(2, func(b []byte) []byte { return appendFormat(b, logFormat2) })
+	next.apply(3, acquireBy(1, 101, "after", 0))
+	next.apply(4, epoch(6, 2))
+	after := next.lock("after").Token
+	if got := next.f.book.suspects.grants; len(got) != 1 || got[after] == "" {
+		t.Fatalf("suspects %v, want only the grant made after the raise (token %d)", got, after)
 	}
 }
