@@ -225,7 +225,10 @@ type Server struct {
 	// returned to the OS.
 	itemsPeak atomic.Int64
 	failed    chan struct{}
-	closeOnce sync.Once
+	// portStopped is set when the reactor ended without Close, just
+	// before failed is closed.
+	portStopped atomic.Bool
+	closeOnce   sync.Once
 }
 
 // Start listens on cfg.Listen and serves until Close.
@@ -497,14 +500,7 @@ var errReactorStopped = errors.New("server: the client port had stopped (the eve
 // supervisor to restart the process.
 func (s *Server) Failed() <-chan struct{} { return s.failed }
 
-func (s *Server) reactorFailed() bool {
-	select {
-	case <-s.failed:
-		return true
-	default:
-		return false
-	}
-}
+func (s *Server) reactorFailed() bool { return s.portStopped.Load() }
 
 // watchReactor turns a reactor that ended without Close into Failed.
 func (s *Server) watchReactor() {
@@ -512,8 +508,9 @@ func (s *Server) watchReactor() {
 	if s.stopping.Load() {
 		return
 	}
+	s.portStopped.Store(true) // before the log line, which says /healthz answers 503
 	s.log.Error().AnErr("reactor_error", s.reactorErr).Msg("the client port stopped: the event loops ended; /healthz answers 503 and the process must restart")
-	close(s.failed)
+	close(s.failed) // after it: the owner exits on it
 }
 
 func (s *Server) stopBackground() {
