@@ -240,7 +240,7 @@ func (n *Node) askClaims(all bool) {
 			case c.askedOf != n.cfg.NodeID || now-c.askedAt >= retry:
 				c.askedOf, c.askedAt = n.cfg.NodeID, now
 				for _, w := range witnesses {
-					asks[w] = appendWitnessRequest(asks[w], c.g.shardID, epoch, p.id, c.r.Token, c.key)
+					asks[w] = appendClaim(asks[w], peerWitness, c.g.shardID, p.id, n.cfg.NodeID, c.r.Token, epoch, c.key)
 				}
 			}
 			continue
@@ -257,7 +257,7 @@ func (n *Node) askClaims(all bool) {
 			n.toAsk = append(n.toAsk, p)
 		case c.askedOf != leader || now-c.askedAt >= retry:
 			c.askedOf, c.askedAt = leader, now
-			claims[leader] = appendClaim(claims[leader], c.g.shardID, p.id, n.cfg.NodeID, c.r.Token, c.index, c.key)
+			claims[leader] = appendClaim(claims[leader], peerClaims, c.g.shardID, p.id, n.cfg.NodeID, c.r.Token, c.index, c.key)
 		}
 	}
 	clear(held)
@@ -365,27 +365,29 @@ func (g *group) revoked(node, id, token uint64) {
 // verdictSink answers a peer's claims on the connection they came by.
 type verdictSink interface{ sendVerdicts(b []byte) }
 
-// onClaims judges the claims a peer sent, as its group's leader, and
-// answers them through sink: at once, or once this replica has applied
-// what it still lacks (judgeParked).
-func (n *Node) onClaims(b []byte, sink verdictSink) {
+// onClaims judges the claims a peer sent, as its group's leader, or with
+// witness the grants an epoch leader asks this replica to witness
+// (witness.go), and answers each with a verdict through sink: at once,
+// or once this replica has applied what it still lacks (judgeParked).
+func (n *Node) onClaims(b []byte, sink verdictSink, witness bool) {
 	var out []byte
-	for len(b) >= claimFixedLen {
-		shard := binary.BigEndian.Uint64(b)
-		id, node := binary.BigEndian.Uint64(b[8:]), binary.BigEndian.Uint64(b[16:])
-		token, index := binary.BigEndian.Uint64(b[24:]), binary.BigEndian.Uint64(b[32:])
-		klen := int(binary.BigEndian.Uint16(b[40:]))
-		if len(b) < claimFixedLen+klen {
+	for {
+		shard, c, rest, ok := readClaim(b, witness)
+		if !ok {
 			break
 		}
-		key := string(b[claimFixedLen : claimFixedLen+klen])
-		b = b[claimFixedLen+klen:]
-		v := claimNotLeader
-		if g := n.groupByShard(shard); g != nil && node != n.cfg.NodeID { // a peer claims its own grants only
-			v = g.judge(parkedClaim{key: key, node: node, id: id, token: token, index: index, sink: sink})
+		b = rest
+		c.sink = sink
+		v := claimNotLeader // ask the leader again, later
+		if witness {
+			v = claimRefused // nothing to witness here
+		}
+		// A peer claims its own grants, and asks others to witness them.
+		if g := n.groupByShard(shard); g != nil && c.node != n.cfg.NodeID && (!witness || c.epoch != 0) {
+			v = g.judge(c)
 		}
 		if v != claimNotYet {
-			out = appendVerdict(out, shard, id, token, v)
+			out = appendVerdict(out, shard, c.id, c.token, v)
 		}
 	}
 	if len(out) > 0 {
@@ -488,8 +490,11 @@ func (n *Node) groupByShard(shard uint64) *group {
 
 // Claim and verdict encodings, inside a transport frame of kind 'L':
 //
-//	claims:   'c' | count × (shard u64 | id u64 | node u64 | token u64 | index u64 | key len u16 | key)
+//	claims:   'c' | count × (shard u64 | id u64 | node u64 | token u64 | at u64 | key len u16 | key)
 //	verdicts: 'v' | count × (shard u64 | id u64 | token u64 | verdict u8)
+//
+// A claim's at is the index of the entry that made the grant; witness
+// requests ('w', witness.go) are claims whose at is the epoch.
 const (
 	claimFixedLen = 8 + 8 + 8 + 8 + 8 + 2
 	verdictLen    = 8 + 8 + 8 + 1
@@ -497,17 +502,38 @@ const (
 	peerVerdicts  = 'v'
 )
 
-func appendClaim(b []byte, shard, id, node, token, index uint64, key string) []byte {
+// appendClaim appends a claim, or a witness request (kind), to b.
+func appendClaim(b []byte, kind byte, shard, id, node, token, at uint64, key string) []byte {
 	if len(b) == 0 {
-		b = append(b, peerClaims)
+		b = append(b, kind)
 	}
 	b = binary.BigEndian.AppendUint64(b, shard)
 	b = binary.BigEndian.AppendUint64(b, id)
 	b = binary.BigEndian.AppendUint64(b, node)
 	b = binary.BigEndian.AppendUint64(b, token)
-	b = binary.BigEndian.AppendUint64(b, index)
+	b = binary.BigEndian.AppendUint64(b, at)
 	b = binary.BigEndian.AppendUint16(b, uint16(len(key)))
 	return append(b, key...)
+}
+
+// readClaim decodes the first claim of b, or witness request with
+// witness; ok is false when b holds no whole one.
+func readClaim(b []byte, witness bool) (shard uint64, c parkedClaim, rest []byte, ok bool) {
+	if len(b) < claimFixedLen {
+		return 0, c, nil, false
+	}
+	klen := int(binary.BigEndian.Uint16(b[40:]))
+	if len(b) < claimFixedLen+klen {
+		return 0, c, nil, false
+	}
+	c = parkedClaim{key: string(b[claimFixedLen : claimFixedLen+klen]),
+		id: binary.BigEndian.Uint64(b[8:]), node: binary.BigEndian.Uint64(b[16:]), token: binary.BigEndian.Uint64(b[24:])}
+	if at := binary.BigEndian.Uint64(b[32:]); witness {
+		c.epoch = at
+	} else {
+		c.index = at
+	}
+	return binary.BigEndian.Uint64(b), c, b[claimFixedLen+klen:], true
 }
 
 func appendVerdict(b []byte, shard, id, token uint64, v claimVerdict) []byte {
@@ -535,10 +561,8 @@ func (n *Node) onPeerFrame(body []byte, sink verdictSink) {
 	case kind == peerFormat:
 		n.onStatement(b, sink)
 	case sink == nil: // a request on this node's own link: it answers nobody
-	case kind == peerClaims:
-		n.onClaims(b, sink)
-	case kind == peerWitness:
-		n.onWitnessRequests(b, sink)
+	case kind == peerClaims, kind == peerWitness:
+		n.onClaims(b, sink, kind == peerWitness)
 	case kind == peerQueries:
 		n.onWitnessQueries(b, sink)
 	}

@@ -338,30 +338,18 @@ func (f *fsm) takeSuspects() []expiry {
 // Witness messages, inside a transport frame of kind 'L' (with claims
 // and verdicts, claims.go):
 //
-//	witness requests: 'w' | count × (shard u64 | epoch u64 | id u64 | token u64 | key len u16 | key)
-//	                  answered with verdicts ('v'): accepted = witnessed
+//	witness requests: 'w' | claims whose at is the epoch (claims.go), the
+//	                  node the epoch leader; answered with verdicts ('v'):
+//	                  accepted = witnessed
 //	queries:          'q' | count × (shard u64 | epoch u64): close epoch, say what you witnessed in it
 //	answers:          'r' | count × (shard u64 | epoch u64 | from u64 | known u8 | n u32 | n × token u64)
 const (
-	witnessFixedLen = 8 + 8 + 8 + 8 + 2
-	queryLen        = 8 + 8
-	answerFixedLen  = 8 + 8 + 8 + 1 + 4
-	peerWitness     = 'w'
-	peerQueries     = 'q'
-	peerAnswers     = 'r'
+	queryLen       = 8 + 8
+	answerFixedLen = 8 + 8 + 8 + 1 + 4
+	peerWitness    = 'w'
+	peerQueries    = 'q'
+	peerAnswers    = 'r'
 )
-
-func appendWitnessRequest(b []byte, shard, epoch, id, token uint64, key string) []byte {
-	if len(b) == 0 {
-		b = append(b, peerWitness)
-	}
-	b = binary.BigEndian.AppendUint64(b, shard)
-	b = binary.BigEndian.AppendUint64(b, epoch)
-	b = binary.BigEndian.AppendUint64(b, id)
-	b = binary.BigEndian.AppendUint64(b, token)
-	b = binary.BigEndian.AppendUint16(b, uint16(len(key)))
-	return append(b, key...)
-}
 
 func appendWitnessQuery(b []byte, shard, epoch uint64) []byte {
 	if len(b) == 0 {
@@ -388,33 +376,6 @@ func appendWitnessAnswer(b []byte, shard, epoch, from uint64, tokens []uint64, k
 		b = binary.BigEndian.AppendUint64(b, t)
 	}
 	return b
-}
-
-// onWitnessRequests witnesses an epoch leader's grants and answers each
-// with a verdict through sink: at once, or once this replica has applied
-// the epoch's beginning (judgeParked).
-func (n *Node) onWitnessRequests(b []byte, sink verdictSink) {
-	var out []byte
-	for len(b) >= witnessFixedLen {
-		shard, epoch := binary.BigEndian.Uint64(b), binary.BigEndian.Uint64(b[8:])
-		id, token := binary.BigEndian.Uint64(b[16:]), binary.BigEndian.Uint64(b[24:])
-		klen := int(binary.BigEndian.Uint16(b[32:]))
-		if len(b) < witnessFixedLen+klen {
-			break
-		}
-		key := string(b[witnessFixedLen : witnessFixedLen+klen])
-		b = b[witnessFixedLen+klen:]
-		v := claimRefused
-		if g := n.groupByShard(shard); g != nil && epoch != 0 {
-			v = g.judge(parkedClaim{key: key, id: id, token: token, epoch: epoch, sink: sink})
-		}
-		if v != claimNotYet {
-			out = appendVerdict(out, shard, id, token, v)
-		}
-	}
-	if len(out) > 0 {
-		sink.sendVerdicts(out)
-	}
 }
 
 // onWitnessQueries closes the epochs a later leader asks about and
