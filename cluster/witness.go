@@ -49,7 +49,15 @@ type witnessBook struct {
 type witnessedEpoch struct {
 	epoch  uint64
 	grants map[string]uint64 // lock key → the newest token witnessed
+	// pruneAbove is the size of grants that makes the next witness prune
+	// it: twice what the last pruning kept, so that grants this replica
+	// has not applied yet (kept by a pruning) never make every witness
+	// walk the whole map.
+	pruneAbove int
 }
+
+// minPruneAbove is the smallest pruneAbove.
+const minPruneAbove = 64
 
 // witness records epoch's leader's grant of token on key, unless the
 // epoch is closed; not before this replica applied the epoch's beginning,
@@ -72,13 +80,14 @@ func (b *witnessBook) witness(s *replicated, epoch uint64, key string, token uin
 	if e.grants[key] < token {
 		e.grants[key] = token
 	}
-	if len(e.grants) > 64 && len(e.grants) > 2*len(s.locks) {
+	if len(e.grants) > max(e.pruneAbove, minPruneAbove) {
 		// A token this replica issued already and that is no longer
 		// current was released: a query can ask about current grants only.
 		maps.DeleteFunc(e.grants, func(k string, token uint64) bool {
 			l := s.locks[k]
 			return token <= s.tokens.Last && (l == nil || l.Token != token)
 		})
+		e.pruneAbove = 2 * len(e.grants)
 	}
 	return claimAccepted
 }

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/lockd/lockd/engine"
 )
 
 // witnessedReplica is node self's replica of a group at log format 2
@@ -348,5 +351,93 @@ func TestFormatRaisedDuringAnEpochWitnessesTheGrantsAfterIt(t *testing.T) {
 	after := next.lock("after").Token
 	if got := next.f.book.suspects.grants; len(got) != 1 || got[after] == "" {
 		t.Fatalf("suspects %v, want only the grant made after the raise (token %d)", got, after)
+	}
+}
+
+// laggingWitness is the witness book of a member that applied tokens up
+// to 1 000 000 of epoch 5 and has witnessed ahead tokens it has not
+// applied yet (above 1 000 000), none of them held.
+func laggingWitness(ahead int) (*witnessBook, *replicated) {
+	s := newReplicated(1)
+	s.epoch, s.tokens.Last = 5, 1_000_000
+	b := &witnessBook{knownFrom: 1}
+	for i := range ahead {
+		b.witness(&s, 5, "ahead"+strconv.Itoa(i), s.tokens.Last+1+uint64(i))
+	}
+	return b, &s
+}
+
+// A member forgets the grants it witnessed once it applied their release,
+// and keeps every grant it witnessed ahead of its applies: a later
+// leader's query may ask about any of those.
+func TestWitnessBookForgetsReleasedGrantsAndKeepsTheOnesAhead(t *testing.T) {
+	const ahead = 1000
+	b, s := laggingWitness(ahead)
+	for i := range 10 * ahead {
+		if v := b.witness(s, 5, "released"+strconv.Itoa(i), uint64(1+i)); v != claimAccepted {
+			t.Fatalf("witness %d: %v", i, v)
+		}
+	}
+	tokens, known := b.answer(5)
+	if !known {
+		t.Fatal("epoch 5 answered as unknown")
+	}
+	kept := map[uint64]bool{}
+	for _, tok := range tokens {
+		kept[tok] = true
+	}
+	for i := range ahead {
+		if !kept[s.tokens.Last+1+uint64(i)] {
+			t.Fatalf("ahead grant %d forgotten", i)
+		}
+	}
+	if len(tokens) > 2*ahead+1 {
+		t.Fatalf("%d grants kept, %d of them released: the released ones are not forgotten", len(tokens), len(tokens)-ahead)
+	}
+}
+
+// The cost of one witness on a member that has witnessed 1000 grants
+// ahead of its applies (a follower under load): pruning walks the record
+// only as it doubles.
+func BenchmarkWitnessAheadOfApply(b *testing.B) {
+	book, s := laggingWitness(1000)
+	keys := make([]string, 4096)
+	for i := range keys {
+		keys[i] = "released" + strconv.Itoa(i)
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		book.witness(s, 5, keys[i%len(keys)], uint64(1+i%1_000_000))
+	}
+}
+
+// An epoch leader asks one member to witness its own grant, the one it
+// heard from last; when that member is dead, the grant is still
+// delivered: the request is asked again of every member.
+func TestOwnGrantIsDeliveredWhenItsFirstWitnessIsDead(t *testing.T) {
+	if testing.Short() {
+		t.Skip("3 NodeHosts skipped in -short mode")
+	}
+	tc := newTestCluster(t, 3, func(c *Config) { c.Groups = 1 })
+	leader := tc.leaderOf("w")
+	l := tc.node(leader)
+	waitUntil(t, 15*time.Second, "the group's format to rise to 2", func() bool { return l.LogFormat(0) == logFormat2 })
+	rec := newRecorder()
+	if r := acquire(t, l, rec, 1, "w", 30*time.Second, 0); r.Outcome != engine.Granted {
+		t.Fatalf("leader's own grant with every member up: %+v", r)
+	}
+	var followers []uint64
+	for id := uint64(1); id <= 3; id++ {
+		if id != leader {
+			followers = append(followers, id)
+		}
+	}
+	first := l.liveness.latest(followers)
+	tc.stop(first)
+	// The dead member stays the one heard from last, as in the instant
+	// after a kill.
+	l.liveness.heard(first, l.clock()+time.Hour)
+	if r := acquire(t, l, rec, 2, "w2", 30*time.Second, 0); r.Outcome != engine.Granted {
+		t.Fatalf("leader's own grant with its first witness (node %d) dead: %+v", first, r)
 	}
 }
