@@ -230,6 +230,92 @@ func TestProcessesForgedFramesRightAfterAnAddition(t *testing.T) {
 	lockCycle(t, target, 1, "forged/added")
 }
 
+// A frame naming a replica id the group does not have yet, at a made-up
+// address, is let through with that address (a joining or lagging node
+// must be able to answer senders it does not know as members yet), and
+// dragonboat's registry keeps it. When the operator then added that id at
+// its real address, every node told the forged one exited as it applied
+// the addition (the registry panicked on dragonboat's apply path). Now
+// each repairs it: it stays up, counts it, and dials the member's real
+// address, so the new node gets the group's log and serves locks.
+func TestProcessesForgedAddressOfAReplicaAddedLater(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test skipped in -short mode")
+	}
+	dir := t.TempDir()
+	bin := buildLockd(t, dir)
+	procs := startProcesses(t, bin, dir, 1)
+	groupLeader(t, procs, 0)
+	group := shardID(1, 0)
+	raftAddr := func(p *proc) string { return p.args[slices.Index(p.args, "--raft-addr")+1] }
+
+	for _, p := range procs {
+		conn, err := net.DialTimeout("tcp", raftAddr(p), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fc := &frameConn{conn: conn}
+		frame := func(from uint64) pb.MessageBatch {
+			return pb.MessageBatch{DeploymentId: deploymentID, BinVer: raftio.TransportBinVersion, SourceAddress: "127.0.0.1:1",
+				Requests: []pb.Message{{Type: pb.HeartbeatResp, ShardID: group, From: from, To: p.id, Term: 1}}}
+		}
+		// Replica 4 at a made-up address, taken; then a frame naming no
+		// sender, refused: the node closing the connection shows it
+		// handled the first.
+		for _, from := range []uint64{4, 0} {
+			if err := fc.SendMessageBatch(frame(from)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.Copy(io.Discard, conn); err != nil {
+			t.Fatalf("node %d: %v, want the connection closed after the frame naming no sender", p.id, err)
+		}
+		conn.Close()
+	}
+
+	ports := freePorts(t, 3)
+	joiner := &proc{id: 4, listen: fmt.Sprintf("127.0.0.1:%d", ports[1]), admin: fmt.Sprintf("127.0.0.1:%d", ports[2]),
+		log: filepath.Join(dir, "node4.log")}
+	joinerRaft := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	joiner.args = append(joiner.serveArgs(joinerRaft, []string{"4=" + joinerRaft}, dir, 1, 2*time.Second), "--join")
+	killOnCleanup(t, []*proc{joiner})
+	joiner.start(t, bin)
+	awaitAdmin(t, joiner)
+	adminMembers(t, procs[0], 4, joinerRaft)
+
+	const forgedSeries = "lockd_cluster_raft_forged_addresses_total"
+	for _, p := range procs {
+		waitUntil(t, 20*time.Second, fmt.Sprintf("node %d applies the addition of node 4 (or exits)", p.id), func() bool {
+			n, err := p.metric(forgedSeries)
+			return isClosed(p.done) || err == nil && n > 0
+		})
+		if isClosed(p.done) {
+			t.Fatalf("node %d exited as it applied the addition of node 4 at its real address", p.id)
+		}
+	}
+	all := append(slices.Clone(procs), joiner)
+	waitUntil(t, 20*time.Second, "node 4 knows the group's leader", func() bool {
+		l, err := joiner.leaderView(0)
+		return err == nil && l != 0
+	})
+	lockCycle(t, joiner, 4, "forged/joined")
+	for i, p := range all {
+		if isClosed(p.done) {
+			t.Fatalf("node %d exited", p.id)
+		}
+		lockCycle(t, p, uint64(40+i), fmt.Sprintf("forged/joined/%d", p.id))
+	}
+	for _, p := range procs {
+		if n, err := p.metric(forgedSeries); err != nil || n != 1 {
+			t.Errorf("node %d: %s %d, %v; want 1", p.id, forgedSeries, n, err)
+		}
+		if log, err := os.ReadFile(p.log); err != nil || !strings.Contains(string(log), "outside the membership gave this replica its first address") {
+			t.Errorf("node %d: the repair is not in its log (%v)", p.id, err)
+		}
+	}
+}
+
 // A frame's header alone cannot make the transport allocate what it
 // declares: 30 connections declaring the largest frame and sending a few
 // bytes of it took a node from 28 MB to 2.16 GB before the buffer grew
@@ -621,7 +707,7 @@ func TestRaftSourcesBoundTheUnknownSenders(t *testing.T) {
 		t.Fatalf("a pinned sender past the bound: keep source %v, %v", keep, err)
 	}
 	members.Store(&map[uint64]string{1: "127.0.0.1:7001", 2: "127.0.0.1:7002", 100: "127.0.0.1:9"})
-	if keep, err := sources.checkBatch(batch("127.0.0.1:9", 1_000_000)); err != nil || !keep {
+	if keep, err := sources.checkBatch(batch("127.0.0.1:10", 1_000_000)); err != nil || !keep {
 		t.Fatalf("an unknown sender once a pinned one became a member: keep source %v, %v", keep, err)
 	}
 }
@@ -676,9 +762,9 @@ func registryConflictOf(log zerolog.Logger, shard, replica uint64, held, given s
 // on its apply path nothing took that panic back and the node exited. The
 // conflict on an address lockd let through for that id is repaired
 // (logged, counted, the membership's address dialed instead); any other
-// stays a panic: on an address lockd did not file, on one it filed for
-// another id, and on one the membership gave the id the same address as
-// its first frame (lockd forgets that filing).
+// stays a panic: on an address lockd did not file, and on one it filed
+// for another id or another group's replica. A forged address is counted
+// once, however often dragonboat files the member's address again.
 func TestRaftRegistryConflictOnAnUnknownSendersAddressIsRepaired(t *testing.T) {
 	const shard = 1001
 	sources, _ := fakeMemberships(t, map[uint64]map[uint64]string{shard: {1: "127.0.0.1:7001", 2: "127.0.0.1:7002"}})
@@ -691,8 +777,12 @@ func TestRaftRegistryConflictOnAnUnknownSendersAddressIsRepaired(t *testing.T) {
 	if registryConflictOf(log, shard, 4, "127.0.0.1:61004", "127.0.0.1:7004") {
 		t.Fatal("the membership's address for replica 4 after a frame gave it another: panicked, want repaired")
 	}
+	// Dragonboat files the member's address again as it restores a snapshot.
+	if registryConflictOf(zerolog.Nop(), shard, 4, "127.0.0.1:61004", "127.0.0.1:7004") {
+		t.Fatal("the same conflict again: panicked, want repaired")
+	}
 	if got := forgedAddresses.Load() - before; got != 1 {
-		t.Fatalf("repairs counted: %d, want 1", got)
+		t.Fatalf("forged addresses counted: %d, want 1", got)
 	}
 	for _, want := range []string{`"replica":4`, `"group":1001`, "127.0.0.1:61004", "127.0.0.1:7004", "outside the membership", `"level":"error"`} {
 		if !strings.Contains(logged.String(), want) {

@@ -390,16 +390,17 @@ var forgedAddresses atomic.Uint64
 
 // filedAddrs records, per sender and address, how many of the process's
 // nodes let that address through to their registry for that sender while
-// it was not a member, and the membership's address that replaced each
-// such address (the redirects). An entry is dropped when the registry
+// it was not a member, the membership's address that superseded each such
+// filing, and from those the redirects. An entry is dropped when the registry
 // turned it down (unpin) or the membership gave the sender that same
 // address; one the membership gave another address is kept, since
 // dragonboat files the membership's address again whenever it restores a
 // snapshot. Entries are made at most maxUnknownSenders at a time per node
 // and kept past that only for replica ids the group then added.
 type filedAddrs struct {
-	mu    sync.Mutex
-	filed map[filedAddr]int
+	mu         sync.Mutex
+	filed      map[filedAddr]int
+	superseded map[filedAddr]string
 	// redirects maps a filed address to the membership's address that
 	// superseded it, or to "" when two superseded it with different ones.
 	redirects map[string]string
@@ -441,56 +442,65 @@ func (f *filedAddrs) redirect(addr string) (to string, redirected bool) {
 // of a replica (logutil.DescribeNode, "[%05d:%05d]").
 const describedNodeMod = 100000
 
+// supersession is a registry conflict that supersedes a filing.
+type supersession struct {
+	filedAddr
+	given string
+	// again: the same filing was superseded by the same address before
+	// (dragonboat files a member's address again as it restores a
+	// snapshot). conflicting: it ended the filed address's redirect, for
+	// another filing of that address was superseded by another address.
+	again, conflicting bool
+}
+
 // supersede handles dragonboat's registry conflict (registryConflict: the
 // replica's description, the address the registry holds, the one it was
 // given): when the address held is one lockd filed for that replica while
-// it was not a member, the given one supersedes it (a redirect) and
-// supersede reports true with the replica; otherwise false, and the
-// conflict stays a panic. conflicting reports a second, different address
-// superseding the same one, which ends its redirect.
-func (f *filedAddrs) supersede(args []any) (sender raftio.NodeInfo, old, given string, conflicting, ok bool) {
+// it was not a member, the given one supersedes it and the redirect is
+// recorded; otherwise ok is false, and the conflict stays a panic.
+func (f *filedAddrs) supersede(args []any) (s supersession, ok bool) {
 	if len(args) != 3 {
-		return sender, "", "", false, false
+		return s, false
 	}
 	described, _ := args[0].(string)
-	old, given = fmt.Sprint(args[1]), fmt.Sprint(args[2])
 	shard, replica, parsed := parseDescribedNode(described)
 	if !parsed {
-		return sender, old, given, false, false
+		return s, false
 	}
+	old, given := fmt.Sprint(args[1]), fmt.Sprint(args[2])
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for filed := range f.filed {
 		if filed.addr == old && filed.sender.ShardID%describedNodeMod == shard && filed.sender.ReplicaID%describedNodeMod == replica {
-			sender, ok = filed.sender, true
+			s, ok = supersession{filedAddr: filed, given: given}, true
 			break
 		}
 	}
 	if !ok {
-		return sender, old, given, false, false
+		return s, false
 	}
-	if f.redirects == nil {
-		f.redirects = make(map[string]string)
+	if f.superseded == nil {
+		f.superseded, f.redirects = make(map[filedAddr]string), make(map[string]string)
 	}
-	to, seen := f.redirects[old]
-	switch {
-	case !seen:
+	prev, seen := f.superseded[s.filedAddr]
+	s.again = seen && prev == given
+	f.superseded[s.filedAddr] = given
+	switch to, redirected := f.redirects[old]; {
+	case !redirected:
 		f.redirects[old] = given
-	case to != given:
-		f.redirects[old], conflicting = "", true
+	case to != "" && to != given:
+		f.redirects[old], s.conflicting = "", true
 	}
-	return sender, old, given, conflicting, true
+	return s, true
 }
 
 // parseDescribedNode reads "[shard:replica]" as logutil.DescribeNode
 // writes it (each id modulo describedNodeMod).
 func parseDescribedNode(s string) (shard, replica uint64, ok bool) {
-	inner, found := strings.CutPrefix(s, "[")
-	if inner, found = strings.CutSuffix(inner, "]"); !found {
-		return 0, 0, false
-	}
-	a, b, found := strings.Cut(inner, ":")
-	if !found {
+	inner, opened := strings.CutPrefix(s, "[")
+	inner, closed := strings.CutSuffix(inner, "]")
+	a, b, split := strings.Cut(inner, ":")
+	if !opened || !closed || !split {
 		return 0, 0, false
 	}
 	shard, errA := strconv.ParseUint(a, 10, 64)
@@ -504,17 +514,19 @@ func parseDescribedNode(s string) (shard, replica uint64, ok bool) {
 // keeps it, and returning from the panic there is safe: it is the last
 // thing Registry.Add does); false when it must stay a panic.
 func repairRegistryConflict(log zerolog.Logger, args []any) bool {
-	sender, old, given, conflicting, ok := unknownFiled.supersede(args)
+	s, ok := unknownFiled.supersede(args)
 	if !ok {
 		return false
 	}
-	forgedAddresses.Add(1)
-	log.Error().Uint64("group", sender.ShardID).Uint64("replica", sender.ReplicaID).
-		Str("first_addr", old).Str("member_addr", given).
-		Msg("raft: a frame from outside the membership gave this replica its first address; the transport dials the membership's instead")
-	if conflicting {
-		log.Error().Str("first_addr", old).
-			Msg("raft: two members superseded the same first address; the transport dials neither in its place")
+	if !s.again {
+		forgedAddresses.Add(1)
+		log.Error().Uint64("group", s.sender.ShardID).Uint64("replica", s.sender.ReplicaID).
+			Str("first_addr", s.addr).Str("member_addr", s.given).
+			Msg("raft: a frame from outside the membership gave this replica its first address; the transport dials the membership's instead")
+	}
+	if s.conflicting {
+		log.Error().Str("first_addr", s.addr).
+			Msg("raft: members of two ids superseded the same first address; the transport dials neither in its place")
 	}
 	return true
 }
