@@ -33,13 +33,6 @@ package cluster
 // falls into that instant makes the registry panic, and the transport
 // takes that panic back and closes the connection (deliverWithSource).
 //
-// A sender not known as a member must not give another member's address:
-// lockd makes a node's replica id its node id in every group, so a member's
-// address belongs to that id alone, and a frame naming another id at it is
-// refused. Otherwise dragonboat would send that id's messages to the member,
-// and the redirect below, which never takes a member's address away from
-// it, could not repair the filing.
-//
 // The address first given for an unknown sender stays in dragonboat's
 // registry, which forgets none. When the group later adds that replica id
 // at another address (a frame from outside the membership gave a made-up
@@ -48,17 +41,28 @@ package cluster
 // where nothing can take the panic back: the node exited. lockd records
 // every address it let through for an unknown sender (filedAddrs), and the
 // logger (zlog.Panicf) turns that panic, when the address the registry
-// held is one lockd filed so, into a repair: the registry keeps the old
-// address, the transport dials the membership's in its place (dialAddr),
-// and the repair is logged and counted
-// (lockd_cluster_raft_forged_addresses_total).
+// held is one lockd filed for that replica so, into a repair: the registry
+// keeps the old address, the transport dials the membership's in its
+// place (dialAddr), and the repair is logged and counted
+// (lockd_cluster_raft_forged_addresses_total). The transport never dials
+// elsewhere than the address asked for when that is a member's address,
+// whose traffic it is.
+//
+// So a sender not known as a member must not give another member's
+// address, or dragonboat would send that sender's messages to the member
+// for good: lockd makes a node's replica id its node id in every group, so
+// a member's address belongs to that id alone, and a frame naming another
+// id at it is refused, whichever group the member is in. A node replaced
+// by a new id at the same address is heard by this node in a group once
+// this node has applied the old id's removal or the new one's addition
+// there.
 //
 // What remains on a plain TCP Raft port (loopback, or --insecure-raft):
 // someone who reaches it can speak as any member at its recorded address
-// (forged votes and heartbeats) and as replica ids the group does not have
-// yet, up to maxUnknownSenders of them. Mutual TLS (LoadRaftTLS) closes
-// it: a peer's certificate must come from the cluster's CA and name the
-// host of the address it gives.
+// (forged votes and heartbeats), and as replica ids the group does not
+// have yet at addresses no member has, up to maxUnknownSenders of them.
+// Mutual TLS (LoadRaftTLS) closes it: a peer's certificate must come from
+// the cluster's CA and name the host of the address it gives.
 
 import (
 	"errors"
