@@ -275,12 +275,12 @@ func (s *raftSources) readSince(arrived time.Time) *sourcesView {
 }
 
 // dialAddr is where the transport dials target, an address dragonboat's
-// registry gave for a peer: the membership's address that superseded it
-// when target is an address lockd filed for a sender outside the
-// membership (see the file comment). Never when target is the Raft address
-// of a member, whose traffic it is, nor when the superseding address is
-// no member's, on a reading of the memberships made now, nor when two
-// addresses superseded target for different senders.
+// registry gave for a peer: when target is an address lockd filed for a
+// sender outside the membership and the membership then gave that sender
+// another, that other (see the file comment). But target itself when, on
+// a reading of the memberships made now, it is a member's address (its
+// traffic is that member's) or the other is no member's, and when two
+// members superseded target with different addresses.
 func (s *raftSources) dialAddr(target string) string {
 	to, redirected := unknownFiled.redirect(target)
 	if !redirected || to == "" {
@@ -428,7 +428,9 @@ func (f *filedAddrs) unfile(sender raftio.NodeInfo, addr string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	key := filedAddr{sender, addr}
-	if f.filed[key]--; f.filed[key] <= 0 {
+	if f.filed[key] > 1 {
+		f.filed[key]--
+	} else {
 		delete(f.filed, key)
 	}
 }
