@@ -251,6 +251,10 @@ func (n *Node) Stats() engine.Stats {
 type ClusterStats struct {
 	Proposals, Commands, ProposeRetries, ProposeFailures, Unavailable, OrphanReleases, Expires, LeaderTransfers uint64
 	RaftFramesSent, RaftStreamsOpened                                                                           uint64
+	// RaftForgedAddresses counts, for the whole process, the addresses a
+	// frame from outside the membership gave a replica id first that the
+	// membership then superseded (raft_sources.go).
+	RaftForgedAddresses uint64
 }
 
 // ClusterStats returns the node's Raft-side counters.
@@ -261,5 +265,6 @@ func (n *Node) ClusterStats() ClusterStats {
 		ProposeFailures: s.proposeFailures.Load(), Unavailable: s.unavailable.Load(),
 		OrphanReleases: s.orphanReleases.Load(), Expires: s.expires.Load(), LeaderTransfers: s.leaderTransfers.Load(),
 		RaftFramesSent: s.raftFramesSent.Load(), RaftStreamsOpened: s.raftStreams.Load(),
+		RaftForgedAddresses: forgedAddresses.Load(),
 	}
 }

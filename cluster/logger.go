@@ -116,7 +116,14 @@ type dragonboatPanic struct{ format, msg string }
 
 func (p dragonboatPanic) Error() string { return p.msg }
 
+// Panicf panics but for the registry conflict that supersedes an address
+// lockd filed for a sender outside the membership, which is repaired
+// instead (raft_sources.go): on dragonboat's apply path nothing could take
+// that panic back, and the node exited.
 func (z *zlog) Panicf(f string, a ...any) {
+	if f == registryConflict && repairRegistryConflict(z.l, a) {
+		return
+	}
 	p := dragonboatPanic{format: f, msg: fmt.Sprintf(f, a...)}
 	z.l.WithLevel(zerolog.PanicLevel).Msg(p.msg)
 	panic(p)

@@ -79,6 +79,7 @@ var clusterCounters = []struct {
 	{counterDesc("lockd_cluster_leader_transfers_total", "Leader transfers this node asked for, as a group leader, toward the node proposing most."), func(s ClusterStats) uint64 { return s.LeaderTransfers }},
 	{counterDesc("lockd_cluster_raft_frames_sent_total", "Raft message frames this node wrote to its peers, one network hop each."), func(s ClusterStats) uint64 { return s.RaftFramesSent }},
 	{counterDesc("lockd_cluster_raft_connections_opened_total", "Raft message connections this node dialed to its peers, redials included: one per peer while the links hold."), func(s ClusterStats) uint64 { return s.RaftStreamsOpened }},
+	{counterDesc("lockd_cluster_raft_forged_addresses_total", "Raft addresses a frame from outside the membership gave a replica id before the membership added it at another address: each is logged, and the membership's address is dialed instead."), func(s ClusterStats) uint64 { return s.RaftForgedAddresses }},
 }
 
 func counterDesc(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, nil) }

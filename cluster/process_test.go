@@ -96,6 +96,12 @@ func (p *proc) connect() (*wire, error) {
 // leaderView reads the process's view of group g's leader from /metrics
 // (0 while it knows none).
 func (p *proc) leaderView(g int) (uint64, error) {
+	return p.metric(fmt.Sprintf("lockd_cluster_group_leader{group=\"%d\"}", g+1))
+}
+
+// metric reads the value of series (a name and its labels) from the
+// process's /metrics.
+func (p *proc) metric(series string) (uint64, error) {
 	// No keep-alive: no idle connection (and its goroutines) outlives the call.
 	c := http.Client{Timeout: time.Second, Transport: &http.Transport{DialContext: p.dial, DisableKeepAlives: true}}
 	resp, err := c.Get("http://" + p.admin + "/metrics")
@@ -103,14 +109,13 @@ func (p *proc) leaderView(g int) (uint64, error) {
 		return 0, err
 	}
 	defer resp.Body.Close()
-	want := fmt.Sprintf("lockd_cluster_group_leader{group=\"%d\"} ", g+1)
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), want); ok {
+		if rest, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
 			return strconv.ParseUint(rest, 10, 64)
 		}
 	}
-	return 0, fmt.Errorf("node %d: no %s in /metrics", p.id, strings.TrimSpace(want))
+	return 0, fmt.Errorf("node %d: no %s in /metrics", p.id, series)
 }
 
 // interval is one client's claim on a key: from receiving A until it sent

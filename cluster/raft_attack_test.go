@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -227,6 +228,92 @@ func TestProcessesForgedFramesRightAfterAnAddition(t *testing.T) {
 		adminMembers(t, target, id, "")
 	}
 	lockCycle(t, target, 1, "forged/added")
+}
+
+// A frame naming a replica id the group does not have yet, at a made-up
+// address, is let through with that address (a joining or lagging node
+// must be able to answer senders it does not know as members yet), and
+// dragonboat's registry keeps it. When the operator then added that id at
+// its real address, every node told the forged one exited as it applied
+// the addition (the registry panicked on dragonboat's apply path). Now
+// each repairs it: it stays up, counts it, and dials the member's real
+// address, so the new node gets the group's log and serves locks.
+func TestProcessesForgedAddressOfAReplicaAddedLater(t *testing.T) {
+	if testing.Short() {
+		t.Skip("multi-process test skipped in -short mode")
+	}
+	dir := t.TempDir()
+	bin := buildLockd(t, dir)
+	procs := startProcesses(t, bin, dir, 1)
+	groupLeader(t, procs, 0)
+	group := shardID(1, 0)
+	raftAddr := func(p *proc) string { return p.args[slices.Index(p.args, "--raft-addr")+1] }
+
+	for _, p := range procs {
+		conn, err := net.DialTimeout("tcp", raftAddr(p), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fc := &frameConn{conn: conn}
+		frame := func(from uint64) pb.MessageBatch {
+			return pb.MessageBatch{DeploymentId: deploymentID, BinVer: raftio.TransportBinVersion, SourceAddress: "127.0.0.1:1",
+				Requests: []pb.Message{{Type: pb.HeartbeatResp, ShardID: group, From: from, To: p.id, Term: 1}}}
+		}
+		// Replica 4 at a made-up address, taken; then a frame naming no
+		// sender, refused: the node closing the connection shows it
+		// handled the first.
+		for _, from := range []uint64{4, 0} {
+			if err := fc.SendMessageBatch(frame(from)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.Copy(io.Discard, conn); err != nil {
+			t.Fatalf("node %d: %v, want the connection closed after the frame naming no sender", p.id, err)
+		}
+		conn.Close()
+	}
+
+	ports := freePorts(t, 3)
+	joiner := &proc{id: 4, listen: fmt.Sprintf("127.0.0.1:%d", ports[1]), admin: fmt.Sprintf("127.0.0.1:%d", ports[2]),
+		log: filepath.Join(dir, "node4.log")}
+	joinerRaft := fmt.Sprintf("127.0.0.1:%d", ports[0])
+	joiner.args = append(joiner.serveArgs(joinerRaft, []string{"4=" + joinerRaft}, dir, 1, 2*time.Second), "--join")
+	killOnCleanup(t, []*proc{joiner})
+	joiner.start(t, bin)
+	awaitAdmin(t, joiner)
+	adminMembers(t, procs[0], 4, joinerRaft)
+
+	const forgedSeries = "lockd_cluster_raft_forged_addresses_total"
+	for _, p := range procs {
+		waitUntil(t, 20*time.Second, fmt.Sprintf("node %d applies the addition of node 4 (or exits)", p.id), func() bool {
+			n, err := p.metric(forgedSeries)
+			return isClosed(p.done) || err == nil && n > 0
+		})
+		if isClosed(p.done) {
+			t.Fatalf("node %d exited as it applied the addition of node 4 at its real address", p.id)
+		}
+	}
+	all := append(slices.Clone(procs), joiner)
+	waitUntil(t, 20*time.Second, "node 4 knows the group's leader", func() bool {
+		l, err := joiner.leaderView(0)
+		return err == nil && l != 0
+	})
+	lockCycle(t, joiner, 4, "forged/joined")
+	for i, p := range all {
+		if isClosed(p.done) {
+			t.Fatalf("node %d exited", p.id)
+		}
+		lockCycle(t, p, uint64(40+i), fmt.Sprintf("forged/joined/%d", p.id))
+	}
+	for _, p := range procs {
+		if n, err := p.metric(forgedSeries); err != nil || n != 1 {
+			t.Errorf("node %d: %s %d, %v; want 1", p.id, forgedSeries, n, err)
+		}
+		if log, err := os.ReadFile(p.log); err != nil || !strings.Contains(string(log), "outside the membership gave this replica its first address") {
+			t.Errorf("node %d: the repair is not in its log (%v)", p.id, err)
+		}
+	}
 }
 
 // A frame's header alone cannot make the transport allocate what it
@@ -620,7 +707,215 @@ func TestRaftSourcesBoundTheUnknownSenders(t *testing.T) {
 		t.Fatalf("a pinned sender past the bound: keep source %v, %v", keep, err)
 	}
 	members.Store(&map[uint64]string{1: "127.0.0.1:7001", 2: "127.0.0.1:7002", 100: "127.0.0.1:9"})
-	if keep, err := sources.checkBatch(batch("127.0.0.1:9", 1_000_000)); err != nil || !keep {
+	if keep, err := sources.checkBatch(batch("127.0.0.1:10", 1_000_000)); err != nil || !keep {
 		t.Fatalf("an unknown sender once a pinned one became a member: keep source %v, %v", keep, err)
+	}
+}
+
+// fakeMemberships is a raftSources reading the memberships the test
+// stores: shard -> member -> Raft address, this node replica 1 in each.
+func fakeMemberships(t *testing.T, shards map[uint64]map[uint64]string) (*raftSources, *atomic.Pointer[map[uint64]map[uint64]string]) {
+	t.Helper()
+	var current atomic.Pointer[map[uint64]map[uint64]string]
+	current.Store(&shards)
+	read := func() []dragonboat.ShardInfo {
+		var infos []dragonboat.ShardInfo
+		for shard, members := range *current.Load() {
+			infos = append(infos, dragonboat.ShardInfo{ShardID: shard, ReplicaID: 1, Replicas: maps.Clone(members)})
+		}
+		return infos
+	}
+	sources := &raftSources{}
+	sources.shards.Store(&read)
+	return sources, &current
+}
+
+// heartbeatFrom is a batch of heartbeats to replica 1 of shard, one from
+// each sender, giving source as their address.
+func heartbeatFrom(shard uint64, source string, senders ...uint64) *pb.MessageBatch {
+	mb := &pb.MessageBatch{DeploymentId: deploymentID, BinVer: raftio.TransportBinVersion, SourceAddress: source}
+	for _, from := range senders {
+		mb.Requests = append(mb.Requests, pb.Message{Type: pb.Heartbeat, ShardID: shard, From: from, To: 1, Term: 1})
+	}
+	return mb
+}
+
+// registryConflictOf makes the registry's conflict as dragonboat's
+// Registry.Add does, through a logger of lockd's, and reports whether it
+// panicked.
+func registryConflictOf(log zerolog.Logger, shard, replica uint64, held, given string) (panicked bool) {
+	defer func() {
+		r := recover()
+		if p, ok := r.(dragonboatPanic); ok && p.format == registryConflict {
+			panicked = true
+		} else if r != nil {
+			panic(r)
+		}
+	}()
+	described := fmt.Sprintf("[%05d:%05d]", shard%describedNodeMod, replica%describedNodeMod) // logutil.DescribeNode
+	newZlog(log, "registry").Panicf(registryConflict, described, any(held), given)
+	return false
+}
+
+// Dragonboat's registry panics when the membership gives a replica id an
+// address after a frame from outside the membership gave it another one;
+// on its apply path nothing took that panic back and the node exited. The
+// conflict on an address lockd let through for that id is repaired
+// (logged, counted, the membership's address dialed instead); any other
+// stays a panic: on an address lockd did not file, and on one it filed
+// for another id or another group's replica. A forged address is counted
+// once, however often dragonboat files the member's address again.
+func TestRaftRegistryConflictOnAnUnknownSendersAddressIsRepaired(t *testing.T) {
+	const shard = 1001
+	sources, _ := fakeMemberships(t, map[uint64]map[uint64]string{shard: {1: "127.0.0.1:7001", 2: "127.0.0.1:7002"}})
+	if keep, err := sources.checkBatch(heartbeatFrom(shard, "127.0.0.1:61004", 4)); err != nil || !keep {
+		t.Fatalf("unknown sender 4: keep source %v, %v; want it delivered with its address", keep, err)
+	}
+	var logged strings.Builder
+	log := zerolog.New(&logged)
+	before := forgedAddresses.Load()
+	if registryConflictOf(log, shard, 4, "127.0.0.1:61004", "127.0.0.1:7004") {
+		t.Fatal("the membership's address for replica 4 after a frame gave it another: panicked, want repaired")
+	}
+	// Dragonboat files the member's address again as it restores a snapshot.
+	if registryConflictOf(zerolog.Nop(), shard, 4, "127.0.0.1:61004", "127.0.0.1:7004") {
+		t.Fatal("the same conflict again: panicked, want repaired")
+	}
+	if got := forgedAddresses.Load() - before; got != 1 {
+		t.Fatalf("forged addresses counted: %d, want 1", got)
+	}
+	for _, want := range []string{`"replica":4`, `"group":1001`, "127.0.0.1:61004", "127.0.0.1:7004", "outside the membership", `"level":"error"`} {
+		if !strings.Contains(logged.String(), want) {
+			t.Errorf("repair log %q lacks %s", logged.String(), want)
+		}
+	}
+	if to, ok := unknownFiled.redirect("127.0.0.1:61004"); !ok || to != "127.0.0.1:7004" {
+		t.Fatalf("redirect of the first address: %q %v, want the membership's", to, ok)
+	}
+
+	for _, c := range []struct {
+		what           string
+		shard, replica uint64
+		held, given    string
+	}{
+		{"member 2's address, which lockd never filed", shard, 2, "127.0.0.1:7002", "127.0.0.1:1"},
+		{"the address filed for 4, held for replica 5", shard, 5, "127.0.0.1:61004", "127.0.0.1:7005"},
+		{"the address filed for 4, held for replica 4 of another group", shard + 1, 4, "127.0.0.1:61004", "127.0.0.1:7004"},
+	} {
+		if !registryConflictOf(zerolog.Nop(), c.shard, c.replica, c.held, c.given) {
+			t.Errorf("%s: repaired, want the panic", c.what)
+		}
+	}
+	if got := forgedAddresses.Load() - before; got != 1 {
+		t.Fatalf("repairs counted: %d, want still 1", got)
+	}
+}
+
+// A sender outside the membership that the membership then adds at the
+// address its frames gave is a member like any other: lockd forgets that
+// it filed the address, and a conflict on it stays a panic.
+func TestRaftSourcesForgetAFilingTheMembershipConfirms(t *testing.T) {
+	const shard = 1003
+	sources, members := fakeMemberships(t, map[uint64]map[uint64]string{shard: {1: "127.0.0.1:7001"}})
+	if keep, err := sources.checkBatch(heartbeatFrom(shard, "127.0.0.1:61009", 9)); err != nil || !keep {
+		t.Fatalf("unknown sender 9: keep source %v, %v", keep, err)
+	}
+	members.Store(&map[uint64]map[uint64]string{shard: {1: "127.0.0.1:7001", 9: "127.0.0.1:61009"}})
+	if keep, err := sources.checkBatch(heartbeatFrom(shard, "127.0.0.1:61009", 9)); err != nil || keep {
+		t.Fatalf("member 9 at its address: keep source %v, %v; want it delivered without", keep, err)
+	}
+	if !registryConflictOf(zerolog.Nop(), shard, 9, "127.0.0.1:61009", "127.0.0.1:1") {
+		t.Fatal("a conflict on member 9's own address was repaired, want the panic")
+	}
+}
+
+// The transport dials the membership's address in place of a first
+// address it superseded; never in place of an address that is a member's
+// (its traffic would go elsewhere), nor to one no member has, nor when two
+// members superseded the same first address.
+func TestRaftTransportDialsTheMembershipsAddressInPlaceOfAForgedOne(t *testing.T) {
+	const shard = 1005
+	ls := raftListeners(t, 6)
+	for _, l := range ls {
+		t.Cleanup(func() { l.Close() })
+	}
+	addr := func(i int) string { return ls[i].Addr().String() }
+	forged, member4, shared, member6, member8, takenLater := addr(0), addr(1), addr(2), addr(3), addr(4), addr(5)
+	sources, members := fakeMemberships(t, map[uint64]map[uint64]string{shard: {1: "127.0.0.1:7001"}})
+	for _, mb := range []*pb.MessageBatch{
+		heartbeatFrom(shard, forged, 4),
+		heartbeatFrom(shard, shared, 6, 8),
+		heartbeatFrom(shard, takenLater, 10),
+	} {
+		if keep, err := sources.checkBatch(mb); err != nil || !keep {
+			t.Fatalf("unknown senders at %s: keep source %v, %v", mb.SourceAddress, keep, err)
+		}
+	}
+	tr := &raftTransport{log: zerolog.Nop(), sources: sources}
+	dialed := func(target string) string {
+		t.Helper()
+		conn, err := tr.GetConnection(context.Background(), target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		return conn.(*frameConn).conn.RemoteAddr().String()
+	}
+
+	if got := dialed(forged); got != forged {
+		t.Fatalf("before any conflict: dialed %s, want %s itself", got, forged)
+	}
+	// The groups add 4, 6, 8 and 10: the registry conflicts as each is
+	// filed; 10's first address becomes member 3's.
+	for _, c := range []struct {
+		replica     uint64
+		held, given string
+	}{{4, forged, member4}, {6, shared, member6}, {8, shared, member8}, {10, takenLater, member4}} {
+		if registryConflictOf(zerolog.Nop(), shard, c.replica, c.held, c.given) {
+			t.Fatalf("replica %d: the conflict on its first address panicked", c.replica)
+		}
+	}
+	if got := dialed(forged); got != forged {
+		t.Fatalf("before the membership shows member 4: dialed %s, want %s (no member's address yet)", got, forged)
+	}
+	members.Store(&map[uint64]map[uint64]string{shard: {1: "127.0.0.1:7001", 3: takenLater, 4: member4, 6: member6, 8: member8, 10: member4}})
+	for _, c := range []struct{ what, target, want string }{
+		{"replica 4's forged first address", forged, member4},
+		{"the first address two members superseded", shared, shared},
+		{"a first address that is now member 3's", takenLater, takenLater},
+	} {
+		if got := dialed(c.target); got != c.want {
+			t.Errorf("%s: dialed %s, want %s", c.what, got, c.want)
+		}
+	}
+}
+
+// An unknown sender may not give a member's address: lockd's replica id
+// is its node id in every group, so such a frame is forged, and
+// dragonboat would send that id's messages to the member. It is refused
+// whichever group the member is in; a member at its own address, and an
+// unknown sender at an address no member has, still get through.
+func TestRaftSourcesRefuseAnUnknownSenderAtAMembersAddress(t *testing.T) {
+	sources, _ := fakeMemberships(t, map[uint64]map[uint64]string{
+		1007: {1: "127.0.0.1:7001", 2: "127.0.0.1:7002"},
+		1008: {1: "127.0.0.1:7001", 3: "127.0.0.1:7003"},
+	})
+	for _, c := range []struct {
+		what   string
+		mb     *pb.MessageBatch
+		refuse bool
+		keep   bool
+	}{
+		{"sender 4 at member 2's address", heartbeatFrom(1007, "127.0.0.1:7002", 4), true, false},
+		{"sender 4 at member 3's address, of another group", heartbeatFrom(1007, "127.0.0.1:7003", 4), true, false},
+		{"member 2 with sender 4 at its address", heartbeatFrom(1007, "127.0.0.1:7002", 2, 4), true, false},
+		{"member 2 at its address", heartbeatFrom(1007, "127.0.0.1:7002", 2), false, false},
+		{"sender 3, a member elsewhere, at its address", heartbeatFrom(1007, "127.0.0.1:7003", 3), false, true},
+		{"sender 4 at an address of no member", heartbeatFrom(1007, "127.0.0.1:7004", 4), false, true},
+	} {
+		keep, err := sources.checkBatch(c.mb)
+		if refused := errors.Is(err, errForeignSource); refused != c.refuse || (!refused && (err != nil || keep != c.keep)) {
+			t.Errorf("%s: keep source %v, %v; want refused %v, keep source %v", c.what, keep, err, c.refuse, c.keep)
+		}
 	}
 }

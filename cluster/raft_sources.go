@@ -33,20 +33,43 @@ package cluster
 // falls into that instant makes the registry panic, and the transport
 // takes that panic back and closes the connection (deliverWithSource).
 //
+// The address first given for an unknown sender stays in dragonboat's
+// registry, which forgets none. When the group later adds that replica id
+// at another address (a frame from outside the membership gave a made-up
+// one, or a node changed address before it was added), dragonboat's
+// registry panics as it files the membership's address, on its apply path,
+// where nothing can take the panic back: the node exited. lockd records
+// every address it let through for an unknown sender (filedAddrs), and the
+// logger (zlog.Panicf) turns that panic, when the address the registry
+// held is one lockd filed for that replica so, into a repair: the registry
+// keeps the old address, the transport dials the membership's in its
+// place (dialAddr), and the repair is logged and counted
+// (lockd_cluster_raft_forged_addresses_total). The transport never dials
+// elsewhere than the address asked for when that is a member's address,
+// whose traffic it is.
+//
+// So a sender not known as a member must not give another member's
+// address, or dragonboat would send that sender's messages to the member
+// for good: lockd makes a node's replica id its node id in every group, so
+// a member's address belongs to that id alone, and a frame naming another
+// id at it is refused, whichever group the member is in. A node replaced
+// by a new id at the same address is heard by this node in a group once
+// this node has applied the old id's removal or the new one's addition
+// there.
+//
 // What remains on a plain TCP Raft port (loopback, or --insecure-raft):
 // someone who reaches it can speak as any member at its recorded address
-// (forged votes and heartbeats), and as a replica id the group does not
-// have yet; a node given such an id at a made-up address exits when it
-// later applies the addition of that id at another address (dragonboat's
-// registry panics as it files the membership's address, on its apply
-// path, where nothing can take the panic back). Mutual TLS (LoadRaftTLS)
-// closes all of it: a peer's certificate must come from the cluster's CA
-// and name the host of the address it gives.
+// (forged votes and heartbeats), and as replica ids the group does not
+// have yet at addresses no member has, up to maxUnknownSenders of them.
+// Mutual TLS (LoadRaftTLS) closes it: a peer's certificate must come from
+// the cluster's CA and name the host of the address it gives.
 
 import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +77,7 @@ import (
 	"github.com/lni/dragonboat/v4"
 	"github.com/lni/dragonboat/v4/raftio"
 	pb "github.com/lni/dragonboat/v4/raftpb"
+	"github.com/rs/zerolog"
 )
 
 const (
@@ -95,6 +119,26 @@ type sourcesView struct {
 	readAt time.Time                  // when the reading began
 	groups map[uint64]uint64          // the groups this node runs -> its replica in each
 	addrs  map[raftio.NodeInfo]string // (group, member) -> Raft address
+	// memberAt maps a member's Raft address, in any group, to its replica
+	// id; to 0 (never a replica id) when members of several ids give it.
+	memberAt map[string]uint64
+}
+
+// newSourcesView is the reading of shards begun at readAt.
+func newSourcesView(readAt time.Time, shards []dragonboat.ShardInfo) *sourcesView {
+	v := &sourcesView{readAt: readAt, groups: make(map[uint64]uint64), addrs: make(map[raftio.NodeInfo]string),
+		memberAt: make(map[string]uint64)}
+	for _, si := range shards {
+		v.groups[si.ShardID] = si.ReplicaID
+		for id, addr := range si.Replicas {
+			v.addrs[raftio.NodeInfo{ShardID: si.ShardID, ReplicaID: id}] = addr
+			if other, seen := v.memberAt[addr]; seen && other != id {
+				id = 0
+			}
+			v.memberAt[addr] = id
+		}
+	}
+	return v
 }
 
 // attach makes s read nh's groups.
@@ -148,6 +192,7 @@ func (s *raftSources) checkBatch(mb *pb.MessageBatch) (keepSource bool, err erro
 			s.pinned = make(map[raftio.NodeInfo]string)
 		}
 		s.pinned[sender] = mb.SourceAddress
+		unknownFiled.file(sender, mb.SourceAddress)
 	}
 	return true, nil
 }
@@ -162,6 +207,7 @@ func (s *raftSources) unpin(mb *pb.MessageBatch) {
 		sender := raftio.NodeInfo{ShardID: mb.Requests[i].ShardID, ReplicaID: mb.Requests[i].From}
 		if s.pinned[sender] == mb.SourceAddress {
 			delete(s.pinned, sender)
+			unknownFiled.unfile(sender, mb.SourceAddress)
 		}
 	}
 }
@@ -209,22 +255,48 @@ func (s *raftSources) readSince(arrived time.Time) *sourcesView {
 		}
 		time.Sleep(sourcesReadEvery - time.Since(last.readAt))
 	}
-	v := &sourcesView{readAt: time.Now(), groups: make(map[uint64]uint64), addrs: make(map[raftio.NodeInfo]string)}
-	for _, si := range (*read)() {
-		v.groups[si.ShardID] = si.ReplicaID
-		for id, addr := range si.Replicas {
-			v.addrs[raftio.NodeInfo{ShardID: si.ShardID, ReplicaID: id}] = addr
-		}
-	}
+	v := newSourcesView(time.Now(), (*read)())
 	s.view.Store(v)
 	s.pinMu.Lock()
-	for sender := range s.pinned {
-		if _, member := v.addrs[sender]; member {
-			delete(s.pinned, sender)
+	for sender, first := range s.pinned {
+		addr, member := v.addrs[sender]
+		if !member {
+			continue
+		}
+		delete(s.pinned, sender)
+		if addr == first {
+			// The registry holds the membership's own address: no later
+			// filing of this member can conflict with it.
+			unknownFiled.unfile(sender, first)
 		}
 	}
 	s.pinMu.Unlock()
 	return v
+}
+
+// dialAddr is where the transport dials target, an address dragonboat's
+// registry gave for a peer: when target is an address lockd filed for a
+// sender outside the membership and the membership then gave that sender
+// another, that other (see the file comment). But target itself when, on
+// a reading of the memberships made now, it is a member's address (its
+// traffic is that member's) or the other is no member's, and when two
+// members superseded target with different addresses.
+func (s *raftSources) dialAddr(target string) string {
+	to, redirected := unknownFiled.redirect(target)
+	if !redirected || to == "" {
+		return target
+	}
+	v := s.readSince(time.Now())
+	if v == nil {
+		return target
+	}
+	if _, member := v.memberAt[target]; member {
+		return target
+	}
+	if _, member := v.memberAt[to]; !member {
+		return target
+	}
+	return to
 }
 
 // checkBatch checks every message of mb (checkMessage) and, when a sender
@@ -249,9 +321,10 @@ func (v *sourcesView) checkBatch(mb *pb.MessageBatch) (notMember bool, err error
 
 // checkMessage refuses a message that is not for this node's replica of
 // its group, one without a sender, one of a kind dragonboat only makes
-// locally (a snapshot to install arrives as chunks), and one whose sender
-// is a member at another address than addr; it reports whether the sender
-// is a member.
+// locally (a snapshot to install arrives as chunks), one whose sender is a
+// member at another address than addr, and one whose sender is not a
+// member but addr is the address of a member of another id, in any group;
+// it reports whether the sender is a member.
 func (v *sourcesView) checkMessage(m *pb.Message, addr string) (member bool, err error) {
 	if m.Type == pb.InstallSnapshot {
 		return false, fmt.Errorf("%w: group %d, a local message kind (%s)", errForeignSource, m.ShardID, m.Type)
@@ -265,6 +338,9 @@ func (v *sourcesView) checkMessage(m *pb.Message, addr string) (member bool, err
 	known, member := v.addrs[raftio.NodeInfo{ShardID: m.ShardID, ReplicaID: m.From}]
 	if member && known != addr {
 		return false, fmt.Errorf("%w: group %d has member %d at %q, not %q", errForeignSource, m.ShardID, m.From, known, addr)
+	}
+	if owner, taken := v.memberAt[addr]; !member && taken && owner != m.From {
+		return false, fmt.Errorf("%w: group %d, sender %d at %q, a member's address of another id", errForeignSource, m.ShardID, m.From, addr)
 	}
 	return member, nil
 }
@@ -302,4 +378,161 @@ func (v *sourcesView) checkSender(shard, from uint64) error {
 func validRaftAddr(addr string) bool {
 	_, _, err := net.SplitHostPort(addr)
 	return err == nil
+}
+
+// unknownFiled is the process's record of the addresses lockd let
+// dragonboat file for senders outside the membership. It is process-wide
+// because the registry's panic, where it is read, reaches lockd through
+// dragonboat's logger, which is the process's (setupLogging installs it
+// once) and names no NodeHost; tests run several nodes in one process,
+// each filing here.
+var unknownFiled filedAddrs
+
+// forgedAddresses counts the registry conflicts repaired
+// (lockd_cluster_raft_forged_addresses_total), process-wide as the record.
+var forgedAddresses atomic.Uint64
+
+// filedAddrs records, per sender and address, how many of the process's
+// nodes let that address through to their registry for that sender while
+// it was not a member, the membership's address that superseded each such
+// filing, and from those the redirects. An entry is dropped when the registry
+// turned it down (unpin) or the membership gave the sender that same
+// address; one the membership gave another address is kept, since
+// dragonboat files the membership's address again whenever it restores a
+// snapshot. Entries are made at most maxUnknownSenders at a time per node
+// and kept past that only for replica ids the group then added.
+type filedAddrs struct {
+	mu         sync.Mutex
+	filed      map[filedAddr]int
+	superseded map[filedAddr]string
+	// redirects maps a filed address to the membership's address that
+	// superseded it, or to "" when two superseded it with different ones.
+	redirects map[string]string
+}
+
+type filedAddr struct {
+	sender raftio.NodeInfo
+	addr   string
+}
+
+func (f *filedAddrs) file(sender raftio.NodeInfo, addr string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.filed == nil {
+		f.filed = make(map[filedAddr]int)
+	}
+	f.filed[filedAddr{sender, addr}]++
+}
+
+func (f *filedAddrs) unfile(sender raftio.NodeInfo, addr string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	key := filedAddr{sender, addr}
+	if f.filed[key] > 1 {
+		f.filed[key]--
+	} else {
+		delete(f.filed, key)
+	}
+}
+
+// redirect reports the address that superseded addr: "" when two
+// disagree; redirected is false when none did.
+func (f *filedAddrs) redirect(addr string) (to string, redirected bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	to, redirected = f.redirects[addr]
+	return to, redirected
+}
+
+// describedNodeMod is the modulus of the ids in dragonboat's description
+// of a replica (logutil.DescribeNode, "[%05d:%05d]").
+const describedNodeMod = 100000
+
+// supersession is a registry conflict that supersedes a filing.
+type supersession struct {
+	filedAddr
+	given string
+	// again: the same filing was superseded by the same address before
+	// (dragonboat files a member's address again as it restores a
+	// snapshot). conflicting: it ended the filed address's redirect, for
+	// another filing of that address was superseded by another address.
+	again, conflicting bool
+}
+
+// supersede handles dragonboat's registry conflict (registryConflict: the
+// replica's description, the address the registry holds, the one it was
+// given): when the address held is one lockd filed for that replica while
+// it was not a member, the given one supersedes it and the redirect is
+// recorded; otherwise ok is false, and the conflict stays a panic.
+func (f *filedAddrs) supersede(args []any) (s supersession, ok bool) {
+	if len(args) != 3 {
+		return s, false
+	}
+	described, _ := args[0].(string)
+	shard, replica, parsed := parseDescribedNode(described)
+	if !parsed {
+		return s, false
+	}
+	old, given := fmt.Sprint(args[1]), fmt.Sprint(args[2])
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for filed := range f.filed {
+		if filed.addr == old && filed.sender.ShardID%describedNodeMod == shard && filed.sender.ReplicaID%describedNodeMod == replica {
+			s, ok = supersession{filedAddr: filed, given: given}, true
+			break
+		}
+	}
+	if !ok {
+		return s, false
+	}
+	if f.superseded == nil {
+		f.superseded, f.redirects = make(map[filedAddr]string), make(map[string]string)
+	}
+	prev, seen := f.superseded[s.filedAddr]
+	s.again = seen && prev == given
+	f.superseded[s.filedAddr] = given
+	switch to, redirected := f.redirects[old]; {
+	case !redirected:
+		f.redirects[old] = given
+	case to != "" && to != given:
+		f.redirects[old], s.conflicting = "", true
+	}
+	return s, true
+}
+
+// parseDescribedNode reads "[shard:replica]" as logutil.DescribeNode
+// writes it (each id modulo describedNodeMod).
+func parseDescribedNode(s string) (shard, replica uint64, ok bool) {
+	inner, opened := strings.CutPrefix(s, "[")
+	inner, closed := strings.CutSuffix(inner, "]")
+	a, b, split := strings.Cut(inner, ":")
+	if !opened || !closed || !split {
+		return 0, 0, false
+	}
+	shard, errA := strconv.ParseUint(a, 10, 64)
+	replica, errB := strconv.ParseUint(b, 10, 64)
+	return shard, replica, errA == nil && errB == nil
+}
+
+// repairRegistryConflict is the logger's answer to dragonboat's registry
+// conflict: true, once logged and counted, when the conflict supersedes an
+// address lockd filed for a sender outside the membership (the registry
+// keeps it, and returning from the panic there is safe: it is the last
+// thing Registry.Add does); false when it must stay a panic.
+func repairRegistryConflict(log zerolog.Logger, args []any) bool {
+	s, ok := unknownFiled.supersede(args)
+	if !ok {
+		return false
+	}
+	if !s.again {
+		forgedAddresses.Add(1)
+		log.Error().Uint64("group", s.sender.ShardID).Uint64("replica", s.sender.ReplicaID).
+			Str("first_addr", s.addr).Str("member_addr", s.given).
+			Msg("raft: a frame from outside the membership gave this replica its first address; the transport dials the membership's instead")
+	}
+	if s.conflicting {
+		log.Error().Str("first_addr", s.addr).
+			Msg("raft: members of two ids superseded the same first address; the transport dials neither in its place")
+	}
+	return true
 }

@@ -470,7 +470,12 @@ func (t *raftTransport) Close() error {
 	return err
 }
 
+// dial connects to the peer dragonboat's registry places at target, or to
+// the membership's address that superseded target (raftSources.dialAddr).
 func (t *raftTransport) dial(ctx context.Context, target string) (net.Conn, error) {
+	if t.sources != nil {
+		target = t.sources.dialAddr(target)
+	}
 	return dialRaft(ctx, t.tls, t.log, target)
 }
 
