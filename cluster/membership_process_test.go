@@ -89,7 +89,6 @@ func TestProcessesMembershipChanges(t *testing.T) {
 		killOnCleanup(t, []*proc{p})
 		return p
 	}
-	raftAddr := func(p *proc) string { return p.args[slices.Index(p.args, "--raft-addr")+1] }
 	for g := range groups {
 		groupLeader(t, procs, g)
 	}
@@ -123,7 +122,7 @@ func TestProcessesMembershipChanges(t *testing.T) {
 		p := join()
 		p.start(t, bin)
 		awaitAdmin(t, p)
-		lockctlCluster(t, ctl, live(0), "add", strconv.FormatUint(p.id, 10), raftAddr(p))
+		lockctlCluster(t, ctl, live(0), "add", strconv.FormatUint(p.id, 10), p.raftAddr())
 		members = append(members, p.id)
 		checkMembers(p, members, fmt.Sprintf("node %d added", p.id))
 		return p

@@ -72,6 +72,9 @@ func (p *proc) kill9() {
 
 func (p *proc) alive() bool { return p.cmd != nil }
 
+// raftAddr is the Raft address p was started with.
+func (p *proc) raftAddr() string { return p.args[slices.Index(p.args, "--raft-addr")+1] }
+
 // signal sends sig (SIGSTOP, SIGCONT) to the running process.
 func (p *proc) signal(sig syscall.Signal) {
 	if p.cmd != nil {

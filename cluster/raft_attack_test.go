@@ -31,6 +31,20 @@ import (
 	"github.com/rs/zerolog"
 )
 
+// attackedCluster starts 3 lockd processes of one group on loopback
+// (plain TCP Raft) and waits for its leader; skipped with -short. It
+// returns them, the binary and the directory they run from.
+func attackedCluster(t *testing.T) (procs []*proc, bin, dir string) {
+	if testing.Short() {
+		t.Skip("multi-process test skipped in -short mode")
+	}
+	dir = t.TempDir()
+	bin = buildLockd(t, dir)
+	procs = startProcesses(t, bin, dir, 1)
+	groupLeader(t, procs, 0)
+	return procs, bin, dir
+}
+
 // sendForged writes one frame of mb to a node's Raft port as an attacker
 // that reaches it would, and waits for the node to close the connection.
 func sendForged(t *testing.T, raftAddr string, mb pb.MessageBatch) {
@@ -78,23 +92,17 @@ func lockCycle(t *testing.T, p *proc, owner uint64, key string) {
 // locally from the chunks it received) is not heard either. The node keeps
 // serving locks through its group.
 func TestProcessesForgedRaftFramesAreDropped(t *testing.T) {
-	if testing.Short() {
-		t.Skip("multi-process test skipped in -short mode")
-	}
-	dir := t.TempDir()
-	bin := buildLockd(t, dir)
-	procs := startProcesses(t, bin, dir, 1)
-	groupLeader(t, procs, 0)
+	procs, _, _ := attackedCluster(t)
 	lockCycle(t, procs[0], 1, "forged/before")
 
 	target := procs[0]
-	raftAddr := target.args[slices.Index(target.args, "--raft-addr")+1]
+	raftAddr := target.raftAddr()
 	group := shardID(1, 0)
 	forged := func(from uint64, source string, shard uint64) pb.MessageBatch {
 		return pb.MessageBatch{DeploymentId: deploymentID, BinVer: raftio.TransportBinVersion, SourceAddress: source,
 			Requests: []pb.Message{{Type: pb.Heartbeat, ShardID: shard, From: from, To: target.id, Term: 1 << 40}}}
 	}
-	member2 := procs[1].args[slices.Index(procs[1].args, "--raft-addr")+1]
+	member2 := procs[1].raftAddr()
 	toNobody := forged(2, member2, group)
 	toNobody.Requests[0].To = 0
 	install := forged(2, member2, group)
@@ -171,16 +179,10 @@ func forgeUntilClosed(raftAddr string, mb pb.MessageBatch) error {
 // member (on no running node) through the node attacked, then forges its
 // frames, then removes it.
 func TestProcessesForgedFramesRightAfterAnAddition(t *testing.T) {
-	if testing.Short() {
-		t.Skip("multi-process test skipped in -short mode")
-	}
-	dir := t.TempDir()
-	bin := buildLockd(t, dir)
-	procs := startProcesses(t, bin, dir, 1)
-	groupLeader(t, procs, 0)
+	procs, _, _ := attackedCluster(t)
 	target := procs[0]
 	awaitAdmin(t, target)
-	raftAddr := target.args[slices.Index(target.args, "--raft-addr")+1]
+	raftAddr := target.raftAddr()
 	group := shardID(1, 0)
 	forged := func(from uint64, source string) pb.MessageBatch {
 		return pb.MessageBatch{DeploymentId: deploymentID, BinVer: raftio.TransportBinVersion, SourceAddress: source,
@@ -239,18 +241,11 @@ func TestProcessesForgedFramesRightAfterAnAddition(t *testing.T) {
 // each repairs it: it stays up, counts it, and dials the member's real
 // address, so the new node gets the group's log and serves locks.
 func TestProcessesForgedAddressOfAReplicaAddedLater(t *testing.T) {
-	if testing.Short() {
-		t.Skip("multi-process test skipped in -short mode")
-	}
-	dir := t.TempDir()
-	bin := buildLockd(t, dir)
-	procs := startProcesses(t, bin, dir, 1)
-	groupLeader(t, procs, 0)
+	procs, bin, dir := attackedCluster(t)
 	group := shardID(1, 0)
-	raftAddr := func(p *proc) string { return p.args[slices.Index(p.args, "--raft-addr")+1] }
 
 	for _, p := range procs {
-		conn, err := net.DialTimeout("tcp", raftAddr(p), 5*time.Second)
+		conn, err := net.DialTimeout("tcp", p.raftAddr(), 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
