@@ -571,5 +571,7 @@ func (n *Node) onPeerFrame(body []byte, sink verdictSink) {
 		n.onClaims(b, sink, kind == peerWitness)
 	case kind == peerQueries:
 		n.onWitnessQueries(b, sink)
+	case kind == peerSendAgain:
+		n.onSendAgain(b)
 	}
 }

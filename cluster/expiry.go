@@ -64,6 +64,9 @@ func (n *Node) expiryLoop(ctx context.Context) {
 			if step.moveTo != 0 {
 				n.moveLeader(g, step.moveTo)
 			}
+			if step.handOverGivenUp {
+				n.resendProposals(g)
+			}
 			if step.propose {
 				g.propose()
 			}
@@ -92,7 +95,11 @@ func (n *Node) leaderView(idx int) leaderView {
 type expiryStep struct {
 	wake    time.Duration // the group wants the next pass within this
 	moveTo  uint64        // ask for the leadership to pass to this node
-	propose bool
+	// handOverGivenUp: a hand-over this leader asked for ended without a
+	// new leader; the followers' proposals it dropped meanwhile must go
+	// out again (resendProposals).
+	handOverGivenUp bool
+	propose         bool
 }
 
 // expiryStep makes one pass's decisions for g at now, given its leader as
@@ -141,9 +148,16 @@ func (g *group) expiryStep(now time.Duration, view leaderView, gatherOn uint64) 
 	if wait > 0 {
 		step.wake = min(step.wake, wait)
 	}
+	givenUp, wait := g.placement.givenUp(now, leader, n.handOverPending())
+	if wait > 0 {
+		step.wake = min(step.wake, wait)
+	}
+	if moveTo != 0 {
+		g.placement.asked(now)
+	}
 	f.mu.Unlock()
 	g.wasLeader = leader
-	step.moveTo = moveTo
+	step.moveTo, step.handOverGivenUp = moveTo, givenUp
 	if announce && (becameLeader || now-g.epochSentAt > n.cfg.ProposeTimeout) {
 		g.epochSentAt = now
 		g.queue(func(b []byte) []byte { return appendEpoch(b, view.term, n.cfg.NodeID) })
@@ -178,18 +192,15 @@ func (g *group) noteLeader(leaderID uint64) {
 		return
 	}
 	if g.leaderSeen != 0 {
-		close(*g.newLeader.Swap(new(make(chan struct{}))))
+		g.sendAgain()
 	}
 	g.prevLeader, g.leaderSeen = g.leaderSeen, leaderID
 }
 
-// queue appends one command, built by add, to g's next batch.
-func (g *group) queue(add func([]byte) []byte) {
-	g.mu.Lock()
-	g.buf = add(g.buf)
-	g.count++
-	g.mu.Unlock()
-	g.dirty.Store(true)
+// handOverPending is the longest Raft keeps a leader's hand-over pending:
+// one election timeout, and a tick for the leader to notice.
+func (n *Node) handOverPending() time.Duration {
+	return time.Duration(n.cfg.ElectionRTT+1) * n.cfg.RTT
 }
 
 // moveLeader asks for group g's leadership to pass to node to. Raft only

@@ -114,3 +114,41 @@ func TestExpiryStepTakesBackASilentPeersGrants(t *testing.T) {
 		t.Fatalf("a peer heard again lost a grant: %v", got)
 	}
 }
+
+// The expiry pass that finds a leader still leading after a hand-over it
+// asked for had its longest pending reports the hand-over given up, so
+// that the followers send again what the leader dropped meanwhile; a
+// follower that receives that message sends its proposals in flight again
+// at once, as after a leader change.
+func TestGivenUpHandOverSendsTheFollowersProposalsAgain(t *testing.T) {
+	r := newReplica(t, 1)
+	r.apply(1, epoch(5, 1))
+	g := r.f.g
+	view := leaderView{leader: 1, term: 5}
+	g.expiryStep(time.Second, view, 1)
+	g.placement.asked(time.Second)
+	pending := r.n().handOverPending()
+	if step := g.expiryStep(time.Second+pending/2, view, 1); step.handOverGivenUp || step.wake > pending/2 {
+		t.Fatalf("mid-hand-over: given up %v, next pass in %v (want within %v)", step.handOverGivenUp, step.wake, pending/2)
+	}
+	if step := g.expiryStep(time.Second+pending, view, 1); !step.handOverGivenUp {
+		t.Fatal("still leader after the hand-over's longest pending: not reported given up")
+	}
+
+	follower := newReplica(t, 2)
+	fg := follower.f.g
+	fg.shardID = 7
+	follower.n().groups = []*group{fg}
+	inFlight := *fg.newLeader.Load()
+	follower.n().onPeerFrame(appendSendAgain(nil, 7), nobodySink{})
+	select {
+	case <-inFlight:
+	default:
+		t.Fatal("a follower told the hand-over was given up kept its proposals waiting")
+	}
+}
+
+// nobodySink is a verdict sink that drops what it is given.
+type nobodySink struct{}
+
+func (nobodySink) sendVerdicts([]byte) {}

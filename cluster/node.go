@@ -483,8 +483,16 @@ func (n *Node) handOverLeadership() {
 				asked++
 			}
 		}
-		if asked == 0 || time.Now().After(deadline) {
+		if asked == 0 {
 			return // nothing led here, or no live peer to take it
+		}
+		if time.Now().After(deadline) {
+			for i, g := range n.groups {
+				if n.Leader(i) == n.cfg.NodeID {
+					n.resendProposals(g) // the followers' it dropped meanwhile
+				}
+			}
+			return
 		}
 		time.Sleep(n.cfg.RTT)
 	}

@@ -71,6 +71,31 @@ type leaderPlacement struct {
 
 	handOverTo uint64        // decided, not yet asked for
 	handOverAt time.Duration // when to ask for it
+	// askedAt is when the last hand-over was asked for, while it may
+	// still be pending (0: none is).
+	askedAt time.Duration
+}
+
+// asked records that a hand-over was asked for at now.
+func (p *leaderPlacement) asked(now time.Duration) { p.askedAt = now }
+
+// givenUp reports, once, that the hand-over asked for has ended without a
+// new leader: this node still leads after pending (the longest Raft keeps
+// a hand-over pending). A node no longer leader forgets it (the hand-over
+// happened). Otherwise wait is how long until it can tell (0: no
+// hand-over is pending).
+func (p *leaderPlacement) givenUp(now time.Duration, leader bool, pending time.Duration) (up bool, wait time.Duration) {
+	switch {
+	case p.askedAt == 0:
+		return false, 0
+	case !leader:
+		p.askedAt = 0
+		return false, 0
+	case now < p.askedAt+pending:
+		return false, p.askedAt + pending - now
+	}
+	p.askedAt = 0
+	return true, 0
 }
 
 // observe is called when a window ended (due reports it): busiest is the

@@ -287,3 +287,31 @@ func TestIdleGroupsGatherOnGroupZerosLeader(t *testing.T) {
 		t.Fatalf("group 0 moved from node %d to %d with no traffic", gatherOn, l)
 	}
 }
+
+// A hand-over asked for is reported given up once, when its asker still
+// leads after the longest Raft keeps one pending; a hand-over that
+// happened (the asker no longer leads) is not.
+func TestHandOverGivenUpIsReportedOnce(t *testing.T) {
+	const pending = 500 * time.Millisecond
+	var p leaderPlacement
+	if up, wait := p.givenUp(time.Second, true, pending); up || wait != 0 {
+		t.Fatalf("nothing asked: given up %v, wait %v", up, wait)
+	}
+	p.asked(time.Second)
+	if up, wait := p.givenUp(time.Second+300*time.Millisecond, true, pending); up || wait != 200*time.Millisecond {
+		t.Fatalf("still pending: given up %v, wait %v; want false, 200ms", up, wait)
+	}
+	if up, _ := p.givenUp(time.Second+pending, true, pending); !up {
+		t.Fatal("still leader after the hand-over's longest pending: not reported given up")
+	}
+	if up, wait := p.givenUp(2*time.Second, true, pending); up || wait != 0 {
+		t.Fatalf("reported twice: given up %v, wait %v", up, wait)
+	}
+	p.asked(3 * time.Second)
+	if up, _ := p.givenUp(3*time.Second+100*time.Millisecond, false, pending); up {
+		t.Fatal("a hand-over that happened reported given up")
+	}
+	if up, wait := p.givenUp(4*time.Second, true, pending); up || wait != 0 {
+		t.Fatalf("leadership lost, then back: the old hand-over reported (given up %v, wait %v)", up, wait)
+	}
+}

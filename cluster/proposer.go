@@ -359,3 +359,56 @@ func (g *group) watch(ctx context.Context, rs *dragonboat.RequestState, leaderCh
 	}
 	g.done(b)
 }
+
+// sendAgain makes g's proposals in flight go out again at once (watch):
+// the leader they went to may have dropped them without a word.
+func (g *group) sendAgain() { close(*g.newLeader.Swap(new(make(chan struct{})))) }
+
+// resendProposals tells g's other voters that a hand-over this leader
+// asked for was given up: while it was pending, this leader dropped the
+// proposals they forwarded without telling them, and they would
+// otherwise send them again only at their attempt timeout (two election
+// timeouts).
+func (n *Node) resendProposals(g *group) {
+	v := g.memberView(0)
+	if v == nil {
+		return
+	}
+	n.log.Info().Uint64("group", g.shardID).Msg("leader hand-over given up: the followers send their proposals again")
+	for _, id := range v.voters {
+		if id != n.cfg.NodeID {
+			n.links.send(id, appendSendAgain(nil, g.shardID))
+		}
+	}
+}
+
+// Send-again messages, inside a transport frame of kind 'L': 'a' | count ×
+// shard u64. A node that does not know the kind ignores it; a forged one
+// costs a resend, which is safe (send).
+const peerSendAgain = 'a'
+
+func appendSendAgain(b []byte, shard uint64) []byte {
+	if len(b) == 0 {
+		b = append(b, peerSendAgain)
+	}
+	return binary.BigEndian.AppendUint64(b, shard)
+}
+
+// onSendAgain sends this node's proposals in flight to the groups named
+// again.
+func (n *Node) onSendAgain(b []byte) {
+	for ; len(b) >= 8; b = b[8:] {
+		if g := n.groupByShard(binary.BigEndian.Uint64(b)); g != nil {
+			g.sendAgain()
+		}
+	}
+}
+
+// queue appends one command, built by add, to g's next batch.
+func (g *group) queue(add func([]byte) []byte) {
+	g.mu.Lock()
+	g.buf = add(g.buf)
+	g.count++
+	g.mu.Unlock()
+	g.dirty.Store(true)
+}
