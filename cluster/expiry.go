@@ -93,8 +93,8 @@ func (n *Node) leaderView(idx int) leaderView {
 // the commands it queued in the group's batch are proposed when propose
 // is set.
 type expiryStep struct {
-	wake    time.Duration // the group wants the next pass within this
-	moveTo  uint64        // ask for the leadership to pass to this node
+	wake   time.Duration // the group wants the next pass within this
+	moveTo uint64        // ask for the leadership to pass to this node
 	// handOverGivenUp: a hand-over this leader asked for ended without a
 	// new leader; the followers' proposals it dropped meanwhile must go
 	// out again (resendProposals).
