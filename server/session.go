@@ -662,6 +662,10 @@ func (ss *session) deliverEnlisted() {
 	if ss.gone {
 		return // close abandoned its outbox
 	}
+	// The pass's clock reading is of when it began; a callback may have
+	// resolved this after the clock moved on, and a queued acquire's
+	// arrival is estimated back from now by its age (arrivalOf).
+	ss.batch.arrived = int64(ss.srv.clock.Now())
 	ss.deliverResolutions(false)
 	ss.flush()
 	if ss.drainedIdle() {
