@@ -238,15 +238,18 @@ func (n *Node) askClaims(all bool) {
 			case len(witnesses) == 0: // a group of one: nobody could take it back
 				settled = append(settled, n.settleLocked(p, claimAccepted))
 			case c.askedOf != n.cfg.NodeID || now-c.askedAt >= retry:
+				// One witness is enough: the first request goes to the
+				// member heard from last, the likeliest to answer soonest;
+				// a retry goes to all (that one may be dead).
+				only := uint64(0)
 				if c.askedOf != n.cfg.NodeID {
-					// One witness is enough: the first request goes to
-					// the member heard from last, the likeliest to answer
-					// soonest; a retry goes to all (that one may be dead).
-					witnesses = append(witnesses[:0], n.liveness.latest(witnesses))
+					only = n.liveness.latest(witnesses)
 				}
 				c.askedOf, c.askedAt = n.cfg.NodeID, now
 				for _, w := range witnesses {
-					asks[w] = appendClaim(asks[w], peerWitness, c.g.shardID, p.id, n.cfg.NodeID, c.r.Token, epoch, c.key)
+					if only == 0 || w == only {
+						asks[w] = appendClaim(asks[w], peerWitness, c.g.shardID, p.id, n.cfg.NodeID, c.r.Token, epoch, c.key)
+					}
 				}
 			}
 			continue

@@ -375,10 +375,8 @@ func (n *Node) resendProposals(g *group) {
 		return
 	}
 	n.log.Info().Uint64("group", g.shardID).Msg("leader hand-over given up: the followers send their proposals again")
-	for _, id := range v.voters {
-		if id != n.cfg.NodeID {
-			n.links.send(id, appendSendAgain(nil, g.shardID))
-		}
+	for _, id := range v.others {
+		n.links.send(id, appendSendAgain(nil, g.shardID))
 	}
 }
 

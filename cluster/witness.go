@@ -194,7 +194,13 @@ func (f *fsm) epochBegan(prevEpoch, prevLeader uint64, prev witnessRule, index u
 type memberView struct {
 	epoch     uint64 // the group's epoch on this replica before the reading
 	voters    []uint64
-	changedAt uint64 // the entry index of the last membership change applied
+	others    []uint64 // voters but this node: those it asks to witness
+	changedAt uint64   // the entry index of the last membership change applied
+}
+
+func newMemberView(epoch uint64, voters []uint64, changedAt, self uint64) *memberView {
+	others := slices.DeleteFunc(slices.Clone(voters), func(id uint64) bool { return id == self })
+	return &memberView{epoch: epoch, voters: voters, others: others, changedAt: changedAt}
 }
 
 // refreshMembers reads every group's voting members as this replica has
@@ -217,7 +223,7 @@ func (n *Node) refreshMembers() {
 	}
 	for _, si := range info.ShardInfoList {
 		if g := n.groupByShard(si.ShardID); g != nil && !si.Pending {
-			g.members.Store(&memberView{epoch: epochs[si.ShardID], voters: slices.Sorted(maps.Keys(si.Replicas)), changedAt: si.ConfigChangeIndex})
+			g.members.Store(newMemberView(epochs[si.ShardID], slices.Sorted(maps.Keys(si.Replicas)), si.ConfigChangeIndex, n.cfg.NodeID))
 		}
 	}
 }
@@ -232,14 +238,14 @@ func (g *group) memberView(epoch uint64) *memberView {
 }
 
 // witnesses are the members g's epoch leader asks to witness its own
-// grants: the voters but itself; ok is false until the members were read
-// in this epoch.
+// grants: the voters but itself (shared, read-only); ok is false until
+// the members were read in this epoch.
 func (g *group) witnesses(epoch uint64) (ids []uint64, ok bool) {
 	v := g.memberView(epoch)
 	if v == nil {
 		return nil, false
 	}
-	return slices.DeleteFunc(slices.Clone(v.voters), func(id uint64) bool { return id == g.n.cfg.NodeID }), true
+	return v.others, true
 }
 
 // revokeUnwitnessed, run by g's leader while peer stays silent, asks the

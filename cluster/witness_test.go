@@ -21,7 +21,7 @@ func witnessedReplica(t *testing.T, self uint64) *replica {
 	r.n().ctx = ctx
 	r.n().links.n = r.n()
 	r.f.liveAfter = 0 // every epoch begins while this process runs
-	r.f.g.members.Store(&memberView{epoch: 1 << 62, voters: []uint64{1, 2, 3}})
+	r.f.g.members.Store(newMemberView(1<<62, []uint64{1, 2, 3}, 0, self))
 	return r
 }
 
@@ -235,7 +235,7 @@ func TestWitnessedOrUnknownGrantsStay(t *testing.T) {
 	})
 	t.Run("the membership changed since the epoch began", func(t *testing.T) {
 		r, _, _, _ := unwitnessedScript(t)
-		r.f.g.members.Store(&memberView{epoch: 1 << 62, voters: []uint64{1, 2, 3}, changedAt: r.index})
+		r.f.g.members.Store(newMemberView(1<<62, []uint64{1, 2, 3}, r.index, r.n().cfg.NodeID))
 		r.noteAnswer(3, 5, nil, true)
 		if got := r.silentPass(6, 1); got[cmdRevokeUnwitnessed] != 0 {
 			t.Fatalf("queued %v, want nothing: a member that left may have witnessed", got)
