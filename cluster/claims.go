@@ -173,8 +173,11 @@ type grantClaim struct {
 	key     string
 	r       engine.Result
 	index   uint64        // the entry that made the grant
-	askedOf uint64        // the leader last asked, 0 for none
+	askedOf uint64        // the leader last asked (this node: its witnesses), 0 for none
 	askedAt time.Duration // when
+	// witnessEpoch is the epoch whose members were asked to witness this
+	// node's own grant, 0 for none (witness.go).
+	witnessEpoch uint64
 }
 
 // holdForClaimLocked holds the grant r to the live request p until its
@@ -205,7 +208,8 @@ func (n *Node) askClaims(all bool) {
 	now := n.clock()
 	retry := n.claimRetry()
 	var settled []settledClaim
-	claims, asks := map[uint64][]byte{}, map[uint64][]byte{} // claims to leaders, witness requests
+	claims := map[uint64][]byte{} // claims to leaders
+	var asks []witnessAsk
 	readMembers := false
 	n.regMu.Lock()
 	held := n.toAsk
@@ -245,10 +249,10 @@ func (n *Node) askClaims(all bool) {
 				if c.askedOf != n.cfg.NodeID {
 					only = n.liveness.latest(witnesses)
 				}
-				c.askedOf, c.askedAt = n.cfg.NodeID, now
+				c.askedOf, c.askedAt, c.witnessEpoch = n.cfg.NodeID, now, epoch
 				for _, w := range witnesses {
 					if only == 0 || w == only {
-						asks[w] = appendClaim(asks[w], peerWitness, c.g.shardID, p.id, n.cfg.NodeID, c.r.Token, epoch, c.key)
+						asks = askWitness(asks, w, c.g.shardID, epoch, c.r.Token)
 					}
 				}
 			}
@@ -266,7 +270,7 @@ func (n *Node) askClaims(all bool) {
 			n.toAsk = append(n.toAsk, p)
 		case c.askedOf != leader || now-c.askedAt >= retry:
 			c.askedOf, c.askedAt = leader, now
-			claims[leader] = appendClaim(claims[leader], peerClaims, c.g.shardID, p.id, n.cfg.NodeID, c.r.Token, c.index, c.key)
+			claims[leader] = appendClaim(claims[leader], c.g.shardID, p.id, n.cfg.NodeID, c.r.Token, c.index, c.key)
 		}
 	}
 	clear(held)
@@ -275,12 +279,43 @@ func (n *Node) askClaims(all bool) {
 	for leader, b := range claims {
 		n.links.send(leader, b)
 	}
-	for witness, b := range asks {
-		n.links.send(witness, b)
-	}
+	n.sendWitnessAsks(asks)
 	n.finishSettled(settled)
 	if readMembers {
 		n.expiryDue()
+	}
+}
+
+// witnessAsk is one request to a member to witness this node's own
+// grants of a group's epoch, up to the newest token among them.
+type witnessAsk struct{ member, shard, epoch, upto uint64 }
+
+// askWitness adds the grant of token to asks.
+func askWitness(asks []witnessAsk, member, shard, epoch, token uint64) []witnessAsk {
+	for i := range asks {
+		if a := &asks[i]; a.member == member && a.shard == shard && a.epoch == epoch {
+			a.upto = max(a.upto, token)
+			return asks
+		}
+	}
+	return append(asks, witnessAsk{member, shard, epoch, token})
+}
+
+// sendWitnessAsks sends asks, one message per member.
+func (n *Node) sendWitnessAsks(asks []witnessAsk) {
+	for len(asks) > 0 {
+		member := asks[0].member
+		var b []byte
+		rest := asks[:0]
+		for _, a := range asks {
+			if a.member == member {
+				b = appendWitness(b, a.shard, a.epoch, a.upto, 0)
+			} else {
+				rest = append(rest, a)
+			}
+		}
+		n.links.send(member, b)
+		asks = rest
 	}
 }
 
@@ -372,27 +407,32 @@ func (g *group) revoked(node, id, token uint64) {
 }
 
 // verdictSink answers a peer's claims on the connection they came by.
-type verdictSink interface{ sendVerdicts(b []byte) }
+// Claims and witness requests from a peer that is gone are not judged,
+// only dropped (peerGone): a dead node's grants stay unclaimed, to be
+// taken back, and a live node whose connection broke asks again.
+type verdictSink interface {
+	sendVerdicts(b []byte)
+	peerGone() bool
+}
 
-// onClaims judges the claims a peer sent, as its group's leader, or with
-// witness the grants an epoch leader asks this replica to witness
-// (witness.go), and answers each with a verdict through sink: at once,
-// or once this replica has applied what it still lacks (judgeParked).
-func (n *Node) onClaims(b []byte, sink verdictSink, witness bool) {
+// onClaims judges the claims a peer sent, as its group's leader, and
+// answers each with a verdict through sink: at once, or once this replica
+// has applied what it still lacks (judgeParked).
+func (n *Node) onClaims(b []byte, sink verdictSink) {
+	if sink.peerGone() {
+		return
+	}
 	var out []byte
 	for {
-		shard, c, rest, ok := readClaim(b, witness)
+		shard, c, rest, ok := readClaim(b)
 		if !ok {
 			break
 		}
 		b = rest
 		c.sink = sink
 		v := claimNotLeader // ask the leader again, later
-		if witness {
-			v = claimRefused // nothing to witness here
-		}
-		// A peer claims its own grants, and asks others to witness them.
-		if g := n.groupByShard(shard); g != nil && c.node != n.cfg.NodeID && (!witness || c.epoch != 0) {
+		// A peer claims its own grants.
+		if g := n.groupByShard(shard); g != nil && c.node != n.cfg.NodeID {
 			v = g.judge(c)
 		}
 		if v != claimNotYet {
@@ -404,8 +444,9 @@ func (n *Node) onClaims(b []byte, sink verdictSink, witness bool) {
 	}
 }
 
-// parkedClaim is a peer's claim, or its witness request (epoch set,
-// witness.go), that this replica could not judge yet.
+// parkedClaim is a peer's claim, or its witness request (epoch set, and
+// token the newest it covers; witness.go), that this replica could not
+// judge yet.
 type parkedClaim struct {
 	key                    string
 	node, id, token, index uint64
@@ -424,7 +465,7 @@ func (g *group) judge(c parkedClaim) claimVerdict {
 	var v claimVerdict
 	if c.epoch != 0 {
 		f.mu.Lock()
-		v = f.witnessed.witness(&f.state, c.epoch, c.key, c.token)
+		v = f.witnessed.witness(&f.state, c.epoch, c.token)
 	} else {
 		leader := g.n.Leader(g.idx) == g.n.cfg.NodeID
 		f.mu.Lock()
@@ -472,18 +513,35 @@ func (g *group) judgeParked(expire bool) {
 	}
 	n.parkedClaims.Add(-int64(len(parked)))
 	now := n.clock()
-	answers := map[verdictSink][]byte{}
+	verdicts, witnessed := map[verdictSink][]byte{}, map[verdictSink][]byte{}
+	gone := map[verdictSink]bool{}
 	for _, c := range parked {
+		peerGone, seen := gone[c.sink]
+		if !seen {
+			peerGone = c.sink.peerGone()
+			gone[c.sink] = peerGone
+		}
+		if peerGone {
+			continue
+		}
+		expired := expire && now-c.at > n.cfg.ProposeTimeout
 		v := claimNotLeader
-		if !expire || now-c.at <= n.cfg.ProposeTimeout {
+		if !expired {
 			if v = g.judge(c); v == claimNotYet {
 				continue // parked again
 			}
 		}
-		answers[c.sink] = appendVerdict(answers[c.sink], g.shardID, c.id, c.token, v)
+		switch {
+		case c.epoch == 0:
+			verdicts[c.sink] = appendVerdict(verdicts[c.sink], g.shardID, c.id, c.token, v)
+		case !expired: // an expired witness request is dropped: its epoch leader asks every member again
+			witnessed[c.sink] = appendWitness(witnessed[c.sink], g.shardID, c.epoch, c.token, v)
+		}
 	}
-	for sink, b := range answers {
-		sink.sendVerdicts(b)
+	for _, answers := range []map[verdictSink][]byte{verdicts, witnessed} {
+		for sink, b := range answers {
+			sink.sendVerdicts(b)
+		}
 	}
 }
 
@@ -499,11 +557,10 @@ func (n *Node) groupByShard(shard uint64) *group {
 
 // Claim and verdict encodings, inside a transport frame of kind 'L':
 //
-//	claims:   'c' | count × (shard u64 | id u64 | node u64 | token u64 | at u64 | key len u16 | key)
+//	claims:   'c' | count × (shard u64 | id u64 | node u64 | token u64 | index u64 | key len u16 | key)
 //	verdicts: 'v' | count × (shard u64 | id u64 | token u64 | verdict u8)
 //
-// A claim's at is the index of the entry that made the grant; witness
-// requests ('w', witness.go) are claims whose at is the epoch.
+// A claim's index is that of the entry that made the grant.
 const (
 	claimFixedLen = 8 + 8 + 8 + 8 + 8 + 2
 	verdictLen    = 8 + 8 + 8 + 1
@@ -511,23 +568,23 @@ const (
 	peerVerdicts  = 'v'
 )
 
-// appendClaim appends a claim, or a witness request (kind), to b.
-func appendClaim(b []byte, kind byte, shard, id, node, token, at uint64, key string) []byte {
+// appendClaim appends a claim to b.
+func appendClaim(b []byte, shard, id, node, token, index uint64, key string) []byte {
 	if len(b) == 0 {
-		b = append(b, kind)
+		b = append(b, peerClaims)
 	}
 	b = binary.BigEndian.AppendUint64(b, shard)
 	b = binary.BigEndian.AppendUint64(b, id)
 	b = binary.BigEndian.AppendUint64(b, node)
 	b = binary.BigEndian.AppendUint64(b, token)
-	b = binary.BigEndian.AppendUint64(b, at)
+	b = binary.BigEndian.AppendUint64(b, index)
 	b = binary.BigEndian.AppendUint16(b, uint16(len(key)))
 	return append(b, key...)
 }
 
-// readClaim decodes the first claim of b, or witness request with
-// witness; ok is false when b holds no whole one.
-func readClaim(b []byte, witness bool) (shard uint64, c parkedClaim, rest []byte, ok bool) {
+// readClaim decodes the first claim of b; ok is false when b holds no
+// whole one.
+func readClaim(b []byte) (shard uint64, c parkedClaim, rest []byte, ok bool) {
 	if len(b) < claimFixedLen {
 		return 0, c, nil, false
 	}
@@ -536,12 +593,8 @@ func readClaim(b []byte, witness bool) (shard uint64, c parkedClaim, rest []byte
 		return 0, c, nil, false
 	}
 	c = parkedClaim{key: string(b[claimFixedLen : claimFixedLen+klen]),
-		id: binary.BigEndian.Uint64(b[8:]), node: binary.BigEndian.Uint64(b[16:]), token: binary.BigEndian.Uint64(b[24:])}
-	if at := binary.BigEndian.Uint64(b[32:]); witness {
-		c.epoch = at
-	} else {
-		c.index = at
-	}
+		id: binary.BigEndian.Uint64(b[8:]), node: binary.BigEndian.Uint64(b[16:]), token: binary.BigEndian.Uint64(b[24:]),
+		index: binary.BigEndian.Uint64(b[32:])}
 	return binary.BigEndian.Uint64(b), c, b[claimFixedLen+klen:], true
 }
 
@@ -565,13 +618,17 @@ func (n *Node) onPeerFrame(body []byte, sink verdictSink) {
 	switch kind, b := body[0], body[1:]; {
 	case kind == peerVerdicts:
 		n.onVerdicts(b)
+	case kind == peerWitnessVerdict:
+		n.onWitnessVerdicts(b)
 	case kind == peerAnswers:
 		n.onWitnessAnswers(b)
 	case kind == peerFormat:
 		n.onStatement(b, sink)
 	case sink == nil: // a request on this node's own link: it answers nobody
-	case kind == peerClaims, kind == peerWitness:
-		n.onClaims(b, sink, kind == peerWitness)
+	case kind == peerClaims:
+		n.onClaims(b, sink)
+	case kind == peerWitness:
+		n.onWitnessRequests(b, sink)
 	case kind == peerQueries:
 		n.onWitnessQueries(b, sink)
 	case kind == peerSendAgain:

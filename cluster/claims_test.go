@@ -1,7 +1,9 @@
 package cluster
 
 import (
+	"bufio"
 	"bytes"
+	"net"
 	"testing"
 	"time"
 
@@ -280,4 +282,76 @@ func TestRevokedGrantIsAnsweredUnavailableAndReleased(t *testing.T) {
 	if f.state.locks[lockKey([]byte("t"), []byte("k"))] != nil {
 		t.Fatal("the revoked lock is still held")
 	}
+}
+
+// loopbackPair is the two ends of one TCP connection on 127.0.0.1: the
+// accepted one (where a node reads a peer's claims) and the dialed one.
+func loopbackPair(t *testing.T) (accepted, dialed net.Conn) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	dialed, err = net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted, err = l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { accepted.Close(); dialed.Close() })
+	return accepted, dialed
+}
+
+// A node killed just after it sent a claim or a witness request is read
+// after its death: what it asked on a connection it closed is neither
+// accepted nor witnessed (a grant accepted then would be delivered by
+// nobody and held for its lease), and a peer whose connection is open is
+// answered as before.
+func TestClaimsOfAPeerGoneAreNotJudged(t *testing.T) {
+	t.Run("claim", func(t *testing.T) {
+		r := newReplica(t, 1)
+		r.n().groups = []*group{r.f.g}
+		r.apply(1, epoch(5, 1))
+		r.apply(1, acquireBy(2, 200, "k", 0))
+		token := r.lock("k").Token
+		served, peer := loopbackPair(t)
+		peer.Close()
+		sink := &servedSink{conn: served}
+		waitUntil(t, 5*time.Second, "the closed connection to be seen as gone", sink.peerGone)
+		r.n().onPeerFrame(appendClaim(nil, r.f.g.shardID, 200, 2, token, r.index, lockKey([]byte("t"), []byte("k"))), sink)
+		if got := r.takeUnclaimed(2); len(got) != 1 || got[0].token != token {
+			t.Fatalf("unclaimed grants of node 2: %+v, want its grant (token %d) still unclaimed, to be taken back", got, token)
+		}
+	})
+	t.Run("witness request", func(t *testing.T) {
+		for _, gone := range []bool{true, false} {
+			r := witnessedReplica(t, 2)
+			r.n().groups = []*group{r.f.g}
+			r.apply(1, epoch(5, 1))
+			served, peer := loopbackPair(t)
+			sink := &servedSink{conn: served}
+			if gone {
+				peer.Close()
+				waitUntil(t, 5*time.Second, "the closed connection to be seen as gone", sink.peerGone)
+			} else if sink.peerGone() {
+				t.Fatal("an open connection is taken for gone")
+			}
+			r.n().onPeerFrame(appendWitness(nil, r.f.g.shardID, 5, 42, 0), sink)
+			upto, _ := r.answerQuery(5)
+			if wantUpto := map[bool]uint64{true: 0, false: 42}[gone]; upto != wantUpto {
+				t.Fatalf("peer gone %v: witnessed up to %d, want %d", gone, upto, wantUpto)
+			}
+			if gone {
+				continue
+			}
+			_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
+			kind, body, err := readFrame(bufio.NewReader(peer), nil, nil)
+			if err != nil || kind != frameLockd || !bytes.Equal(body, appendWitness(nil, r.f.g.shardID, 5, 42, claimAccepted)) {
+				t.Fatalf("answer %q %x %v, want the witness verdict", kind, body, err)
+			}
+		}
+	})
 }

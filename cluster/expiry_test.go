@@ -152,3 +152,4 @@ func TestGivenUpHandOverSendsTheFollowersProposalsAgain(t *testing.T) {
 type nobodySink struct{}
 
 func (nobodySink) sendVerdicts([]byte) {}
+func (nobodySink) peerGone() bool      { return false }

@@ -9,11 +9,14 @@ package cluster
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/lni/dragonboat/v4"
+	"golang.org/x/sys/unix"
 )
 
 // peerLinks is one link per peer this node has sent messages to.
@@ -172,6 +175,39 @@ func (s *servedSink) sendVerdicts(b []byte) {
 	if writeFrame(s.conn, frameLockd, b, verdictWriteTimeout) != nil {
 		s.conn.Close()
 	}
+}
+
+// peerGone reports whether the peer closed the connection or reset it.
+// A node killed just after it sent a claim or a witness request is read
+// here after its death, and a verdict for it reaches nobody: accepting
+// it would leave a grant nobody delivers until its lease ends.
+func (s *servedSink) peerGone() bool { return connClosedByPeer(s.conn) }
+
+// connClosedByPeer reports whether conn's peer has closed or reset it, by
+// peeking at its socket without blocking and without taking anything
+// from it: a read of zero bytes is the peer's FIN, an error other than
+// "would block" a reset. Data still to read counts as open.
+func connClosedByPeer(conn net.Conn) bool {
+	if tc, ok := conn.(*tls.Conn); ok {
+		conn = tc.NetConn()
+	}
+	sc, ok := conn.(syscall.Conn)
+	if !ok {
+		return false
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return true
+	}
+	gone := false
+	var b [1]byte
+	if err := rc.Control(func(fd uintptr) {
+		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		gone = err == nil && n == 0 || err != nil && err != unix.EAGAIN && err != unix.EINTR
+	}); err != nil {
+		return true // closed on this side
+	}
+	return gone
 }
 
 // writeFrame writes one frame of kind with payload within timeout.

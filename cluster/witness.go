@@ -31,7 +31,9 @@ import (
 
 // witnessBook is what this replica witnessed of its group's epoch
 // leaders' own grants: for the two newest epochs it witnessed in, the
-// newest token of each key. Node-local, under the fsm's lock.
+// newest token up to which it let the epoch's leader deliver. Tokens grow
+// with the log (one counter per group), so one number per epoch records
+// every grant witnessed. Node-local, under the fsm's lock.
 type witnessBook struct {
 	// closed: epochs up to this take no more witnesses (a later leader
 	// asked about them, or they are older than the two kept).
@@ -47,23 +49,15 @@ type witnessBook struct {
 }
 
 type witnessedEpoch struct {
-	epoch  uint64
-	grants map[string]uint64 // lock key → the newest token witnessed
-	// pruneAbove is the size of grants that makes the next witness prune
-	// it: twice what the last pruning kept, so that grants this replica
-	// has not applied yet (kept by a pruning) never make every witness
-	// walk the whole map.
-	pruneAbove int
+	epoch uint64
+	upto  uint64 // the newest token witnessed: every grant up to it may be delivered
 }
 
-// minPruneAbove is the smallest pruneAbove.
-const minPruneAbove = 64
-
-// witness records epoch's leader's grant of token on key, unless the
-// epoch is closed; not before this replica applied the epoch's beginning,
-// so that a restarted node finds the epoch in the log it restarts with
-// (see knownFrom). s is the replica's state, to prune grants long over.
-func (b *witnessBook) witness(s *replicated, epoch uint64, key string, token uint64) claimVerdict {
+// witness lets epoch's leader deliver its own grants up to token, unless
+// the epoch is closed; not before this replica applied the epoch's
+// beginning, so that a restarted node finds the epoch in the log it
+// restarts with (see knownFrom). The grants need not be applied here yet.
+func (b *witnessBook) witness(s *replicated, epoch, token uint64) claimVerdict {
 	switch {
 	case epoch <= b.closed:
 		return claimRefused
@@ -74,21 +68,7 @@ func (b *witnessBook) witness(s *replicated, epoch uint64, key string, token uin
 	if e == nil {
 		return claimRefused
 	}
-	if e.grants == nil {
-		e.grants = make(map[string]uint64)
-	}
-	if e.grants[key] < token {
-		e.grants[key] = token
-	}
-	if len(e.grants) > max(e.pruneAbove, minPruneAbove) {
-		// A token this replica issued already and that is no longer
-		// current was released: a query can ask about current grants only.
-		maps.DeleteFunc(e.grants, func(k string, token uint64) bool {
-			l := s.locks[k]
-			return token <= s.tokens.Last && (l == nil || l.Token != token)
-		})
-		e.pruneAbove = 2 * len(e.grants)
-	}
+	e.upto = max(e.upto, token)
 	return claimAccepted
 }
 
@@ -110,23 +90,23 @@ func (b *witnessBook) slot(epoch uint64) *witnessedEpoch {
 	}
 	dropped := b.kept[older]
 	b.closed = max(b.closed, dropped.epoch)
-	if len(dropped.grants) > 0 {
+	if dropped.upto > 0 {
 		b.lost = max(b.lost, dropped.epoch)
 	}
 	b.kept[older] = witnessedEpoch{epoch: epoch}
 	return &b.kept[older]
 }
 
-// answer closes epoch and returns the tokens witnessed in it; known is
-// false when its record was dropped.
-func (b *witnessBook) answer(epoch uint64) (tokens []uint64, known bool) {
+// answer closes epoch and returns the newest token witnessed in it (0 for
+// none); known is false when its record was dropped.
+func (b *witnessBook) answer(epoch uint64) (upto uint64, known bool) {
 	b.closed = max(b.closed, epoch)
 	for _, e := range b.kept {
 		if e.epoch == epoch {
-			return slices.Collect(maps.Values(e.grants)), epoch >= b.knownFrom
+			return e.upto, epoch >= b.knownFrom
 		}
 	}
-	return nil, epoch > b.lost && epoch >= b.knownFrom
+	return 0, epoch > b.lost && epoch >= b.knownFrom
 }
 
 // witnessLiveAfter tells the replica the last entry index of the log its
@@ -271,8 +251,8 @@ func (g *group) revokeUnwitnessed(peer uint64, now time.Duration) bool {
 		return false
 	}
 	if !sus.answered[self] {
-		tokens, known := f.witnessed.answer(sus.epoch)
-		f.noteAnswer(self, sus.epoch, tokens, known)
+		upto, known := f.witnessed.answer(sus.epoch)
+		f.noteAnswer(self, sus.epoch, upto, known)
 	}
 	var missing []uint64
 	for _, id := range view.voters {
@@ -311,9 +291,10 @@ func (g *group) revokeUnwitnessed(peer uint64, now time.Duration) bool {
 }
 
 // noteAnswer takes member's answer about epoch's witnesses into the
-// suspects: a witnessed grant is kept; a member that cannot tell keeps
-// them all (left to their leases). Called with the fsm's lock held.
-func (f *fsm) noteAnswer(member, epoch uint64, tokens []uint64, known bool) {
+// suspects: a grant witnessed (its token up to upto) is kept; a member
+// that cannot tell keeps them all (left to their leases). Called with the
+// fsm's lock held.
+func (f *fsm) noteAnswer(member, epoch, upto uint64, known bool) {
 	sus := &f.book.suspects
 	if sus.epoch != epoch || len(sus.grants) == 0 {
 		return
@@ -324,9 +305,7 @@ func (f *fsm) noteAnswer(member, epoch uint64, tokens []uint64, known bool) {
 		*sus = suspects{}
 		return
 	}
-	for _, t := range tokens {
-		delete(sus.grants, t)
-	}
+	maps.DeleteFunc(sus.grants, func(token uint64, _ string) bool { return token <= upto })
 	sus.answered[member] = true
 }
 
@@ -353,18 +332,82 @@ func (f *fsm) takeSuspects() []expiry {
 // Witness messages, inside a transport frame of kind 'L' (with claims
 // and verdicts, claims.go):
 //
-//	witness requests: 'w' | claims whose at is the epoch (claims.go), the
-//	                  node the epoch leader; answered with verdicts ('v'):
-//	                  accepted = witnessed
+//	witness requests: 'w' | count × (shard u64 | epoch u64 | upto u64): let the epoch's leader deliver its own grants up to token upto
+//	their verdicts:   'x' | count × (shard u64 | epoch u64 | upto u64 | verdict u8): accepted = witnessed
 //	queries:          'q' | count × (shard u64 | epoch u64): close epoch, say what you witnessed in it
-//	answers:          'r' | count × (shard u64 | epoch u64 | from u64 | known u8 | n u32 | n × token u64)
+//	answers:          'r' | count × (shard u64 | epoch u64 | from u64 | known u8 | upto u64)
 const (
-	queryLen       = 8 + 8
-	answerFixedLen = 8 + 8 + 8 + 1 + 4
-	peerWitness    = 'w'
-	peerQueries    = 'q'
-	peerAnswers    = 'r'
+	witnessLen         = 8 + 8 + 8
+	queryLen           = 8 + 8
+	answerLen          = 8 + 8 + 8 + 1 + 8
+	peerWitness        = 'w'
+	peerWitnessVerdict = 'x'
+	peerQueries        = 'q'
+	peerAnswers        = 'r'
 )
+
+// appendWitness appends a witness request, or with v its verdict.
+func appendWitness(b []byte, shard, epoch, upto uint64, v claimVerdict) []byte {
+	if len(b) == 0 {
+		b = append(b, peerWitness)
+		if v != 0 {
+			b[0] = peerWitnessVerdict
+		}
+	}
+	b = binary.BigEndian.AppendUint64(b, shard)
+	b = binary.BigEndian.AppendUint64(b, epoch)
+	b = binary.BigEndian.AppendUint64(b, upto)
+	if v != 0 {
+		b = append(b, byte(v))
+	}
+	return b
+}
+
+// onWitnessRequests witnesses what epoch leaders ask, and answers each
+// request through sink: at once, or once this replica has applied the
+// epoch's beginning (judgeParked).
+func (n *Node) onWitnessRequests(b []byte, sink verdictSink) {
+	if sink.peerGone() {
+		return
+	}
+	var out []byte
+	for ; len(b) >= witnessLen; b = b[witnessLen:] {
+		shard := binary.BigEndian.Uint64(b)
+		c := parkedClaim{epoch: binary.BigEndian.Uint64(b[8:]), token: binary.BigEndian.Uint64(b[16:]), sink: sink}
+		v := claimRefused // nothing to witness here
+		if g := n.groupByShard(shard); g != nil && c.epoch != 0 {
+			v = g.judge(c)
+		}
+		if v != claimNotYet {
+			out = appendWitness(out, shard, c.epoch, c.token, v)
+		}
+	}
+	if len(out) > 0 {
+		sink.sendVerdicts(out)
+	}
+}
+
+// onWitnessVerdicts settles this node's own grants that a member
+// witnessed, or refused to: every grant of the epoch up to the token
+// named.
+func (n *Node) onWitnessVerdicts(b []byte) {
+	var settled []settledClaim
+	n.regMu.Lock()
+	for ; len(b) >= witnessLen+1; b = b[witnessLen+1:] {
+		shard, epoch, upto := binary.BigEndian.Uint64(b), binary.BigEndian.Uint64(b[8:]), binary.BigEndian.Uint64(b[16:])
+		v := claimVerdict(b[witnessLen])
+		if epoch == 0 || v != claimAccepted && v != claimRefused {
+			continue
+		}
+		for _, p := range n.claiming {
+			if c := p.claim; c.witnessEpoch == epoch && c.r.Token <= upto && c.g.shardID == shard {
+				settled = append(settled, n.settleLocked(p, v))
+			}
+		}
+	}
+	n.regMu.Unlock()
+	n.finishSettled(settled)
+}
 
 func appendWitnessQuery(b []byte, shard, epoch uint64) []byte {
 	if len(b) == 0 {
@@ -374,7 +417,7 @@ func appendWitnessQuery(b []byte, shard, epoch uint64) []byte {
 	return binary.BigEndian.AppendUint64(b, epoch)
 }
 
-func appendWitnessAnswer(b []byte, shard, epoch, from uint64, tokens []uint64, known bool) []byte {
+func appendWitnessAnswer(b []byte, shard, epoch, from, upto uint64, known bool) []byte {
 	if len(b) == 0 {
 		b = append(b, peerAnswers)
 	}
@@ -386,11 +429,7 @@ func appendWitnessAnswer(b []byte, shard, epoch, from uint64, tokens []uint64, k
 	} else {
 		b = append(b, 0)
 	}
-	b = binary.BigEndian.AppendUint32(b, uint32(len(tokens)))
-	for _, t := range tokens {
-		b = binary.BigEndian.AppendUint64(b, t)
-	}
-	return b
+	return binary.BigEndian.AppendUint64(b, upto)
 }
 
 // onWitnessQueries closes the epochs a later leader asks about and
@@ -408,9 +447,9 @@ func (n *Node) onWitnessQueries(b []byte, sink verdictSink) {
 			continue
 		}
 		f.mu.Lock()
-		tokens, known := f.witnessed.answer(epoch)
+		upto, known := f.witnessed.answer(epoch)
 		f.mu.Unlock()
-		out = appendWitnessAnswer(out, shard, epoch, n.cfg.NodeID, tokens, known)
+		out = appendWitnessAnswer(out, shard, epoch, n.cfg.NodeID, upto, known)
 	}
 	if len(out) > 0 {
 		sink.sendVerdicts(out)
@@ -420,21 +459,13 @@ func (n *Node) onWitnessQueries(b []byte, sink verdictSink) {
 // onWitnessAnswers takes members' answers into the suspects, and wakes
 // the expiry driver to revoke once the last one came.
 func (n *Node) onWitnessAnswers(b []byte) {
-	for len(b) >= answerFixedLen {
+	for ; len(b) >= answerLen; b = b[answerLen:] {
 		shard, epoch, from := binary.BigEndian.Uint64(b), binary.BigEndian.Uint64(b[8:]), binary.BigEndian.Uint64(b[16:])
-		known, count := b[24] == 1, int(binary.BigEndian.Uint32(b[25:]))
-		if len(b) < answerFixedLen+8*count {
-			return
-		}
-		tokens := make([]uint64, count)
-		for i := range tokens {
-			tokens[i] = binary.BigEndian.Uint64(b[answerFixedLen+8*i:])
-		}
-		b = b[answerFixedLen+8*count:]
+		known, upto := b[24] == 1, binary.BigEndian.Uint64(b[25:])
 		if g := n.groupByShard(shard); g != nil {
 			if f := g.fsm.Load(); f != nil {
 				f.mu.Lock()
-				f.noteAnswer(from, epoch, tokens, known)
+				f.noteAnswer(from, epoch, upto, known)
 				f.mu.Unlock()
 			}
 		}

@@ -3,7 +3,6 @@ package cluster
 import (
 	"bytes"
 	"context"
-	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -31,22 +30,22 @@ func revokeUnwitnessedOf(node, token, term uint64, key string) func([]byte) []by
 	}
 }
 
-func (r *replica) witness(epoch uint64, key string, token uint64) claimVerdict {
+func (r *replica) witness(epoch, upto uint64) claimVerdict {
 	r.f.mu.Lock()
 	defer r.f.mu.Unlock()
-	return r.f.witnessed.witness(&r.f.state, epoch, lockKey([]byte("t"), []byte(key)), token)
+	return r.f.witnessed.witness(&r.f.state, epoch, upto)
 }
 
-func (r *replica) answerQuery(epoch uint64) ([]uint64, bool) {
+func (r *replica) answerQuery(epoch uint64) (upto uint64, known bool) {
 	r.f.mu.Lock()
 	defer r.f.mu.Unlock()
 	return r.f.witnessed.answer(epoch)
 }
 
-func (r *replica) noteAnswer(member, epoch uint64, tokens []uint64, known bool) {
+func (r *replica) noteAnswer(member, epoch, upto uint64, known bool) {
 	r.f.mu.Lock()
 	defer r.f.mu.Unlock()
-	r.f.noteAnswer(member, epoch, tokens, known)
+	r.f.noteAnswer(member, epoch, upto, known)
 }
 
 // silentPass runs node self's expiry step as the group's leader at term,
@@ -97,31 +96,34 @@ func TestWitnessAndQueryExcludeEachOther(t *testing.T) {
 	t.Run("witness, then query", func(t *testing.T) {
 		r := witnessedReplica(t, 2)
 		r.apply(1, epoch(5, 1))
-		if v := r.witness(5, "k", 42); v != claimAccepted {
+		if v := r.witness(5, 42); v != claimAccepted {
 			t.Fatalf("witness refused: %v", v)
 		}
-		tokens, known := r.answerQuery(5)
-		if !known || !slices.Equal(tokens, []uint64{42}) {
-			t.Fatalf("answer %v known %v, want [42] known", tokens, known)
+		if v := r.witness(5, 40); v != claimAccepted {
+			t.Fatalf("an older token's witness refused: %v", v)
 		}
-		if v := r.witness(5, "j", 43); v != claimRefused {
+		upto, known := r.answerQuery(5)
+		if !known || upto != 42 {
+			t.Fatalf("answer %d known %v, want 42 known: every grant up to 42 may have been delivered", upto, known)
+		}
+		if v := r.witness(5, 43); v != claimRefused {
 			t.Fatalf("a witness request after the query: %v, want refused", v)
 		}
 	})
 	t.Run("query, then witness", func(t *testing.T) {
 		r := witnessedReplica(t, 2)
 		r.apply(1, epoch(5, 1))
-		if tokens, known := r.answerQuery(5); !known || len(tokens) != 0 {
-			t.Fatalf("answer %v known %v before any witness, want none, known", tokens, known)
+		if upto, known := r.answerQuery(5); !known || upto != 0 {
+			t.Fatalf("answer %d known %v before any witness, want none, known", upto, known)
 		}
-		if v := r.witness(5, "k", 42); v != claimRefused {
+		if v := r.witness(5, 42); v != claimRefused {
 			t.Fatalf("witnessed after the query: %v", v)
 		}
-		if v := r.witness(4, "k", 40); v != claimRefused {
+		if v := r.witness(4, 40); v != claimRefused {
 			t.Fatalf("witnessed an older epoch after the query: %v", v)
 		}
 		r.apply(2, epoch(6, 3))
-		if v := r.witness(6, "k", 50); v != claimAccepted {
+		if v := r.witness(6, 50); v != claimAccepted {
 			t.Fatalf("a later epoch refused: %v", v)
 		}
 	})
@@ -133,7 +135,7 @@ func TestWitnessAndQueryExcludeEachOther(t *testing.T) {
 // log's end at start is answered "cannot tell", never "none".
 func TestWitnessWaitsForTheEpochAndForgetsNothingAcrossRestarts(t *testing.T) {
 	r := witnessedReplica(t, 2)
-	if v := r.witness(5, "k", 42); v != claimNotYet {
+	if v := r.witness(5, 42); v != claimNotYet {
 		t.Fatalf("witnessed epoch 5 before applying it: %v, want not yet", v)
 	}
 	restarted := witnessedReplica(t, 2)
@@ -144,8 +146,8 @@ func TestWitnessWaitsForTheEpochAndForgetsNothingAcrossRestarts(t *testing.T) {
 	if _, known := restarted.answerQuery(5); known {
 		t.Fatal("a restarted member answered for an epoch its earlier run may have witnessed in")
 	}
-	if tokens, known := restarted.answerQuery(6); !known || len(tokens) != 0 {
-		t.Fatalf("epoch 6, begun since the start: %v known %v, want none, known", tokens, known)
+	if upto, known := restarted.answerQuery(6); !known || upto != 0 {
+		t.Fatalf("epoch 6, begun since the start: %d known %v, want none, known", upto, known)
 	}
 }
 
@@ -155,17 +157,17 @@ func TestWitnessBookDroppedEpochIsUnknown(t *testing.T) {
 	r := witnessedReplica(t, 2)
 	for e := uint64(5); e <= 7; e++ {
 		r.apply(int64(e), epoch(e, 1))
-		if v := r.witness(e, "k", 10*e); v != claimAccepted {
+		if v := r.witness(e, 10*e); v != claimAccepted {
 			t.Fatalf("epoch %d refused: %v", e, v)
 		}
 	}
 	if _, known := r.answerQuery(5); known {
 		t.Fatal("a dropped epoch's answer says it is known")
 	}
-	if tokens, known := r.answerQuery(6); !known || !slices.Equal(tokens, []uint64{60}) {
-		t.Fatalf("kept epoch 6: %v known %v", tokens, known)
+	if upto, known := r.answerQuery(6); !known || upto != 60 {
+		t.Fatalf("kept epoch 6: %d known %v", upto, known)
 	}
-	if v := r.witness(5, "j", 51); v != claimRefused {
+	if v := r.witness(5, 51); v != claimRefused {
 		t.Fatalf("a dropped epoch took a witness: %v", v)
 	}
 }
@@ -179,7 +181,7 @@ func unwitnessedScript(t *testing.T) (r *replica, a, b, c uint64) {
 	r.apply(1, acquireBy(1, 100, "a", 0), acquireBy(1, 101, "b", 0), acquireBy(3, 300, "c", 0))
 	r.apply(1, acquireBy(3, 301, "b", time.Minute)) // node 3 waits for b
 	a, b, c = r.lock("a").Token, r.lock("b").Token, r.lock("c").Token
-	if v := r.witness(5, "a", a); v != claimAccepted {
+	if v := r.witness(5, a); v != claimAccepted {
 		t.Fatalf("witness refused: %v", v)
 	}
 	r.apply(2, epoch(6, 2))
@@ -195,11 +197,11 @@ func TestNewLeaderRevokesTheDeadLeadersUnwitnessedGrants(t *testing.T) {
 	if got := r.silentPass(6, 1); got[cmdRevokeUnwitnessed] != 0 {
 		t.Fatalf("revoked before node 3 answered: %v", got)
 	}
-	r.noteAnswer(3, 6, nil, true) // an answer about another epoch
+	r.noteAnswer(3, 6, 0, true) // an answer about another epoch
 	if got := r.silentPass(6, 1); got[cmdRevokeUnwitnessed] != 0 {
 		t.Fatalf("revoked on an answer about another epoch: %v", got)
 	}
-	r.noteAnswer(3, 5, nil, true)
+	r.noteAnswer(3, 5, 0, true)
 	if got := r.silentPass(6, 1); got[cmdRevokeUnwitnessed] != 1 {
 		t.Fatalf("queued %v, want one revoke (b)", got)
 	}
@@ -220,15 +222,15 @@ func TestNewLeaderRevokesTheDeadLeadersUnwitnessedGrants(t *testing.T) {
 func TestWitnessedOrUnknownGrantsStay(t *testing.T) {
 	t.Run("another member witnessed b", func(t *testing.T) {
 		r, _, b, _ := unwitnessedScript(t)
-		r.noteAnswer(3, 5, []uint64{b}, true)
+		r.noteAnswer(3, 5, b, true)
 		if got := r.silentPass(6, 1); got[cmdRevokeUnwitnessed] != 0 {
 			t.Fatalf("queued %v, want nothing: a and b were witnessed", got)
 		}
 	})
 	t.Run("a member cannot tell", func(t *testing.T) {
 		r, _, _, _ := unwitnessedScript(t)
-		r.noteAnswer(3, 5, nil, false)
-		r.noteAnswer(3, 5, nil, true) // a later answer does not bring them back
+		r.noteAnswer(3, 5, 0, false)
+		r.noteAnswer(3, 5, 0, true) // a later answer does not bring them back
 		if got := r.silentPass(6, 1); got[cmdRevokeUnwitnessed] != 0 {
 			t.Fatalf("queued %v, want nothing", got)
 		}
@@ -236,7 +238,7 @@ func TestWitnessedOrUnknownGrantsStay(t *testing.T) {
 	t.Run("the membership changed since the epoch began", func(t *testing.T) {
 		r, _, _, _ := unwitnessedScript(t)
 		r.f.g.members.Store(newMemberView(1<<62, []uint64{1, 2, 3}, r.index, r.n().cfg.NodeID))
-		r.noteAnswer(3, 5, nil, true)
+		r.noteAnswer(3, 5, 0, true)
 		if got := r.silentPass(6, 1); got[cmdRevokeUnwitnessed] != 0 {
 			t.Fatalf("queued %v, want nothing: a member that left may have witnessed", got)
 		}
@@ -253,14 +255,14 @@ func TestOldLeadersClaimAndUnwitnessedRevokeExcludeEachOther(t *testing.T) {
 		if v := r.judge("b", 1, 101, r.index); v != claimAccepted {
 			t.Fatalf("claim judged %v, want accepted", v)
 		}
-		r.noteAnswer(3, 5, nil, true)
+		r.noteAnswer(3, 5, 0, true)
 		if got := r.silentPass(6, 1); got[cmdRevokeUnwitnessed] != 0 {
 			t.Fatalf("queued %v after accepting the claim", got)
 		}
 	})
 	t.Run("revoke first", func(t *testing.T) {
 		r, _, _, _ := unwitnessedScript(t)
-		r.noteAnswer(3, 5, nil, true)
+		r.noteAnswer(3, 5, 0, true)
 		if got := r.silentPass(6, 1); got[cmdRevokeUnwitnessed] != 1 {
 			t.Fatalf("queued %v, want b's revoke", got)
 		}
@@ -354,60 +356,50 @@ func TestFormatRaisedDuringAnEpochWitnessesTheGrantsAfterIt(t *testing.T) {
 	}
 }
 
-// laggingWitness is the witness book of a member that applied tokens up
-// to 1 000 000 of epoch 5 and has witnessed ahead tokens it has not
-// applied yet (above 1 000 000), none of them held.
-func laggingWitness(ahead int) (*witnessBook, *replicated) {
-	s := newReplicated(1)
-	s.epoch, s.tokens.Last = 5, 1_000_000
-	b := &witnessBook{knownFrom: 1}
-	for i := range ahead {
-		b.witness(&s, 5, "ahead"+strconv.Itoa(i), s.tokens.Last+1+uint64(i))
+// The epoch leader delivers its own grants up to the token a witness
+// names, and no later one; a refusal up to a token answers those grants
+// E unavailable and releases them.
+func TestWitnessVerdictSettlesTheOwnGrantsUpToItsToken(t *testing.T) {
+	r := witnessedReplica(t, 1)
+	n := r.n()
+	n.reg, n.wakeReg = map[uint64]*pending{}, make(chan struct{}, 1)
+	n.inflight = engine.NewAdmissionGate(100)
+	n.idBase.Store(1000)
+	rec := newRecorder()
+	r.apply(1, epoch(5, 1))
+	var ids [3]uint64
+	for i := range ids {
+		n.inflight.Admit()
+		p := &pending{id: n.nextID(), w: rec, owner: uint64(i + 1), start: n.clock(), deadline: n.clock() + time.Minute,
+			group: r.f.g, key: lockKey([]byte("t"), []byte("k"+strconv.Itoa(i)))}
+		n.register(p)
+		ids[i] = p.id
 	}
-	return b, &s
-}
+	r.apply(1, acquireBy(1, ids[0], "k0", 0), acquireBy(1, ids[1], "k1", 0), acquireBy(1, ids[2], "k2", 0))
+	if len(n.claiming) != 3 {
+		t.Fatalf("%d own grants wait for a witness, want 3", len(n.claiming))
+	}
+	tokens := [3]uint64{r.lock("k0").Token, r.lock("k1").Token, r.lock("k2").Token}
 
-// A member forgets the grants it witnessed once it applied their release,
-// and keeps every grant it witnessed ahead of its applies: a later
-// leader's query may ask about any of those.
-func TestWitnessBookForgetsReleasedGrantsAndKeepsTheOnesAhead(t *testing.T) {
-	const ahead = 1000
-	b, s := laggingWitness(ahead)
-	for i := range 10 * ahead {
-		if v := b.witness(s, 5, "released"+strconv.Itoa(i), uint64(1+i)); v != claimAccepted {
-			t.Fatalf("witness %d: %v", i, v)
+	n.onPeerFrame(appendWitness(nil, r.f.g.shardID, 4, tokens[2], claimAccepted), nil)
+	if len(n.claiming) != 3 {
+		t.Fatal("a witness of another epoch delivered a grant")
+	}
+	n.onPeerFrame(appendWitness(nil, r.f.g.shardID, 5, tokens[1], claimAccepted), nil)
+	for i, owner := range []uint64{1, 2} {
+		if got := rec.wait(t, owner, time.Second); got.Outcome != engine.Granted || got.Token != tokens[i] {
+			t.Fatalf("owner %d answered %+v, want its grant (token %d)", owner, got, tokens[i])
 		}
 	}
-	tokens, known := b.answer(5)
-	if !known {
-		t.Fatal("epoch 5 answered as unknown")
+	if len(n.claiming) != 1 {
+		t.Fatalf("%d own grants still wait, want the one above the witnessed token", len(n.claiming))
 	}
-	kept := map[uint64]bool{}
-	for _, tok := range tokens {
-		kept[tok] = true
+	n.onPeerFrame(appendWitness(nil, r.f.g.shardID, 5, tokens[2], claimRefused), nil)
+	if got := rec.wait(t, 3, time.Second); got.Outcome != engine.Unavailable {
+		t.Fatalf("a refused grant answered %+v, want Unavailable", got)
 	}
-	for i := range ahead {
-		if !kept[s.tokens.Last+1+uint64(i)] {
-			t.Fatalf("ahead grant %d forgotten", i)
-		}
-	}
-	if len(tokens) > 2*ahead+1 {
-		t.Fatalf("%d grants kept, %d of them released: the released ones are not forgotten", len(tokens), len(tokens)-ahead)
-	}
-}
-
-// The cost of one witness on a member that has witnessed 1000 grants
-// ahead of its applies (a follower under load): pruning walks the record
-// only as it doubles.
-func BenchmarkWitnessAheadOfApply(b *testing.B) {
-	book, s := laggingWitness(1000)
-	keys := make([]string, 4096)
-	for i := range keys {
-		keys[i] = "released" + strconv.Itoa(i)
-	}
-	b.ResetTimer()
-	for i := range b.N {
-		book.witness(s, 5, keys[i%len(keys)], uint64(1+i%1_000_000))
+	if o := r.f.g.orphans; len(o) != 1 || o[0].token != tokens[2] {
+		t.Fatalf("releases %+v, want the refused grant's token %d", o, tokens[2])
 	}
 }
 
