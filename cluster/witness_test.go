@@ -433,3 +433,49 @@ func TestOwnGrantIsDeliveredWhenItsFirstWitnessIsDead(t *testing.T) {
 		t.Fatalf("leader's own grant with its first witness (node %d) dead: %+v", first, r)
 	}
 }
+
+// FuzzPeerFrame feeds arbitrary bodies of the peer messages a node
+// answers without asking its NodeHost — claim verdicts, witness requests
+// and their verdicts, queries and their answers, format statements,
+// send-again — to the leader of a witnessed epoch whose own grant waits
+// for a witness. Whatever arrives, nothing panics, and the grant is
+// either still waiting or answered as a grant or a definite refusal.
+// (Claims are judged after a look at the NodeHost's leader, which these
+// unit replicas do not have: the process tests send those.)
+func FuzzPeerFrame(f *testing.F) {
+	f.Add(appendWitness(nil, 1, 5, 3, 0))
+	f.Add(appendWitness(nil, 1, 5, 3, claimAccepted))
+	f.Add(appendWitness(nil, 1, 5, 2, claimRefused))
+	f.Add(appendVerdict(nil, 1, 1<<63|1001, 3, claimAccepted))
+	f.Add(appendWitnessQuery(nil, 1, 5))
+	f.Add(appendWitnessAnswer(nil, 1, 5, 3, 3, true))
+	f.Add(appendStatement(nil, 2, logFormat2))
+	f.Add([]byte{peerSendAgain, 0, 0, 0, 0, 0, 0, 0, 1})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if len(body) > 0 && body[0] == peerClaims {
+			return
+		}
+		r := witnessedReplica(t, 1)
+		n := r.n()
+		r.f.g.shardID = 1
+		n.groups = []*group{r.f.g}
+		n.reg, n.wakeReg = map[uint64]*pending{}, make(chan struct{}, 1)
+		n.inflight = engine.NewAdmissionGate(100)
+		n.idBase.Store(1000)
+		rec := newRecorder()
+		r.apply(1, epoch(5, 1))
+		n.inflight.Admit()
+		p := &pending{id: n.nextID(), w: rec, owner: 1, start: n.clock(), deadline: n.clock() + time.Minute,
+			group: r.f.g, key: lockKey([]byte("t"), []byte("k"))}
+		n.register(p)
+		r.apply(1, acquireBy(1, p.id, "k", 0))
+		n.onPeerFrame(body, nobodySink{})
+		n.onPeerFrame(body, nil)
+		if len(n.claiming) == 1 {
+			return
+		}
+		if got := rec.wait(t, 1, time.Second); got.Outcome != engine.Granted && got.Outcome != engine.Unavailable {
+			t.Fatalf("the waiting grant was answered %+v", got)
+		}
+	})
+}
