@@ -3,6 +3,7 @@ package server
 import (
 	"math"
 	"math/big"
+	"net"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/lockd/lockd/codec"
+	"github.com/lockd/lockd/engine"
 )
 
 // parseMetrics parses a /metrics body as Prometheus does.
@@ -289,5 +291,63 @@ func TestLatencyHistograms(t *testing.T) {
 	build := families["lockd_build_info"].GetMetric()
 	if len(build) != 1 || build[0].GetGauge().GetValue() != 1 || !hasLabels(build[0], []string{"goversion", runtime.Version()}) {
 		t.Errorf("lockd_build_info %v, want one series of value 1 naming %s", build, runtime.Version())
+	}
+}
+
+// recordingTransport is a connection whose writes are kept, for tests
+// that run a session's passes themselves.
+type recordingTransport struct{ written []byte }
+
+func (t *recordingTransport) write(b []byte)      { t.written = append(t.written, b...) }
+func (*recordingTransport) outboundBuffered() int { return 0 }
+func (*recordingTransport) wake()                 {}
+func (*recordingTransport) remoteAddr() net.Addr  { return &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)} }
+
+// A waiter granted during another connection's pass of the same loop,
+// after the clock moved on since that pass began, is observed with its
+// own latency: its arrival is estimated back from a clock reading taken
+// when its answer is delivered, not from the pass's start (the answer
+// would otherwise count the time the pass ran twice).
+func TestWaiterGrantedDuringAnotherPassHasItsOwnLatency(t *testing.T) {
+	s := startServer(t, func(cfg *Config) { cfg.Admin = "127.0.0.1:0" })
+	b := &batch{}
+	pass := func(ss *session, frame []byte) {
+		b.beginPass()
+		ss.process(frame)
+		b.endPass()
+	}
+	newConn := func() (*session, *recordingTransport) {
+		tr := &recordingTransport{}
+		ss, _, err := newSession(s.Server, tr, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ss, tr
+	}
+	holder, holderTr := newConn()
+	waiter, waiterTr := newConn()
+	other, _ := newConn()
+	pass(holder, codec.AppendAcquire(nil, 1, 30, 0, "k"))
+	var r codec.Response
+	if _, err := codec.DecodeResponse(holderTr.written, &r); err != nil || r.Op != codec.OpAcquired {
+		t.Fatalf("holder's answer %+v %v, want a grant", r, err)
+	}
+	pass(waiter, codec.AppendAcquire(nil, 2, 30, 10, "k")) // queued at 0
+	s.advance(3 * time.Second)
+
+	b.beginPass()
+	other.process(codec.AppendPing(nil, 3)) // the pass begins at 3 s
+	s.clock.Advance(2 * time.Second)
+	if res := s.Engine().Release(s.Engine().Namespace("default"), []byte("k"), r.Token); res.Outcome != engine.Released {
+		t.Fatalf("release: %+v", res)
+	}
+	b.endPass() // the waiter's grant, resolved at 5 s, is delivered here
+
+	if _, err := codec.DecodeResponse(waiterTr.written, &r); err != nil || r.Op != codec.OpAcquired || r.WaitedMs != 5000 {
+		t.Fatalf("waiter's answer %+v %v, want a grant after 5000 ms", r, err)
+	}
+	_, body := scrape(t, "http://"+s.AdminAddr()+"/metrics")
+	if count, sum := histogramSample(t, parseMetrics(t, body), "lockd_acquire_duration_seconds", "outcome", "acquired"); count != 2 || sum < 5 || sum > 5.01 {
+		t.Fatalf("acquired latency: count %d sum %v s, want 2 grants taking 0 s and 5 s", count, sum)
 	}
 }
