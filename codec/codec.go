@@ -36,6 +36,8 @@ const (
 	MaxNodeNameLen = 64
 	NonceLen       = 16
 	MACLen         = 32
+	// ClientIDLen is the size of a SESSION's client_id (SPEC §6a).
+	ClientIDLen = 16
 )
 
 // Request ops (client → server).
@@ -45,6 +47,8 @@ const (
 	OpRelease byte = 'R'
 	OpKeep    byte = 'K'
 	OpPing    byte = 'P'
+	OpSession byte = 'S' // SPEC §6a
+	OpAbandon byte = 'X' // SPEC §6a
 )
 
 // Response ops (server → client).
@@ -67,6 +71,8 @@ const (
 	releaseFixed  = 8 + 8
 	keepFixed     = 8 + 8 + 2
 	ownerFixed    = 8
+	sessionFixed  = 8 + ClientIDLen
+	abandonFixed  = 8 + 8
 	greetingFixed = 1 + 1 + NonceLen
 	welcomeFixed  = MACLen
 	acquiredFixed = 8 + 8 + 4
@@ -86,8 +92,14 @@ const (
 // it: read more bytes and decode again from the same offset.
 var ErrIncomplete = errors.New("codec: incomplete frame")
 
-// GreetingAuthRequired is bit0 of the GREETING flags.
-const GreetingAuthRequired = 1
+// GREETING flags (SPEC §3). A client ignores bits it does not know.
+const (
+	// GreetingAuthRequired (bit0): HELLO must come first.
+	GreetingAuthRequired = 1
+	// GreetingAbandon (bit1): the server serves SESSION and ABANDON
+	// (SPEC §6a); official clients send them only where it is set.
+	GreetingAbandon = 2
+)
 
 // Request is one decoded client frame. Key and Tenant alias the decoded
 // buffer.
@@ -98,6 +110,11 @@ type Request struct {
 	WaitSeconds  uint8
 	Token        uint64
 	Key          []byte
+	// Target is ABANDON's owner of the ACQUIRE it gives back.
+	Target uint64
+	// ClientID is SESSION's client_id: a bearer secret that the server
+	// never sends back, logs or shows.
+	ClientID [ClientIDLen]byte
 
 	Version     uint8
 	ClientNonce [NonceLen]byte
@@ -134,6 +151,10 @@ func requestFixed(op byte) (int, bool) {
 		return keepFixed, true
 	case OpPing:
 		return ownerFixed, true
+	case OpSession:
+		return sessionFixed, true
+	case OpAbandon:
+		return abandonFixed, true
 	}
 	return 0, false
 }
@@ -235,12 +256,26 @@ func DecodeRequest(buf []byte, req *Request) (int, error) {
 		if req.LeaseSeconds == 0 || req.LeaseSeconds > MaxLeaseSeconds {
 			return n, BadLease
 		}
-	case OpPing:
+	case OpPing, OpSession:
 		req.Owner = binary.BigEndian.Uint64(f)
 		if len(text) != 0 {
 			return 0, BadRequest
 		}
+		if op == OpSession {
+			copy(req.ClientID[:], f[8:])
+		}
 		if req.Owner == 0 {
+			return n, BadOwner
+		}
+	case OpAbandon:
+		req.Owner = binary.BigEndian.Uint64(f)
+		req.Target = binary.BigEndian.Uint64(f[8:])
+		req.Key = text
+		if err := checkOwnerKey(req.Owner, text); err != nil {
+			return n, err
+		}
+		// The target names an ACQUIRE by its owner, which is never 0.
+		if req.Target == 0 {
 			return n, BadOwner
 		}
 	}
@@ -390,6 +425,23 @@ func AppendKeep(dst []byte, owner, token uint64, leaseSeconds uint16, key string
 // AppendPing appends a PING frame.
 func AppendPing(dst []byte, owner uint64) []byte {
 	return append(appendOwner(dst, OpPing, owner), '\n')
+}
+
+// AppendSession appends a SESSION frame (SPEC §6a).
+func AppendSession(dst []byte, owner uint64, clientID [ClientIDLen]byte) []byte {
+	dst = appendOwner(dst, OpSession, owner)
+	dst = append(dst, clientID[:]...)
+	return append(dst, '\n')
+}
+
+// AppendAbandon appends an ABANDON frame (SPEC §6a): owner is this
+// request's, target the owner of the ACQUIRE given back. The caller
+// validates the fields.
+func AppendAbandon(dst []byte, owner, target uint64, key string) []byte {
+	dst = appendOwner(dst, OpAbandon, owner)
+	dst = binary.BigEndian.AppendUint64(dst, target)
+	dst = append(dst, key...)
+	return append(dst, '\n')
 }
 
 // AppendHello appends a HELLO frame.

@@ -70,7 +70,7 @@ func TestDecodeRequestStructuralErrors(t *testing.T) {
 		frame []byte
 		want  error
 	}{
-		{"unknown op", []byte("X\n"), BadRequest},
+		{"unknown op", []byte("Z\n"), BadRequest},
 		{"response op from a client", AppendOwnerOnly(nil, OpTimeout, 1), BadRequest},
 		{"text after ping", append(AppendPing(nil, 5)[:9], "x\n"...), BadRequest},
 		{"no LF within 192 bytes", acquireFrame(1, 30, 0, strings.Repeat("k", 200))[:200], Oversized},
@@ -136,7 +136,9 @@ func TestSplitAtEveryByte(t *testing.T) {
 	stream = AppendRelease(stream, 2, 0x0A0A, "é/key")
 	stream = AppendKeep(stream, 4, 0x0A0A, 0x0A, "é/key")
 	stream = AppendPing(stream, 3)
-	wantOps := []byte{OpHello, OpAcquire, OpRelease, OpKeep, OpPing}
+	stream = AppendSession(stream, 0x0A, [ClientIDLen]byte{0x0A, '\n', 7})
+	stream = AppendAbandon(stream, 5, 0x0A0A, "é/key")
+	wantOps := []byte{OpHello, OpAcquire, OpRelease, OpKeep, OpPing, OpSession, OpAbandon}
 
 	for cut := 0; cut <= len(stream); cut++ {
 		var got []byte
@@ -293,5 +295,40 @@ func TestHandshakeMACs(t *testing.T) {
 	}
 	if !EqualMAC(c, ClientMAC(secret, sn, cn, []byte("t"))) {
 		t.Fatal("MAC must be deterministic")
+	}
+}
+
+// SESSION and ABANDON (SPEC §6a) decode their fields whatever bytes the
+// binary part holds, and their field errors keep the frame boundary.
+func TestSessionAndAbandonFrames(t *testing.T) {
+	id := [ClientIDLen]byte{'\n', 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, '\n'}
+	var req Request
+	frame := AppendSession(nil, 0x0A, id)
+	if n, err := DecodeRequest(frame, &req); err != nil || n != len(frame) || req.Op != OpSession || req.Owner != 0x0A || req.ClientID != id {
+		t.Fatalf("session: (%d, %v) %+v", n, err, req)
+	}
+	frame = AppendAbandon(nil, 9, 0x0A0A, "orders/42")
+	if n, err := DecodeRequest(frame, &req); err != nil || n != len(frame) || req.Op != OpAbandon ||
+		req.Owner != 9 || req.Target != 0x0A0A || string(req.Key) != "orders/42" {
+		t.Fatalf("abandon: (%d, %v) %+v", n, err, req)
+	}
+	cases := []struct {
+		name  string
+		frame []byte
+		n     int
+		err   error
+	}{
+		{"session owner 0", AppendSession(nil, 0, id), 26, BadOwner},
+		{"session with text", append(AppendSession(nil, 1, id)[:25], "x\n"...), 0, BadRequest},
+		{"abandon owner 0", AppendAbandon(nil, 0, 1, "k"), 19, BadOwner},
+		{"abandon target 0", AppendAbandon(nil, 1, 0, "k"), 19, BadOwner},
+		{"abandon bad key", AppendAbandon(nil, 1, 2, "a b"), 21, BadKey},
+		{"abandon empty key", AppendAbandon(nil, 1, 2, ""), 18, BadKey},
+	}
+	for _, c := range cases {
+		n, err := DecodeRequest(c.frame, &req)
+		if n != c.n || err != c.err {
+			t.Errorf("%s: (%d, %v), want (%d, %v)", c.name, n, err, c.n, c.err)
+		}
 	}
 }

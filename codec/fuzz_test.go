@@ -15,8 +15,10 @@ func seedRequests(f *testing.F) {
 	f.Add(AppendRelease(nil, 2, 3, "k"))
 	f.Add(AppendKeep(nil, 5, 0x0A0A, 0x0A, "k"))
 	f.Add(AppendPing(nil, 4))
+	f.Add(AppendSession(nil, 6, [ClientIDLen]byte{0x0A}))
+	f.Add(AppendAbandon(nil, 7, 0x0A, "k"))
 	f.Add(AppendHello(nil, [NonceLen]byte{0x0A}, mac, "t"))
-	f.Add([]byte("X\n"))
+	f.Add([]byte("Z\n"))
 	f.Add(bytes.Repeat([]byte{'A'}, MaxFrame+1))
 }
 
@@ -38,7 +40,7 @@ func FuzzDecodeRequest(f *testing.F) {
 		if err == nil && n == 0 {
 			t.Fatal("success without consuming")
 		}
-		if err == nil && (req.Op == OpAcquire || req.Op == OpRelease || req.Op == OpKeep) && !ValidKey(req.Key) {
+		if err == nil && (req.Op == OpAcquire || req.Op == OpRelease || req.Op == OpKeep || req.Op == OpAbandon) && !ValidKey(req.Key) {
 			t.Fatalf("accepted invalid key %q", req.Key)
 		}
 		if err == nil && (req.Op == OpAcquire || req.Op == OpKeep) && (req.LeaseSeconds == 0 || req.LeaseSeconds > MaxLeaseSeconds) {

@@ -15,7 +15,7 @@ func FuzzServerFrameLoop(f *testing.F) {
 	f.Add(codec.AppendAcquire(nil, 1, 30, 0, "k"))
 	f.Add(append(codec.AppendAcquire(nil, 1, 30, 0, "k"), codec.AppendRelease(nil, 2, 1, "k")...))
 	f.Add(codec.AppendHello(nil, [16]byte{0x0A}, [32]byte{}, "t"))
-	f.Add([]byte("X\n"))
+	f.Add([]byte("Z\n"))
 	f.Add(make([]byte, 300))
 	s := startServer(f, nil)
 	f.Fuzz(func(t *testing.T, stream []byte) {

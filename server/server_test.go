@@ -21,7 +21,7 @@ func TestErrorTable(t *testing.T) {
 		reason codec.Reason
 		open   bool
 	}{
-		{"unknown op", [][]byte{[]byte("X\n")}, 0, codec.BadRequest, false},
+		{"unknown op", [][]byte{[]byte("Z\n")}, 0, codec.BadRequest, false},
 		{"text where none is allowed", [][]byte{append(codec.AppendPing(nil, 5)[:9], "x\n"...)}, 0, codec.BadRequest, false},
 		{"no LF within 192 bytes", [][]byte{bytes.Repeat([]byte{'A'}, 192)}, 0, codec.Oversized, false},
 		{"empty key", [][]byte{codec.AppendAcquire(nil, 3, 30, 0, "")}, 3, codec.BadKey, true},
@@ -540,7 +540,7 @@ func TestGrantToClosingConnectionIsReleased(t *testing.T) {
 	c.expectOpen()
 	// The release hands the lock to owner 2 on this same connection, and
 	// the broken frame after it closes the connection in the same pass.
-	c.send(append(codec.AppendRelease(nil, 3, token, "k"), "X\n"...))
+	c.send(append(codec.AppendRelease(nil, 3, token, "k"), "Z\n"...))
 	c.expect(codec.OpReleased, 3)
 	c.expectError(0, codec.BadRequest)
 	c.expectClosed()
