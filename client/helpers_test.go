@@ -21,18 +21,25 @@ type frame struct {
 	wait  uint8
 	token uint64
 	key   string
+	// target is an ABANDON's owner of the ACQUIRE it gives back.
+	target uint64
 }
 
 // answerFunc scripts a peer's reaction to one request: reply, stay
 // silent, close, or hand the frame to the test.
 type answerFunc func(p *peer, c *lockdtest.Conn, f frame)
 
-// peer is a scripted fake server that records every request.
+// peer is a scripted fake server that records every request. It answers
+// PING itself, unless muted, and SESSION where its GREETING offers SPEC
+// §6a; the other requests go to its answerFunc.
 type peer struct {
 	srv     *lockdtest.Server
 	answer  answerFunc
 	secrets map[string][]byte
+	flags   uint8 // further GREETING flags
 	tokens  atomic.Uint64
+	// muted stops answering PING: a server gone silent.
+	muted atomic.Bool
 
 	mu      sync.Mutex
 	frames  []frame
@@ -45,9 +52,19 @@ func startPeer(t *testing.T, answer answerFunc) *peer {
 	return startAuthPeer(t, answer, nil)
 }
 
+// startAbandonPeer is a peer whose GREETING offers SESSION and ABANDON
+// (SPEC §6a).
+func startAbandonPeer(t *testing.T, answer answerFunc) *peer {
+	return startFlagsPeer(t, answer, nil, codec.GreetingAbandon)
+}
+
 func startAuthPeer(t *testing.T, answer answerFunc, secrets map[string][]byte) *peer {
+	return startFlagsPeer(t, answer, secrets, 0)
+}
+
+func startFlagsPeer(t *testing.T, answer answerFunc, secrets map[string][]byte, flags uint8) *peer {
 	t.Helper()
-	p := &peer{answer: answer, secrets: secrets, ended: make(map[int]bool)}
+	p := &peer{answer: answer, secrets: secrets, flags: flags, ended: make(map[int]bool)}
 	srv, err := lockdtest.Start(p.serve)
 	if err != nil {
 		t.Fatal(err)
@@ -68,16 +85,23 @@ func (p *peer) serve(c *lockdtest.Conn) {
 		p.ended[index] = true
 		p.mu.Unlock()
 	}()
-	if c.Handshake(p.secrets) != nil {
+	if c.HandshakeWith(p.secrets, p.flags) != nil {
 		return
 	}
 	c.Serve(func(c *lockdtest.Conn, req *codec.Request) {
 		f := frame{conn: index, op: req.Op, owner: req.Owner, lease: req.LeaseSeconds,
-			wait: req.WaitSeconds, token: req.Token, key: string(req.Key)}
+			wait: req.WaitSeconds, token: req.Token, key: string(req.Key), target: req.Target}
 		p.mu.Lock()
 		p.frames = append(p.frames, f)
 		p.mu.Unlock()
-		if p.answer != nil {
+		switch {
+		case f.op == codec.OpPing:
+			if !p.muted.Load() {
+				c.Reply(codec.OpPong, f.owner)
+			}
+		case f.op == codec.OpSession && p.flags&codec.GreetingAbandon != 0:
+			c.Reply(codec.OpPong, f.owner)
+		case p.answer != nil:
 			p.answer(p, c, f)
 		}
 	})

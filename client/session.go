@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"runtime"
 	"sync"
@@ -30,6 +31,7 @@ const (
 	opAcquire opKind = iota + 1
 	opRelease
 	opKeep
+	opAbandon // SPEC §6a: gives back the ACQUIRE target on key
 )
 
 type reqState uint8
@@ -66,6 +68,7 @@ type request struct {
 	lease     uint16 // acquire and keep, seconds
 	immediate bool   // the original wait was 0: wire wait 0
 	token     uint64
+	target    uint64 // abandon: the owner of the ACQUIRE given back
 	deadline  time.Time
 
 	// Guarded by the mu of the session the request is enqueued on, and
@@ -77,7 +80,10 @@ type request struct {
 	prev, next *request
 	heapIndex  int
 	sentAt     time.Time
-	out        outcome
+	// abandonable: the request was sent on a session that declared the
+	// client's SESSION, so an ABANDON can give back what it got.
+	abandonable bool
+	out         outcome
 	reason     codec.Reason
 	granted    uint64
 	waitedMs   uint32
@@ -114,6 +120,10 @@ type session struct {
 	// pool is the wait pool a wait session belongs to; nil for the shared
 	// sessions.
 	pool *waitPool
+	// servesAbandon: the server set GREETING bit1 and this session
+	// declared the client's SESSION (SPEC §6a), so it may carry ABANDON
+	// and its ACQUIREs can be abandoned.
+	servesAbandon bool
 
 	wake chan struct{}
 	// wakeSent is set while a wake is on its way to the writer, so that
@@ -136,6 +146,7 @@ type session struct {
 	deadlines deadlineQueue
 	expiry    timer     // fires expire at armedFor
 	armedFor  time.Time // zero while expiry is not armed
+	silence   silenceWatch
 
 	// Guarded by the wait pool's mu.
 	poolState poolState
@@ -167,12 +178,13 @@ const (
 	sessionFull
 )
 
-func (c *Client) startSession(conn net.Conn, addr string, rr *codec.ResponseReader, capacity int, pool *waitPool) *session {
+func (c *Client) startSession(conn net.Conn, addr string, rr *codec.ResponseReader, servesAbandon bool, capacity int, pool *waitPool) *session {
 	s := &session{
-		client:    c,
-		conn:      conn,
-		addr:      addr,
-		pool:      pool,
+		client:        c,
+		conn:          conn,
+		addr:          addr,
+		pool:          pool,
+		servesAbandon: servesAbandon,
 		wake:      make(chan struct{}, 1),
 		dead:      make(chan struct{}),
 		table:     newPendingTable(capacity),
@@ -185,6 +197,8 @@ func (c *Client) startSession(conn net.Conn, addr string, rr *codec.ResponseRead
 	}
 	s.expiry = c.clock.AfterFunc(time.Hour, s.expire)
 	s.expiry.Stop()
+	s.silence.tick = c.clock.AfterFunc(time.Hour, s.checkSilence)
+	s.silence.tick.Stop()
 	c.wg.Add(2)
 	go s.readLoop()
 	go s.writeLoop()
@@ -211,10 +225,15 @@ func (s *session) enqueue(req *request, limit int) enqueueResult {
 		s.arm(req.deadline)
 	}
 	s.mu.Unlock()
+	s.wakeWriter()
+	return enqueued
+}
+
+// wakeWriter tells the writer there is something to send.
+func (s *session) wakeWriter() {
 	if !s.wakeSent.Load() && !s.wakeSent.Swap(true) {
 		s.wake <- struct{}{}
 	}
-	return enqueued
 }
 
 // arm sets the deadline timer for at; s.mu is held. Only a deadline earlier
@@ -366,6 +385,7 @@ func (s *session) shutdown(cause error) {
 	}
 	s.mu.Lock()
 	s.expiry.Stop()
+	s.silence.tick.Stop()
 	if errors.Is(cause, ErrProtocol) {
 		s.client.stats.protocolErrors.Add(1)
 	}
@@ -426,12 +446,16 @@ func (s *session) writeLoop() {
 func (s *session) takeBatch() []byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed || len(s.queue) == 0 {
+	if s.closed || (len(s.queue) == 0 && !s.silence.pingDue) {
 		return nil
 	}
 	s.queue, s.batch = s.batch[:0], s.queue
 	now := s.client.clock.Now()
 	buf, jobs := s.wbuf[:0], s.jobs[:0]
+	if s.silence.pingDue {
+		s.silence.pingDue = false
+		buf = codec.AppendPing(buf, s.silence.pingOwner)
+	}
 	for i, req := range s.batch {
 		s.batch[i] = nil
 		if !now.Before(req.deadline) {
@@ -447,9 +471,15 @@ func (s *session) takeBatch() []byte {
 			buf = codec.AppendRelease(buf, req.owner, req.token, req.key)
 		case opKeep:
 			buf = codec.AppendKeep(buf, req.owner, req.token, req.lease, req.key)
+		case opAbandon:
+			buf = codec.AppendAbandon(buf, req.owner, req.target, req.key)
 		}
 		req.state = stateSent
 		req.sentAt = now
+		req.abandonable = s.servesAbandon
+	}
+	if len(jobs) > 0 {
+		s.listen(now)
 	}
 	s.wbuf, s.jobs = buf, jobs
 	return buf
@@ -508,6 +538,7 @@ func (s *session) readLoop() {
 func (s *session) deliverBuffered(resp *codec.Response) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.silence.heard++
 	for {
 		if s.closed {
 			// Dropped: read on until the shutdown closes the connection.
@@ -557,6 +588,11 @@ func (s *session) deliver(resp *codec.Response) error {
 		out = outReleased
 	case codec.OpNotHeld:
 		out = outNotHeld
+	case codec.OpPong:
+		if !s.silence.pingAnswered(resp) {
+			return fmt.Errorf("%w: PONG for owner %d, which is no PING in flight on %s", ErrProtocol, resp.Owner, s.addr)
+		}
+		return nil
 	case codec.OpError:
 		if resp.Owner == 0 {
 			return fmt.Errorf("server %s: %w", s.addr, resp.Reason)
@@ -591,9 +627,9 @@ func answers(kind opKind, out outcome) bool {
 	case outTimedOut, outBusy:
 		return kind == opAcquire
 	case outReleased:
-		return kind == opRelease
+		return kind == opRelease || kind == opAbandon
 	case outNotHeld:
-		return kind == opRelease || kind == opKeep
+		return kind == opRelease || kind == opKeep || kind == opAbandon
 	}
 	return true
 }
@@ -606,7 +642,7 @@ func (c *Client) connect(ctx context.Context, addr string, capacity int, pool *w
 	defer cancel()
 	conn, err := c.cfg.Dialer(ctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("dial %s: %w", addr, err)
+		return nil, dialError(addr, err)
 	}
 	if deadline, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(deadline)
@@ -616,7 +652,11 @@ func (c *Client) connect(ctx context.Context, addr string, capacity int, pool *w
 	}
 	// A cancelled Dial or Close must not wait for a silent server.
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
-	rr, err := c.handshake(conn, addr)
+	rr, flags, err := c.handshake(conn, addr)
+	servesAbandon := err == nil && flags&codec.GreetingAbandon != 0
+	if servesAbandon {
+		err = c.declareSession(conn, rr, addr)
+	}
 	if !stop() && err == nil {
 		err = fmt.Errorf("handshake with %s: %w", addr, context.Cause(ctx))
 	}
@@ -627,42 +667,97 @@ func (c *Client) connect(ctx context.Context, addr string, capacity int, pool *w
 		conn.Close()
 		return nil, err
 	}
-	return c.startSession(conn, addr, rr, capacity, pool), nil
+	return c.startSession(conn, addr, rr, servesAbandon, capacity, pool), nil
+}
+
+// dialError names addr unless the dialer's error already does, as the
+// net package's do ("dial tcp 127.0.0.1:7420: connect: …").
+func dialError(addr string, err error) error {
+	var opErr *net.OpError
+	if errors.As(err, &opErr) && opErr.Op == "dial" {
+		return err
+	}
+	return fmt.Errorf("dial %s: %w", addr, err)
+}
+
+// declareSession sends SESSION with the client's client_id, once, before
+// anything else on the connection (SPEC §6a), and waits for its PONG.
+func (c *Client) declareSession(conn net.Conn, rr *codec.ResponseReader, addr string) error {
+	owner, err := c.nextOwner()
+	if err != nil {
+		return err
+	}
+	if _, err := conn.Write(codec.AppendSession(nil, owner, c.clientID)); err != nil {
+		return fmt.Errorf("session with %s: %w", addr, err)
+	}
+	var resp codec.Response
+	if err := nextFrame(rr, &resp); err != nil {
+		return fmt.Errorf("session with %s: %w", addr, err)
+	}
+	switch {
+	case resp.Op == codec.OpPong && resp.Owner == owner:
+		return nil
+	case resp.Op == codec.OpError:
+		return fmt.Errorf("session with %s: %w", addr, reasonError(resp.Reason))
+	}
+	return fmt.Errorf("%w: SESSION answered with op %q for owner %d on %s", ErrProtocol, resp.Op, resp.Owner, addr)
 }
 
 // handshake runs SPEC §7 and returns the reader, which may already hold
-// bytes past the handshake's last frame.
-func (c *Client) handshake(conn net.Conn, addr string) (*codec.ResponseReader, error) {
+// bytes past the handshake's last frame, and the GREETING's flags.
+func (c *Client) handshake(conn net.Conn, addr string) (*codec.ResponseReader, uint8, error) {
 	if tc, ok := conn.(*tls.Conn); ok {
 		if err := tc.Handshake(); err != nil {
 			var netErr net.Error
 			if errors.As(err, &netErr) && netErr.Timeout() {
 				// A slow or silent server, not a refusal.
-				return nil, fmt.Errorf("TLS handshake with %s: %w", addr, err)
+				return nil, 0, fmt.Errorf("TLS handshake with %s: %w", addr, err)
 			}
-			return nil, fmt.Errorf("%w with %s: %w", ErrTLS, addr, err)
+			return nil, 0, fmt.Errorf("%w with %s: %w", ErrTLS, addr, err)
 		}
 	}
-	rr := codec.NewResponseReader(conn, readBufferSize)
+	greeting := &greetingReader{r: conn}
+	rr := codec.NewResponseReader(greeting, readBufferSize)
 	err := codec.ClientHandshake(conn, rr, codec.Credentials{Tenant: c.cfg.Tenant, Secret: c.cfg.Secret})
 	var refusal codec.Reason
 	switch {
 	case err == nil:
-		return rr, nil
+		return rr, greeting.flags(), nil
 	case tlsAlert(err):
 		// In TLS 1.3 a server refuses the client's certificate after the
 		// client's side of the handshake has finished: the alert comes
 		// with the greeting's read.
-		return nil, fmt.Errorf("%w: %s refused this client: %w", ErrTLS, addr, err)
+		return nil, 0, fmt.Errorf("%w: %s refused this client: %w", ErrTLS, addr, err)
 	case errors.Is(err, codec.ErrHandshakeRefused) && errors.As(err, &refusal):
-		return nil, fmt.Errorf("handshake with %s: %w", addr, reasonError(refusal))
+		return nil, 0, fmt.Errorf("handshake with %s: %w", addr, reasonError(refusal))
 	case errors.Is(err, codec.ErrHandshakeAuth):
-		return nil, fmt.Errorf("%w: handshake with %s: %w", ErrAuth, addr, err)
+		return nil, 0, fmt.Errorf("%w: handshake with %s: %w", ErrAuth, addr, err)
 	case errors.Is(err, codec.ErrHandshakeProtocol):
-		return nil, fmt.Errorf("%w: handshake with %s: %w", ErrProtocol, addr, err)
+		return nil, 0, fmt.Errorf("%w: handshake with %s: %w", ErrProtocol, addr, err)
 	}
-	return nil, fmt.Errorf("handshake with %s: %w", addr, err)
+	return nil, 0, fmt.Errorf("handshake with %s: %w", addr, err)
 }
+
+// greetingReader passes reads through and keeps the first bytes of the
+// stream: the GREETING's op, version and flags, which the codec's
+// handshake checks but does not return. Flags the client does not know
+// are ignored (SPEC §3).
+type greetingReader struct {
+	r    io.Reader
+	head [3]byte
+	n    int
+}
+
+func (g *greetingReader) Read(p []byte) (int, error) {
+	n, err := g.r.Read(p)
+	if g.n < len(g.head) {
+		g.n += copy(g.head[g.n:], p[:n])
+	}
+	return n, err
+}
+
+// flags is the GREETING's flags byte; the handshake has checked the frame.
+func (g *greetingReader) flags() uint8 { return g.head[2] }
 
 // tlsConfigFor is cfg naming the server to verify after addr's host
 // unless cfg names one itself.
