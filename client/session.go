@@ -84,10 +84,10 @@ type request struct {
 	// client's SESSION, so an ABANDON can give back what it got.
 	abandonable bool
 	out         outcome
-	reason     codec.Reason
-	granted    uint64
-	waitedMs   uint32
-	cause      error
+	reason      codec.Reason
+	granted     uint64
+	waitedMs    uint32
+	cause       error
 	// expired: the call's deadline or context ended it; an attempt may
 	// have been sent, and no retry may follow.
 	expired bool
@@ -185,15 +185,15 @@ func (c *Client) startSession(conn net.Conn, addr string, rr *codec.ResponseRead
 		addr:          addr,
 		pool:          pool,
 		servesAbandon: servesAbandon,
-		wake:      make(chan struct{}, 1),
-		dead:      make(chan struct{}),
-		table:     newPendingTable(capacity),
-		queue:     make([]*request, 0, capacity),
-		batch:     make([]*request, 0, capacity),
-		jobs:      make([]writeJob, 0, capacity),
-		wbuf:      make([]byte, 0, min(writeBufferSize, capacity*codec.MaxRequestFrame)),
-		deadlines: deadlineQueue{early: make(deadlineHeap, 0, capacity)},
-		rr:        rr,
+		wake:          make(chan struct{}, 1),
+		dead:          make(chan struct{}),
+		table:         newPendingTable(capacity),
+		queue:         make([]*request, 0, capacity),
+		batch:         make([]*request, 0, capacity),
+		jobs:          make([]writeJob, 0, capacity),
+		wbuf:          make([]byte, 0, min(writeBufferSize, capacity*codec.MaxRequestFrame)),
+		deadlines:     deadlineQueue{early: make(deadlineHeap, 0, capacity)},
+		rr:            rr,
 	}
 	s.expiry = c.clock.AfterFunc(time.Hour, s.expire)
 	s.expiry.Stop()
