@@ -53,13 +53,18 @@ func (s *session) listen(now time.Time) {
 	w.armed = true
 	w.heardAtTick = w.heard
 	w.quietSince = now
-	w.tick.Reset(s.client.cfg.SilenceTimeout / 3)
+	w.tick.Reset(silenceTick(s.client.cfg.SilenceTimeout))
 }
+
+// silenceTick is a third of the silence timeout, rounded up so that three
+// ticks span all of it.
+func silenceTick(timeout time.Duration) time.Duration { return (timeout + 2) / 3 }
 
 // checkSilence is the watch's tick.
 func (s *session) checkSilence() {
 	now := s.client.clock.Now()
 	timeout := s.client.cfg.SilenceTimeout
+	period := silenceTick(timeout)
 	s.mu.Lock()
 	w := &s.silence
 	if s.closed || !w.armed {
@@ -77,7 +82,7 @@ func (s *session) checkSilence() {
 		return
 	}
 	quiet := now.Sub(w.quietSince)
-	if w.pingOwner != 0 && quiet >= timeout && now.Sub(w.pingSentAt) >= timeout/3 {
+	if w.pingOwner != 0 && quiet >= timeout && now.Sub(w.pingSentAt) >= period {
 		closing := s.markClosed()
 		s.mu.Unlock()
 		if closing {
@@ -87,13 +92,13 @@ func (s *session) checkSilence() {
 		return
 	}
 	wake := false
-	if w.pingOwner == 0 && quiet >= timeout/3 {
+	if w.pingOwner == 0 && quiet >= period {
 		if owner, err := s.client.nextOwner(); err == nil {
 			w.pingOwner, w.pingSentAt, w.pingDue = owner, now, true
 			wake = true
 		}
 	}
-	w.tick.Reset(timeout / 3)
+	w.tick.Reset(period)
 	s.mu.Unlock()
 	if wake {
 		s.wakeWriter()
