@@ -37,6 +37,36 @@
 // one reconnect for each waiting acquire that runs out on a lock that
 // stays held — Stats.Reconnects and Stats.AbandonedSessions count them.
 //
+// # Giving back what the client never saw
+//
+// Where a server's GREETING offers it (SPEC §6a), every connection first
+// declares the client's SESSION: a random client_id drawn once per
+// Client. An acquire that ends ErrIndeterminate with its session closed
+// — the connection cut, the server silent, or the call's deadline or
+// context come after its request may have left — may have been granted
+// unseen. The client gives it back with an ABANDON naming the request,
+// sent on another session (another server when one is down) through the
+// queue of compensating releases and under their rules: IODeadline from
+// the enqueue, retries and reconnects included; RELEASED or NOT HELD ends
+// it, no answer is never success, and a full queue (see
+// Config.CompensationQueue) or the end of the 5 s leaves the grant to its
+// lease.
+// The caller's error stays ErrIndeterminate and says what was queued.
+// Stats counts the abandons sent, answered and given up. An acquire
+// certainly not sent, or one whose answer arrived, is never abandoned.
+//
+// # Silence
+//
+// A session with a request in flight that hears nothing from its server
+// for Config.SilenceTimeout (default 2 s) is closed like one whose
+// deadline came: a stopped or cut-off server would otherwise hold its
+// waiting acquires, and their keys, for their whole wait. Its acquires
+// end ErrIndeterminate and are abandoned; its releases and renewals are
+// retried on other sessions within their own deadline. While a request
+// is in flight the client sends PING each third of the timeout that
+// passed without a word from the server, so a live server, even one
+// holding a waiting acquire for minutes, keeps its session.
+//
 // # Contexts
 //
 // A call's context can end it early, under the same rules as its deadline.
