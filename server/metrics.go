@@ -381,8 +381,8 @@ func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(connInflightBusyDesc, m.connInflightBusy.Load())
 	counter(tlsHandshakeFailuresDesc, m.tlsHandshakeFailures.Load())
 	counter(memoryReturnsDesc, m.memoryReturns.Load())
-	counter(orphansQueuedDesc, st.AbandonedQueued)
-	counter(orphansDroppedDesc, st.AbandonedDropped)
+	counter(orphansQueuedDesc, st.UndeliveredQueued)
+	counter(orphansDroppedDesc, st.UndeliveredDropped)
 	counter(leaseExpiriesDesc, st.LeaseExpiries)
 
 	var acquire [acquireOutcomes]histogram.Snapshot

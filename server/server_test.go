@@ -545,7 +545,7 @@ func TestGrantToClosingConnectionIsReleased(t *testing.T) {
 	c.expectError(0, codec.BadRequest)
 	c.expectClosed()
 
-	waitFor(t, func() bool { return s.backend.Stats().AbandonedQueued == 1 })
+	waitFor(t, func() bool { return s.backend.Stats().UndeliveredQueued == 1 })
 	other := dial(t, s)
 	waitFor(t, func() bool {
 		other.acquire(4, 30, 0, "k")

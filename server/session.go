@@ -90,7 +90,7 @@ type resolution struct {
 // releases it; other answers need nothing.
 func (r resolution) abandonIfGranted(s *Server) {
 	if r.result.Outcome == engine.Granted && r.async() == opUnknown {
-		s.backend.Abandon(r.wait(), r.result.Token)
+		s.backend.ReleaseUndelivered(r.wait(), r.result.Token)
 	}
 }
 
@@ -390,7 +390,7 @@ func (ss *session) acquire(req *codec.Request) bool {
 
 	lease := time.Duration(req.LeaseSeconds) * time.Second
 	wait := time.Duration(req.WaitSeconds) * time.Second
-	r, w := ss.srv.backend.Acquire(ss.ns, req.Key, req.Owner, lease, wait, ss)
+	r, w := ss.srv.backend.Acquire(ss.ns, req.Key, req.Owner, 0, lease, wait, ss)
 
 	ss.mu.Lock()
 	switch _, stillQueued := ss.pending.get(req.Owner); {
