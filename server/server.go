@@ -192,12 +192,12 @@ type Server struct {
 	// servesAbandon: the backend serves SPEC §6a, so GREETING sets bit1
 	// and SESSION and ABANDON are served.
 	servesAbandon bool
-	ager         acquireAger // nil when the backend cannot tell (metrics.go)
-	gnetEng      gnet.Engine
-	addr         string
-	metrics      metrics
-	admin        *adminServer
-	tlsPort      *tlsPort // nil without Config.TLSListen
+	ager          acquireAger // nil when the backend cannot tell (metrics.go)
+	gnetEng       gnet.Engine
+	addr          string
+	metrics       metrics
+	admin         *adminServer
+	tlsPort       *tlsPort // nil without Config.TLSListen
 
 	draining atomic.Bool
 	conns    atomic.Int64
