@@ -26,10 +26,14 @@ func driftMargin(span time.Duration) time.Duration { return driftFloor + span/dr
 // opts.Wait bounds the whole call: waiting for a ready session, retries of
 // attempts that certainly never left, the send and the answer. ctx can end
 // it earlier; its deadline then is the call's deadline. The lock is held
-// exactly when the error is nil; ErrIndeterminate means it may be held by
-// nobody who knows its token until its lease expires. Every error says
-// which it is; when ctx ended the call, the error also matches ctx.Err()
-// (context.DeadlineExceeded or context.Canceled) with errors.Is.
+// exactly when the error is nil. ErrIndeterminate means the server may
+// have granted it unseen; the client then gives back whatever the server
+// did — a compensating release of a known token, or an ABANDON of the
+// request where its session was closed — or, when it cannot, leaves it
+// to its lease, held by nobody; the error says which. Every error says
+// whether the lock may be held; when ctx ended the call, the error also
+// matches ctx.Err() (context.DeadlineExceeded or context.Canceled) with
+// errors.Is.
 func (c *Client) Acquire(ctx context.Context, key string, opts AcquireOptions) (Ticket, error) {
 	t, err := c.acquire(ctx, key, opts)
 	return t, c.withContextEnd(ctx, err)

@@ -64,7 +64,7 @@ func (c *Client) giveBack(req *request) string {
 	if c.compensate(comp) {
 		return "an ABANDON is queued to give back whatever the server did with it"
 	}
-	return "the compensation queue was full, so a grant the server may have made is left to its lease"
+	return "the compensation queue was full (or the client closing), so a grant the server may have made is left to its lease"
 }
 
 func (c *Client) runCompensations() {
