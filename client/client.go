@@ -114,6 +114,9 @@ const (
 	defaultDialTimeout       = 5 * time.Second
 	defaultCompensationQueue = 256
 	defaultSilenceTimeout    = 2 * time.Second
+	// minSilenceTimeout keeps a session from being closed by a scheduling
+	// hiccup, and its PINGs few.
+	minSilenceTimeout = 100 * time.Millisecond
 	compensationWorkers      = 4
 	// maxAttempts bounds the retries of one call; each needs a session to
 	// fail under it, so real calls end at their deadline long before.
@@ -172,7 +175,7 @@ type Config struct {
 	// third of it, so a live server, even one holding a waiting acquire
 	// for minutes, always breaks the silence; a session is closed after
 	// at least SilenceTimeout of silence and at most about a third more.
-	// Default 2 s.
+	// Default 2 s; at least 100 ms.
 	SilenceTimeout time.Duration
 	// Dialer opens connections; default a net.Dialer.
 	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -215,6 +218,9 @@ func (cfg Config) normalize() (Config, error) {
 	cfg.DialTimeout = defaults.Or(cfg.DialTimeout, defaultDialTimeout)
 	cfg.CompensationQueue = defaults.Or(cfg.CompensationQueue, defaultCompensationQueue)
 	cfg.SilenceTimeout = defaults.Or(cfg.SilenceTimeout, defaultSilenceTimeout)
+	if cfg.SilenceTimeout < minSilenceTimeout {
+		return cfg, fmt.Errorf("%w: SilenceTimeout %v is below %v", ErrConfig, cfg.SilenceTimeout, minSilenceTimeout)
+	}
 	if cfg.Dialer == nil {
 		cfg.Dialer = (&net.Dialer{}).DialContext
 	}

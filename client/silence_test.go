@@ -2,6 +2,7 @@ package client
 
 import (
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -127,4 +128,33 @@ func pingInFlight(c *Client) bool {
 		}
 	}
 	return false
+}
+
+// A release on a session whose server went silent follows its own rules:
+// the silence timeout closes that session, and the release, which may be
+// repeated, is sent again on another session within its 5 s.
+func TestReleaseOnASilentSessionIsRetriedElsewhere(t *testing.T) {
+	clk := newFakeClock()
+	var releases atomic.Int32
+	p := startAbandonPeer(t, func(p *peer, c *lockdtest.Conn, f frame) {
+		if f.op == codec.OpRelease && releases.Add(1) > 1 {
+			c.Reply(codec.OpReleased, f.owner)
+		}
+	})
+	p.muted.Store(true)
+	c := newClient(t, p, clk, func(cfg *Config) { cfg.Sessions = 2 })
+
+	done := goRelease(c, "k", 7)
+	eventually(t, "the server has the release", func() bool { return len(p.seen(codec.OpRelease)) == 1 })
+	eventually(t, "the silence watch is armed", func() bool { return clk.dueIn(silenceTick(c.cfg.SilenceTimeout)) })
+	for range 3 {
+		tick(t, c, clk)
+	}
+	if err := await(t, done); err != nil {
+		t.Fatalf("release: %v, want RELEASED from the retry", err)
+	}
+	rel := p.seen(codec.OpRelease)
+	if st := c.Stats(); st.SilentSessions != 1 || len(rel) != 2 || rel[0].conn == rel[1].conn {
+		t.Fatalf("stats %+v, releases %+v: want the silent session closed and the release sent again on another", st, rel)
+	}
 }
