@@ -116,8 +116,8 @@ const (
 	defaultSilenceTimeout    = 2 * time.Second
 	// minSilenceTimeout keeps a session from being closed by a scheduling
 	// hiccup, and its PINGs few.
-	minSilenceTimeout = 100 * time.Millisecond
-	compensationWorkers      = 4
+	minSilenceTimeout   = 100 * time.Millisecond
+	compensationWorkers = 4
 	// maxAttempts bounds the retries of one call; each needs a session to
 	// fail under it, so real calls end at their deadline long before.
 	maxAttempts = 16
