@@ -220,7 +220,7 @@ type Model struct {
 	w            Wrapper
 	aw           AbandonWrapper // nil unless w is one
 	instrumented Instrumented   // nil unless w is one
-	limited      bool         // Busy is a valid answer
+	limited      bool           // Busy is a valid answer
 	now          time.Duration
 
 	locks     map[modelKey]*modelLock
