@@ -213,3 +213,33 @@ func TestClientIDNeverShows(t *testing.T) {
 		}
 	}
 }
+
+// With auth required SESSION comes after WELCOME (SPEC §6a): before it,
+// auth_required closes the connection; after it, the session is the
+// tenant's, and its ABANDON reaches only that tenant's locks.
+func TestSessionAfterWelcome(t *testing.T) {
+	secrets := map[string][]byte{"alpha": []byte("a-secret"), "beta": []byte("b-secret")}
+	s := startServer(t, func(cfg *Config) { cfg.Auth = secrets })
+	early := dial(t, s)
+	if early.greeting.Flags != codec.GreetingAuthRequired|codec.GreetingAbandon {
+		t.Fatalf("greeting flags %#x, want auth and §6a", early.greeting.Flags)
+	}
+	early.send(codec.AppendSession(nil, 1, testClientID))
+	early.expectError(1, codec.AuthRequired)
+	early.expectClosed()
+
+	alpha := dial(t, s)
+	alpha.hello("alpha", secrets["alpha"])
+	alpha.session(1, testClientID)
+	alpha.mustAcquire(7, "k")
+	beta := dial(t, s)
+	beta.hello("beta", secrets["beta"])
+	beta.session(1, testClientID)
+	beta.send(codec.AppendAbandon(nil, 2, 7, "k"))
+	beta.expect(codec.OpNotHeld, 2)
+	alpha2 := dial(t, s)
+	alpha2.hello("alpha", secrets["alpha"])
+	alpha2.session(1, testClientID)
+	alpha2.send(codec.AppendAbandon(nil, 2, 7, "k"))
+	alpha2.expect(codec.OpReleased, 2)
+}
