@@ -73,7 +73,7 @@ func rawDial(ctx context.Context, addr string, opts TargetOptions) (net.Conn, *c
 	}
 	nc.SetDeadline(time.Now().Add(answerSlack))
 	rr := codec.NewResponseReader(nc, rawReadBufferSize)
-	if err := codec.ClientHandshake(nc, rr, codec.Credentials{Tenant: tenant, Secret: secret}); err != nil {
+	if _, err := codec.ClientHandshake(nc, rr, codec.Credentials{Tenant: tenant, Secret: secret}); err != nil {
 		nc.Close()
 		if errors.Is(err, codec.ErrHandshakeAuth) && len(secret) == 0 {
 			return nil, nil, fmt.Errorf("%s requires authentication: give a tenant and its secret: %w", addr, err)

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"time"
 
@@ -94,13 +93,12 @@ func (c *Client) handshake(conn net.Conn, addr string) (*codec.ResponseReader, u
 			return nil, 0, fmt.Errorf("%w with %s: %w", ErrTLS, addr, err)
 		}
 	}
-	greeting := &greetingReader{r: conn}
-	rr := codec.NewResponseReader(greeting, readBufferSize)
-	err := codec.ClientHandshake(conn, rr, codec.Credentials{Tenant: c.cfg.Tenant, Secret: c.cfg.Secret})
+	rr := codec.NewResponseReader(conn, readBufferSize)
+	flags, err := codec.ClientHandshake(conn, rr, codec.Credentials{Tenant: c.cfg.Tenant, Secret: c.cfg.Secret})
 	var refusal codec.Reason
 	switch {
 	case err == nil:
-		return rr, greeting.flags(), nil
+		return rr, flags, nil
 	case tlsAlert(err):
 		// In TLS 1.3 a server refuses the client's certificate after the
 		// client's side of the handshake has finished: the alert comes
@@ -115,27 +113,6 @@ func (c *Client) handshake(conn net.Conn, addr string) (*codec.ResponseReader, u
 	}
 	return nil, 0, fmt.Errorf("handshake with %s: %w", addr, err)
 }
-
-// greetingReader passes reads through and keeps the first bytes of the
-// stream: the GREETING's op, version and flags, which the codec's
-// handshake checks but does not return. Flags the client does not know
-// are ignored (SPEC §3).
-type greetingReader struct {
-	r    io.Reader
-	head [3]byte
-	n    int
-}
-
-func (g *greetingReader) Read(p []byte) (int, error) {
-	n, err := g.r.Read(p)
-	if g.n < len(g.head) {
-		g.n += copy(g.head[g.n:], p[:n])
-	}
-	return n, err
-}
-
-// flags is the GREETING's flags byte; the handshake has checked the frame.
-func (g *greetingReader) flags() uint8 { return g.head[2] }
 
 // tlsConfigFor is cfg naming the server to verify after addr's host
 // unless cfg names one itself.

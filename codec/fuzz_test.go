@@ -204,7 +204,7 @@ func FuzzClientHandshake(f *testing.F) {
 		}
 		var sent bytes.Buffer
 		rr := NewResponseReader(bytes.NewReader(data), 0)
-		err := ClientHandshake(&sent, rr, creds)
+		_, err := ClientHandshake(&sent, rr, creds)
 		if err == nil {
 			if withSecret {
 				t.Fatal("a fixed byte string passed for a server that knows the secret")

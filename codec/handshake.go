@@ -35,47 +35,49 @@ type Credentials struct {
 // ClientHandshake runs the client side of SPEC §7: it reads the GREETING
 // from rr, sends HELLO to w when authentication is on or a tenant is
 // named, and checks the WELCOME. It leaves in rr whatever the server sent
-// after the handshake. It owns no socket: deadlines on the stream are the
-// caller's.
-func ClientHandshake(w io.Writer, rr *ResponseReader, creds Credentials) error {
+// after the handshake, and returns the GREETING's flags (a caller ignores
+// bits it does not know, SPEC §3). It owns no socket: deadlines on the
+// stream are the caller's.
+func ClientHandshake(w io.Writer, rr *ResponseReader, creds Credentials) (flags uint8, err error) {
 	var resp Response
 	if err := handshakeFrame(rr, &resp, "greeting"); err != nil {
-		return err
+		return 0, err
 	}
 	if resp.Op != OpGreeting || resp.Version != Version {
-		return fmt.Errorf("%w: op %q version %d instead of a version %d GREETING", ErrHandshakeProtocol, resp.Op, resp.Version, Version)
+		return 0, fmt.Errorf("%w: op %q version %d instead of a version %d GREETING", ErrHandshakeProtocol, resp.Op, resp.Version, Version)
 	}
 	authRequired := resp.Flags&GreetingAuthRequired != 0
 	switch {
 	case authRequired && len(creds.Secret) == 0:
-		return fmt.Errorf("%w: the server requires authentication and no secret is given", ErrHandshakeAuth)
+		return 0, fmt.Errorf("%w: the server requires authentication and no secret is given", ErrHandshakeAuth)
 	case !authRequired && len(creds.Secret) != 0:
-		return fmt.Errorf("%w: the server does not authenticate, so it cannot prove it knows the secret", ErrHandshakeAuth)
+		return 0, fmt.Errorf("%w: the server does not authenticate, so it cannot prove it knows the secret", ErrHandshakeAuth)
 	case !authRequired && creds.Tenant == "":
-		return nil
+		return resp.Flags, nil
 	}
+	flags = resp.Flags
 	serverNonce := resp.ServerNonce
 	var clientNonce [NonceLen]byte
 	rand.Read(clientNonce[:])
 	mac := ClientMAC(creds.Secret, serverNonce, clientNonce, []byte(creds.Tenant))
 	if _, err := w.Write(AppendHello(nil, clientNonce, mac, creds.Tenant)); err != nil {
-		return fmt.Errorf("hello: %w", err)
+		return 0, fmt.Errorf("hello: %w", err)
 	}
 	if err := handshakeFrame(rr, &resp, "welcome"); err != nil {
-		return err
+		return 0, err
 	}
 	switch resp.Op {
 	case OpWelcome:
 	case OpError:
-		return fmt.Errorf("%w: %w", ErrHandshakeRefused, resp.Reason)
+		return 0, fmt.Errorf("%w: %w", ErrHandshakeRefused, resp.Reason)
 	default:
-		return fmt.Errorf("%w: HELLO answered with op %q", ErrHandshakeProtocol, resp.Op)
+		return 0, fmt.Errorf("%w: HELLO answered with op %q", ErrHandshakeProtocol, resp.Op)
 	}
 	// With auth off the WELCOME carries zeros: there is nothing to verify.
 	if authRequired && !EqualMAC(resp.ServerMAC, ServerMAC(creds.Secret, clientNonce, serverNonce, []byte(creds.Tenant))) {
-		return fmt.Errorf("%w: the server MAC does not verify", ErrHandshakeAuth)
+		return 0, fmt.Errorf("%w: the server MAC does not verify", ErrHandshakeAuth)
 	}
-	return nil
+	return flags, nil
 }
 
 // handshakeFrame reads the next frame; a frame no conforming server sends

@@ -56,7 +56,7 @@ func TestClientHandshakeAuthenticatesBothWays(t *testing.T) {
 	answer := p.answer
 	p.answer = func(h *Request) []byte { return append(answer(h), after...) }
 	rr := NewResponseReader(p, 0)
-	if err := ClientHandshake(p, rr, Credentials{Tenant: "alpha", Secret: secret}); err != nil {
+	if _, err := ClientHandshake(p, rr, Credentials{Tenant: "alpha", Secret: secret}); err != nil {
 		t.Fatalf("handshake: %v", err)
 	}
 	if len(p.hellos) != 1 {
@@ -78,14 +78,30 @@ func TestClientHandshakeAuthenticatesBothWays(t *testing.T) {
 func TestClientHandshakeWithAuthOff(t *testing.T) {
 	// No tenant: nothing is sent, the connection is the tenant default.
 	p := newHandshakePeer(t, 0)
-	if err := ClientHandshake(p, NewResponseReader(p, 0), Credentials{}); err != nil || len(p.hellos) != 0 {
+	if _, err := ClientHandshake(p, NewResponseReader(p, 0), Credentials{}); err != nil || len(p.hellos) != 0 {
 		t.Fatalf("no tenant: %v, %d HELLOs", err, len(p.hellos))
 	}
 	// A named tenant is sent in a HELLO; the WELCOME's zero MAC is accepted.
 	p = newHandshakePeer(t, 0)
 	p.answer = func(*Request) []byte { return AppendWelcome(nil, [MACLen]byte{}) }
-	if err := ClientHandshake(p, NewResponseReader(p, 0), Credentials{Tenant: "beta"}); err != nil || len(p.hellos) != 1 || string(p.hellos[0].Tenant) != "beta" {
+	if _, err := ClientHandshake(p, NewResponseReader(p, 0), Credentials{Tenant: "beta"}); err != nil || len(p.hellos) != 1 || string(p.hellos[0].Tenant) != "beta" {
 		t.Fatalf("tenant beta: %v, HELLOs %+v", err, p.hellos)
+	}
+}
+
+// The GREETING's flags come back, unknown bits included, with auth off
+// and on: the caller decides what a bit it does not know means (nothing).
+func TestClientHandshakeReturnsTheGreetingFlags(t *testing.T) {
+	const unknown = 0x80
+	p := newHandshakePeer(t, GreetingAbandon|unknown)
+	if flags, err := ClientHandshake(p, NewResponseReader(p, 0), Credentials{}); err != nil || flags != GreetingAbandon|unknown {
+		t.Fatalf("auth off: flags %#x, %v", flags, err)
+	}
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	p = newHandshakePeer(t, GreetingAuthRequired|GreetingAbandon)
+	p.answer = p.welcomeWith(secret)
+	if flags, err := ClientHandshake(p, NewResponseReader(p, 0), Credentials{Tenant: "alpha", Secret: secret}); err != nil || flags != GreetingAuthRequired|GreetingAbandon {
+		t.Fatalf("auth on: flags %#x, %v", flags, err)
 	}
 }
 
@@ -130,7 +146,7 @@ func TestClientHandshakeFailures(t *testing.T) {
 			if p.answer == nil {
 				p.answer = func(*Request) []byte { t.Fatal("the client sent a HELLO"); return nil }
 			}
-			err := ClientHandshake(p, NewResponseReader(p, 0), tc.creds)
+			_, err := ClientHandshake(p, NewResponseReader(p, 0), tc.creds)
 			if err == nil {
 				t.Fatal("the handshake succeeded")
 			}
@@ -160,7 +176,7 @@ func TestClientHandshakeFailures(t *testing.T) {
 func TestClientHandshakeWriteError(t *testing.T) {
 	p := newHandshakePeer(t, 0)
 	boom := errors.New("boom")
-	err := ClientHandshake(failingWriter{boom}, NewResponseReader(p, 0), Credentials{Tenant: "alpha"})
+	_, err := ClientHandshake(failingWriter{boom}, NewResponseReader(p, 0), Credentials{Tenant: "alpha"})
 	if !errors.Is(err, boom) || errors.Is(err, ErrHandshakeProtocol) || errors.Is(err, ErrHandshakeAuth) {
 		t.Fatalf("a failed HELLO write: %v", err)
 	}
