@@ -42,6 +42,12 @@ class _Session(asyncio.Protocol):
         self.table: dict[int, core.Request] = {}
         self.queue: list[core.Request] = []
         self.flush_pending = False
+        self.serves_abandon = False
+        # When the server was last heard, or a request went in flight on
+        # an idle session; the PING in flight; the silence watch (§6a).
+        self.heard = client._clock()
+        self.ping = None
+        self.watch = None
 
     # Protocol callbacks.
 
@@ -49,6 +55,13 @@ class _Session(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data):
+        if self.closed:
+            return
+        # asyncio runs the callbacks of arrived data before the timers that
+        # fell due meanwhile: each answer is checked against its request's
+        # deadline here, so that a deadline acts on time (§6).
+        now = self.client._clock()
+        self.heard = now
         try:
             frames = self.decoder.feed(data)
             if not self.ready:
@@ -56,7 +69,9 @@ class _Session(asyncio.Protocol):
                 self.handshake_event.set()
                 return
             for f in frames:
-                self._deliver(f)
+                self._deliver(f, now)
+        except core.Due:
+            self.fail(core.ABANDONED)
         except errors.Protocol as e:
             self.client.stats.protocol_errors += 1
             self.fail(f"session to {self.addr}: {e}")
@@ -80,10 +95,14 @@ class _Session(asyncio.Protocol):
     # Requests.
 
     def enqueue(self, req, limit):
-        if self.closed:
+        if self.closed or req.kind == core.ABANDON and not self.serves_abandon:
             return _CLOSED
         if len(self.table) >= limit:
             return _FULL
+        if not self.table:
+            self.heard = self.client._clock()
+            if self.watch is None:
+                self.watch = asyncio.get_running_loop().call_later(self.client._silence / 3, self._watch)
         req.state = core.QUEUED
         self.table[req.owner] = req
         self.queue.append(req)
@@ -108,14 +127,42 @@ class _Session(asyncio.Protocol):
                                      core.wire_wait(req.immediate, req.deadline, now), req.token))
             req.state = core.SENT
             req.sent_at = now
+            req.abandonable = self.serves_abandon
         if parts:
             self.transport.write(b"".join(parts))
 
     def _finish(self, req, out, cause):
         del self.table[req.owner]
         req.out, req.cause, req.state = out, cause, core.DONE
+        if req is self.ping:
+            self.ping = None
         if not req.waiter.done():
             req.waiter.set_result(out)
+
+    def _watch(self):
+        """The silence rule of §6a while a request is in flight: after a
+        third of the silence timeout without a word from the server a PING
+        goes out; after all of it the session is closed."""
+        self.watch = None
+        if self.closed or not self.table:
+            return
+        silence = self.client._silence
+        now = self.client._clock()
+        quiet = now - self.heard
+        if quiet >= silence:
+            self.fail(core.SILENT)
+            return
+        if self.ping is None and quiet >= silence / 3:
+            try:
+                ping = core.Request(core.PING, self.client._owners.next(), b"", core.INF, immediate=True)
+            except errors.OwnerExhausted as e:
+                self.fail(f"session to {self.addr}: {e}")
+                return
+            ping.waiter = asyncio.get_running_loop().create_future()
+            self.ping = ping
+            self.enqueue(ping, core.INF)
+        at = self.heard + (silence if self.ping is not None else silence / 3)
+        self.watch = asyncio.get_running_loop().call_later(max(at - now, 0.001), self._watch)
 
     def abandon(self, req):
         req.expired = True
@@ -138,14 +185,19 @@ class _Session(asyncio.Protocol):
         for req in list(self.table.values()):
             self._finish(req, core.UNSENT if req.state == core.QUEUED else core.LOST, cause)
         self.queue.clear()
+        if self.watch is not None:
+            self.watch.cancel()
+            self.watch = None
         if cause == core.ABANDONED:
             self.client.stats.abandoned_sessions += 1
+        elif cause == core.SILENT:
+            self.client.stats.silent_sessions += 1
         if self.pool is not None:
             self.pool.died(self)
         if self.transport is not None:
             self.transport.abort()
 
-    def _deliver(self, f):
+    def _deliver(self, f, now):
         out = core.OUTCOME_OF_OP.get(f.op)
         if out is None:
             raise errors.Protocol(f"unexpected {f.op!r} frame from {self.addr}")
@@ -157,6 +209,8 @@ class _Session(asyncio.Protocol):
         req = self.table.get(f.owner)
         if req is None or req.state != core.SENT or not core.answers(req.kind, out):
             raise errors.Protocol(f"{f.op!r} for owner {f.owner}, which has no matching request in flight on {self.addr}")
+        if now >= req.deadline:
+            raise core.Due(f"{f.op!r} for owner {f.owner} arrived after its deadline")
         if req.kind == core.KEEP and out == core.ACQUIRED and f.token != req.token:
             raise errors.Protocol(f"KEEP of token {req.token} answered with token {f.token} by {self.addr}")
         req.granted, req.waited_ms = f.token, f.waited_ms
@@ -304,7 +358,8 @@ class AsyncClient:
 
     def __init__(self, addrs, tenant=None, secret=None, tls=None, *, sessions=None,
                  max_in_flight=4096, wait_sessions=64, dial_timeout=5.0,
-                 compensation_queue=256, _clock=time.monotonic, _first_owner=0):
+                 compensation_queue=256, silence_timeout=core.DEFAULT_SILENCE_TIMEOUT,
+                 _clock=time.monotonic, _first_owner=0):
         self.addrs = [addrs] if isinstance(addrs, str) else list(addrs)
         if not self.addrs:
             raise errors.Config("no server address")
@@ -315,7 +370,10 @@ class AsyncClient:
         if tls is True:
             tls = ssl.create_default_context()
         self._tls = tls
+        compensation_queue = core.check_options(compensation_queue, silence_timeout, dial_timeout)
         self._dial_timeout = dial_timeout
+        self._silence = silence_timeout
+        self._client_id = core.new_client_id()
         self._clock = _clock
         self._owners = core.Owners(_first_owner)
         self._max_in_flight = max_in_flight
@@ -360,6 +418,8 @@ class AsyncClient:
     # Connecting.
 
     async def _connect(self, addr, deadline, pool):
+        """As Client._connect: one bound over the dial, TLS, the handshake
+        and SESSION; a caller's deadline that cuts it is core.Deadline."""
         timeout = min(self._dial_timeout, deadline - self._clock())
         if timeout <= 0:
             raise core.Deadline("the deadline came before a session was ready")
@@ -378,12 +438,21 @@ class AsyncClient:
                 if hello is not None:
                     s.transport.write(hello)
                     hs.welcome(await s.next_handshake_frame())
+                if hs.serves_abandon:
+                    owner = self._owners.next()
+                    s.transport.write(core.session_frame(owner, self._client_id))
+                    core.session_answer(await s.next_handshake_frame(), owner)
         except BaseException as e:
             s.pool = None
             s.fail("handshake failed")
-            if isinstance(e, (OSError, TimeoutError)):
+            if isinstance(e, errors.LockdError):
+                raise
+            if isinstance(e, OSError):
+                if self._clock() >= deadline:
+                    raise core.Deadline(f"the deadline came while connecting to {addr}") from None
                 raise errors.NotConnected(f"connect to {addr}: {e!r}") from None
             raise
+        s.serves_abandon = hs.serves_abandon
         s.ready = True
         return s
 
@@ -551,7 +620,10 @@ class AsyncClient:
         except core.PoolFull as e:
             raise errors.Busy(f"acquire of {key!r}, not sent: {e}") from None
         if out != core.ACQUIRED:
-            raise core.acquire_failure(req, out, self._clock())
+            err = core.acquire_failure(req, out, self._clock())
+            if out == core.LOST and req.abandonable:
+                raise type(err)(f"{err}; {self._give_back(kb, req.owner)}")
+            raise err
         valid_until, err = core.gate(req, p, self._clock())
         if err is not None:
             raise type(err)(f"{err}; {self._compensate(kb, req.granted)}")
@@ -621,29 +693,60 @@ class AsyncClient:
     # Compensation.
 
     def _compensate(self, kb, token):
-        if not self._closing and self._comp is not None:
-            try:
-                self._comp.put_nowait((kb, token, self._clock() + core.IO_DEADLINE))
-                self.stats.compensations_queued += 1
-                return "its release is queued as compensation"
-            except asyncio.QueueFull:
-                pass
+        if self._enqueue_compensation(core.RELEASE, kb, token):
+            self.stats.compensations_queued += 1
+            return "its release is queued as compensation"
         self.stats.compensations_dropped += 1
         return "the compensation queue was full: it is left to its lease"
+
+    def _give_back(self, kb, owner):
+        if self._enqueue_compensation(core.ABANDON, kb, owner):
+            return "whatever the server made of it is being given back (ABANDON)"
+        self.stats.abandons_given_up += 1
+        return "the compensation queue was full: a grant, if any, is left to its lease"
+
+    def _enqueue_compensation(self, kind, kb, value):
+        if self._closing or self._comp is None:
+            return False
+        try:
+            self._comp.put_nowait((kind, kb, value, self._clock() + core.IO_DEADLINE))
+            return True
+        except asyncio.QueueFull:
+            return False
 
     async def _run_compensations(self):
         while True:
             item = await self._comp.get()
             if item is None:
                 return
-            kb, token, deadline = item
+            kind, kb, value, deadline = item
+            if kind == core.ABANDON:
+                await self._abandon(kb, value, deadline)
+                continue
             try:
-                await self._release(kb, token, deadline)
+                await self._release(kb, value, deadline)
                 self.stats.compensations_done += 1
             except errors.NotHeld:
                 self.stats.compensations_done += 1
             except errors.LockdError:
                 self.stats.compensations_failed += 1
+
+    async def _abandon(self, kb, target, deadline):
+        """As Client._abandon."""
+        req, out = None, None
+        try:
+            req = core.Request(core.ABANDON, self._owners.next(), kb, deadline, token=target)
+            out = await self._exchange(req, self._release_limit, True)
+        except errors.LockdError:
+            pass
+        if req is not None and req.sent_at:
+            self.stats.abandons_sent += 1
+        if out == core.RELEASED:
+            self.stats.abandons_released += 1
+        elif out == core.NOT_HELD:
+            self.stats.abandons_not_held += 1
+        else:
+            self.stats.abandons_given_up += 1
 
     async def close(self):
         """As Client.close."""

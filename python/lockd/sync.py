@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import math
 import queue
 import select
 import socket
@@ -34,8 +35,9 @@ _RECONNECT_MIN, _RECONNECT_MAX = 0.05, 2.0
 
 
 class _Session:
-    def __init__(self, client, sock, addr, decoder, pool=None):
+    def __init__(self, client, sock, addr, decoder, pool=None, serves_abandon=False, tls=False):
         self.client, self.sock, self.addr, self.decoder, self.pool = client, sock, addr, decoder, pool
+        self.serves_abandon, self.tls = serves_abandon, tls
         self.lock = threading.Lock()
         self.closed = False
         self.writing = False
@@ -48,6 +50,12 @@ class _Session:
         self.reading = False
         self.parked: dict[int, core.Request] = {}
         self.rbuf = bytearray(64 << 10)
+        self.poller = select.poll()
+        self.poller.register(sock, select.POLLIN)
+        # When the server was last heard, or a request went in flight on
+        # an idle session; the PING in flight, if any (§6a).
+        self.heard = client._clock()
+        self.ping = None
 
     def enqueue(self, req, limit):
         with self.lock:
@@ -62,31 +70,39 @@ class _Session:
         if idle:
             self._check_idle()
         with self.lock:
-            if self.closed:
+            if self.closed or req.kind == core.ABANDON and not self.serves_abandon:
                 return _CLOSED
             if len(self.table) >= limit:
                 return _FULL
+            if not self.table:
+                self.heard = self.client._clock()
             req.state = core.QUEUED
             self.table[req.owner] = req
             self.queue.append(req)
             if self.writing:
                 return _ENQUEUED
             self.writing = True
-        self._flush()
+        self._flush(req)
         return _ENQUEUED
 
-    def _flush(self):
-        """Sends what is queued until the queue is empty; the caller that
-        runs it is the session's writer meanwhile. Each frame's wait is
-        computed here, just before the send."""
+    def _flush(self, own):
+        """Sends what is queued until the queue is empty, or until the
+        deadline of own (the writer's request) comes: the writer then hands
+        the role to the caller of the next queued request, so that its own
+        call ends on time. Each frame's wait is computed here, just before
+        the send."""
         clock = self.client._clock
         while True:
             with self.lock:
                 if self.closed or not self.queue:
                     self.writing = False
                     return
-                batch, self.queue = self.queue, []
                 now = clock()
+                if now >= own.deadline:
+                    self.writing = False
+                    self._wake(self.queue[0])
+                    return
+                batch, self.queue = self.queue, []
                 parts, jobs, pos = [], [], 0
                 for req in batch:
                     if now >= req.deadline:
@@ -100,6 +116,7 @@ class _Session:
                     parts.append(frame)
                     req.state = core.SENT
                     req.sent_at = now
+                    req.abandonable = self.serves_abandon
             if parts and not self._send(b"".join(parts), jobs):
                 return
 
@@ -110,10 +127,13 @@ class _Session:
                 sent += self.sock.send(view[sent:])
             except (TimeoutError, BlockingIOError, ssl.SSLWantWriteError):
                 # A stalled transport: a frame whose deadline passed may have
-                # left, so the session closes (§6); every caller waiting on
-                # another frame is woken by that.
+                # left (this batch's or an earlier one's), so the session
+                # closes (§6); every caller waiting on another frame is
+                # woken by that.
                 now = self.client._clock()
-                if any(req.state == core.SENT and now >= req.deadline for _, req in jobs):
+                with self.lock:
+                    due = any(req.state == core.SENT and now >= req.deadline for req in self.table.values())
+                if due:
                     self.fail(core.ABANDONED)
                     return False
             except OSError as e:
@@ -135,6 +155,8 @@ class _Session:
         # self.lock is held.
         del self.table[req.owner]
         req.out, req.cause, req.state = out, cause, core.DONE
+        if req is self.ping:
+            self.ping = None
         self._wake(req)
 
     @staticmethod
@@ -149,11 +171,10 @@ class _Session:
         """self.reading is ours: reads what an idle session holds, if
         anything, without waiting."""
         try:
-            readable, _, _ = select.select([self.sock], [], [], 0)
-            if readable:
-                self._read_once()
+            if self._readable(0):
+                self._read_once(self.client._clock())
         except (OSError, ValueError, errors.LockdError) as e:
-            self.fail(f"session to {self.addr}: {e}")
+            self._failed(e)
         finally:
             with self.lock:
                 self.reading = False
@@ -167,8 +188,8 @@ class _Session:
 
     def wait(self, req, clock):
         """Waits for req's answer until its deadline, reading the session
-        when nobody else does. Returns the outcome, or None at the
-        deadline."""
+        when nobody else does, and writing it when req is still queued and
+        nobody else does. Returns the outcome, or None at the deadline."""
         while True:
             with self.lock:
                 if req.woken:
@@ -178,13 +199,19 @@ class _Session:
                     return req.out
                 if clock() >= req.deadline:
                     return None
-                if not self.reading:
+                if req.state == core.QUEUED and not self.writing and not self.closed:
+                    self.writing = True
+                    role = "write"
+                elif not self.reading:
                     self.reading = True
-                    lead = True
+                    role = "lead"
                 else:
                     self.parked[req.owner] = req
-                    lead = False
-            if lead:
+                    role = "park"
+            if role == "write":
+                self._flush(req)
+                continue
+            if role == "lead":
                 self._lead(req, clock)
                 continue
             left = req.deadline - clock()
@@ -200,37 +227,88 @@ class _Session:
             return None
 
     def _lead(self, req, clock):
-        """Reads and delivers until req is answered or its deadline comes."""
+        """Reads and delivers until req is answered, its deadline comes, or
+        it is still queued and the writer's role is free. Data that is
+        found only once the deadline has come is left unread: the
+        deadline acts first (§6)."""
         try:
-            while req.state != core.DONE and clock() < req.deadline:
-                self._read_once()
+            while req.state != core.DONE:
+                if req.state == core.QUEUED and not self.writing:
+                    return
+                now = clock()
+                if now >= req.deadline:
+                    return
+                wake = self._watch(now)
+                if self._readable(min(req.deadline, wake) - now):
+                    now = clock()
+                    if now >= req.deadline:
+                        return
+                    self._read_once(now)
         except (OSError, ValueError, errors.LockdError) as e:
-            if isinstance(e, errors.Protocol):
-                self.client.stats.protocol_errors += 1
-            self.fail(f"session to {self.addr}: {e}")
+            self._failed(e)
         finally:
             with self.lock:
                 self.reading = False
                 self._pass_reading()
 
-    def _read_once(self):
-        """One recv, its answers delivered; gives up after _POLL
-        (SO_RCVTIMEO) so that the reader can look at its deadline."""
+    def _readable(self, timeout):
+        if self.tls and self.sock.pending():
+            return True
+        return bool(self.poller.poll(max(math.ceil(timeout * 1000), 0)))
+
+    def _watch(self, now):
+        """The silence rule of §6a for a session with a request in flight:
+        after a third of the silence timeout without a word from the
+        server a PING goes out; after all of it the session is closed.
+        Returns when to look again."""
+        silence = self.client._silence
+        with self.lock:
+            quiet = now - self.heard
+            if quiet >= silence:
+                raise core.Silent(f"nothing heard from {self.addr} for {quiet:.3f} s")
+            if self.ping is not None or quiet < silence / 3 or self.closed:
+                return self.heard + (silence if self.ping is not None else silence / 3)
+            ping = self.ping = core.Request(core.PING, self.client._owners.next(), b"", core.INF, immediate=True)
+            ping.waiter = _thread.allocate_lock()
+            ping.waiter.acquire()
+        self.enqueue(ping, core.INF)
+        return self.heard + silence
+
+    def _read_once(self, now):
+        """One recv, its answers delivered; `now` is when the data was found
+        waiting. A recv gives up after _POLL (SO_RCVTIMEO) when a TLS
+        record is incomplete."""
         try:
             n = self.sock.recv_into(self.rbuf)
         except (BlockingIOError, TimeoutError, ssl.SSLWantReadError):
             return
         if n == 0:
             raise ConnectionError("connection closed by the server")
+        self.heard = now
         frames = self.decoder.feed(memoryview(self.rbuf)[:n])
         with self.lock:
+            if self.closed:
+                return
             for f in frames:
-                self._deliver(f)
+                self._deliver(f, now)
+
+    def _failed(self, e):
+        """Closes the session after a read or the silence rule failed it."""
+        if isinstance(e, core.Due):
+            self.fail(core.ABANDONED)
+        elif isinstance(e, core.Silent):
+            self.fail(core.SILENT)
+        else:
+            if isinstance(e, errors.Protocol):
+                self.client.stats.protocol_errors += 1
+            self.fail(f"session to {self.addr}: {e}")
 
     def abandon(self, req):
         """The caller's move at its deadline. A request still queued is
         withdrawn, certainly unsent; one the writer took may have left, so
-        the session is closed; one answered meanwhile keeps its answer."""
+        the session is closed, under the same hold of the lock that takes
+        the request out, so that no answer can come between the two; one
+        answered meanwhile keeps its answer."""
         with self.lock:
             req.expired = True
             if req.state == core.QUEUED:
@@ -238,37 +316,45 @@ class _Session:
                 self.queue.remove(req)
                 req.state = 0
                 return core.EXPIRED
-            if req.state == core.SENT:
-                del self.table[req.owner]
-                req.state, req.cause = 0, core.ABANDONED
-                sent = True
-            else:
-                sent = False
-        if sent:
-            self.fail(core.ABANDONED, abandoned=True)
-            return core.LOST
-        return req.out
+            if req.state != core.SENT:
+                return req.out
+            self._close_locked(core.ABANDONED)
+        self._teardown(core.ABANDONED)
+        return core.LOST
 
-    def fail(self, cause, abandoned=False):
+    def fail(self, cause):
         with self.lock:
             if self.closed:
                 return
-            self.closed = True
-            for req in list(self.table.values()):
-                self._finish(req, core.UNSENT if req.state == core.QUEUED else core.LOST, cause)
-            self.queue.clear()
-        if abandoned or cause == core.ABANDONED:
+            self._close_locked(cause)
+        self._teardown(cause)
+
+    def _close_locked(self, cause):
+        # self.lock is held.
+        self.closed = True
+        for req in list(self.table.values()):
+            self._finish(req, core.UNSENT if req.state == core.QUEUED else core.LOST, cause)
+        self.queue.clear()
+
+    def _teardown(self, cause):
+        if cause == core.ABANDONED:
             self.client.stats.abandoned_sessions += 1
+        elif cause == core.SILENT:
+            self.client.stats.silent_sessions += 1
         if self.pool is not None:
             self.pool.died(self)
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            self.poller.unregister(self.sock)
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self.sock.close()
 
-    def _deliver(self, f):
+    def _deliver(self, f, now):
         """Correlates one answer by owner; self.lock is held. An answer that
-        matches no request breaks the correlation every answer relies on."""
+        matches no request breaks the correlation every answer relies on.
+        An answer for a request whose deadline had come by `now` is not
+        taken: the session closes as that deadline says (§6)."""
         out = core.OUTCOME_OF_OP.get(f.op)
         if out is None:
             raise errors.Protocol(f"unexpected {f.op!r} frame from {self.addr}")
@@ -280,6 +366,8 @@ class _Session:
         req = self.table.get(f.owner)
         if req is None or req.state != core.SENT or not core.answers(req.kind, out):
             raise errors.Protocol(f"{f.op!r} for owner {f.owner}, which has no matching request in flight on {self.addr}")
+        if now >= req.deadline:
+            raise core.Due(f"{f.op!r} for owner {f.owner} arrived after its deadline")
         if req.kind == core.KEEP and out == core.ACQUIRED and f.token != req.token:
             raise errors.Protocol(f"KEEP of token {req.token} answered with token {f.token} by {self.addr}")
         req.granted, req.waited_ms = f.token, f.waited_ms
@@ -466,7 +554,8 @@ class Client:
 
     def __init__(self, addrs, tenant=None, secret=None, tls=None, *, sessions=None,
                  max_in_flight=4096, wait_sessions=64, dial_timeout=5.0,
-                 compensation_queue=256, dialer=None, _clock=time.monotonic, _first_owner=0):
+                 compensation_queue=256, silence_timeout=core.DEFAULT_SILENCE_TIMEOUT, dialer=None,
+                 _clock=time.monotonic, _first_owner=0):
         self.addrs = [addrs] if isinstance(addrs, str) else list(addrs)
         if not self.addrs:
             raise errors.Config("no server address")
@@ -478,7 +567,10 @@ class Client:
             tls = ssl.create_default_context()
         self._tls = tls
         self._dialer = dialer
+        compensation_queue = core.check_options(compensation_queue, silence_timeout, dial_timeout)
         self._dial_timeout = dial_timeout
+        self._silence = silence_timeout
+        self._client_id = core.new_client_id()
         self._clock = _clock
         self._owners = core.Owners(_first_owner)
         self._max_in_flight = max_in_flight
@@ -512,46 +604,68 @@ class Client:
     # Connecting.
 
     def _connect(self, addr, deadline, pool):
-        timeout = min(self._dial_timeout, deadline - self._clock())
-        if timeout <= 0:
-            raise core.Deadline("the deadline came before a session was ready")
+        """A new session to addr, ready for requests: dialled, TLS, the
+        handshake and SESSION (§6a) where the server serves it, all within
+        one bound, the dial timeout or the caller's deadline, whichever
+        comes first. A caller's deadline that cuts the dial short is
+        core.Deadline: nothing of its request was sent."""
+        clock = self._clock
+        bound = min(clock() + self._dial_timeout, deadline)
+
+        def left():
+            t = bound - clock()
+            if t <= 0:
+                raise TimeoutError("the dial ran out of time")
+            return t
+
         host, port = core.split_addr(addr)
+        sock = None
         try:
-            sock = self._dialer(addr, timeout) if self._dialer else socket.create_connection((host, port), timeout)
-        except OSError as e:
-            raise errors.NotConnected(f"dial {addr}: {e}") from None
-        try:
-            sock.settimeout(timeout)
+            t = left()
+            sock = self._dialer(addr, t) if self._dialer else socket.create_connection((host, port), t)
             with contextlib.suppress(OSError, AttributeError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._tls is not None:
+                sock.settimeout(left())
                 try:
                     sock = self._tls.wrap_socket(sock, server_hostname=host)
                 except ssl.SSLError as e:
                     raise errors.TLS(f"TLS handshake with {addr}: {e}") from None
             decoder = core.Decoder()
             hs = core.Handshake(self._tenant, self._secret)
-            hello = hs.greeting(self._read_frame(sock, decoder, addr))
+            hello = hs.greeting(self._read_frame(sock, decoder, addr, left))
             if hello is not None:
+                sock.settimeout(left())
                 sock.sendall(hello)
-                hs.welcome(self._read_frame(sock, decoder, addr))
+                hs.welcome(self._read_frame(sock, decoder, addr, left))
+            if hs.serves_abandon:
+                owner = self._owners.next()
+                sock.settimeout(left())
+                sock.sendall(core.session_frame(owner, self._client_id))
+                core.session_answer(self._read_frame(sock, decoder, addr, left), owner)
             # Blocking from here, but a send or a recv gives up its turn
             # after _POLL (SO_SNDTIMEO, SO_RCVTIMEO) to look at deadlines.
             sock.settimeout(None)
             with contextlib.suppress(OSError, AttributeError):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _SOCKTIMEO)
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _SOCKTIMEO)
+            return _Session(self, sock, addr, decoder, pool, hs.serves_abandon, self._tls is not None)
         except BaseException as e:
-            with contextlib.suppress(OSError):
-                sock.close()
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.close()
+            if isinstance(e, errors.LockdError):
+                raise
             if isinstance(e, OSError):
-                raise errors.NotConnected(f"handshake with {addr}: {e}") from None
+                if clock() >= deadline:
+                    raise core.Deadline(f"the deadline came while connecting to {addr}") from None
+                raise errors.NotConnected(f"connect to {addr}: {e}") from None
             raise
-        return _Session(self, sock, addr, decoder, pool)
 
     @staticmethod
-    def _read_frame(sock, decoder, addr):
+    def _read_frame(sock, decoder, addr, left):
         while True:
+            sock.settimeout(left())
             data = sock.recv(4096)
             if not data:
                 raise errors.NotConnected(f"handshake with {addr}: connection closed")
@@ -717,7 +831,10 @@ class Client:
         except core.PoolFull as e:
             raise errors.Busy(f"acquire of {key!r}, not sent: {e}") from None
         if out != core.ACQUIRED:
-            raise core.acquire_failure(req, out, self._clock())
+            err = core.acquire_failure(req, out, self._clock())
+            if out == core.LOST and req.abandonable:
+                raise type(err)(f"{err}; {self._give_back(kb, req.owner)}")
+            raise err
         valid_until, err = core.gate(req, p, self._clock())
         if err is not None:
             raise type(err)(f"{err}; {self._compensate(kb, req.granted)}")
@@ -795,29 +912,63 @@ class Client:
     def _compensate(self, kb, token):
         """Queues the release of a grant the caller will never see; when
         the bounded queue is full the lock is left to its lease."""
-        if not self._closing:
-            try:
-                self._comp.put_nowait((kb, token, self._clock() + core.IO_DEADLINE))
-                self.stats.compensations_queued += 1
-                return "its release is queued as compensation"
-            except queue.Full:
-                pass
+        if self._enqueue_compensation(core.RELEASE, kb, token):
+            self.stats.compensations_queued += 1
+            return "its release is queued as compensation"
         self.stats.compensations_dropped += 1
         return "the compensation queue was full: it is left to its lease"
+
+    def _give_back(self, kb, owner):
+        """Queues the ABANDON of an acquire that ended Indeterminate with its
+        session closed (§6a), through the same bounded queue."""
+        if self._enqueue_compensation(core.ABANDON, kb, owner):
+            return "whatever the server made of it is being given back (ABANDON)"
+        self.stats.abandons_given_up += 1
+        return "the compensation queue was full: a grant, if any, is left to its lease"
+
+    def _enqueue_compensation(self, kind, kb, value):
+        if self._closing:
+            return False
+        try:
+            self._comp.put_nowait((kind, kb, value, self._clock() + core.IO_DEADLINE))
+            return True
+        except queue.Full:
+            return False
 
     def _run_compensations(self):
         while True:
             item = self._comp.get()
             if item is None:
                 return
-            kb, token, deadline = item
+            kind, kb, value, deadline = item
+            if kind == core.ABANDON:
+                self._abandon(kb, value, deadline)
+                continue
             try:
-                self._release(kb, token, deadline)
+                self._release(kb, value, deadline)
                 self.stats.compensations_done += 1
             except errors.NotHeld:
                 self.stats.compensations_done += 1
             except errors.LockdError:
                 self.stats.compensations_failed += 1
+
+    def _abandon(self, kb, target, deadline):
+        """Sends one ABANDON, retried on other sessions until its 5 s from
+        enqueue are spent; RELEASED and NOT HELD both end it."""
+        req, out = None, None
+        try:
+            req = core.Request(core.ABANDON, self._owners.next(), kb, deadline, token=target)
+            out = self._exchange(req, self._release_limit, True)
+        except errors.LockdError:
+            pass
+        if req is not None and req.sent_at:
+            self.stats.abandons_sent += 1
+        if out == core.RELEASED:
+            self.stats.abandons_released += 1
+        elif out == core.NOT_HELD:
+            self.stats.abandons_not_held += 1
+        else:
+            self.stats.abandons_given_up += 1
 
     def close(self):
         """Sends the queued compensating releases (each within its own 5 s),
