@@ -4,6 +4,7 @@ for the cases a real server cannot produce on demand."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import struct
@@ -16,6 +17,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+
+import lockd  # noqa: E402  (after the path above)
 
 
 @pytest.fixture(scope="session")
@@ -260,3 +263,53 @@ def scripted():
     yield make
     for s in made:
         s.close()
+
+
+class AsyncAdapter:
+    """An AsyncClient on an event loop of its own thread, called like the
+    blocking client, so that one test covers both APIs."""
+
+    def __init__(self, *args, **kwargs):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        try:
+            self.client = self.run(lockd.AsyncClient(*args, **kwargs).connect())
+        except BaseException:
+            self._stop()
+            raise
+
+    def run(self, coro, timeout=30):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    @property
+    def stats(self):
+        return self.client.stats
+
+    def acquire(self, *args, **kwargs):
+        return self.run(self.client.acquire(*args, **kwargs))
+
+    def release(self, ticket):
+        return self.run(self.client.release(ticket))
+
+    def close(self):
+        try:
+            self.run(self.client.close())
+        finally:
+            self._stop()
+
+    def _stop(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def client_of(api, *args, **kwargs):
+    """A blocking lockd.Client, or an AsyncClient behind AsyncAdapter."""
+    return lockd.Client(*args, **kwargs) if api == "blocking" else AsyncAdapter(*args, **kwargs)

@@ -1,0 +1,223 @@
+"""docs/protocol.md §6a in both APIs, against scripted servers: SESSION on
+every connection of a server that serves it, an ABANDON for every acquire
+that ended Indeterminate with its session closed (and for no other), the
+compensation rules it goes under, and the silence timeout with PING."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+
+import pytest
+
+import lockd
+from conftest import ABANDON_FLAG, acquired, client_of, grant_all, greeting, owner_only
+
+APIS = ["blocking", "asyncio"]
+
+
+def owner_of(fixed):
+    return struct.unpack(">Q", fixed[:8])[0]
+
+
+def serving(on_acquire, x_answer=b"R"):
+    """A §6a script: SESSION and PING answered PONG, RELEASE answered
+    RELEASED, ABANDON answered x_answer (None: never), and each ACQUIRE
+    handed to on_acquire(index, conn, owner, fixed), which returns False
+    to stop serving the connection."""
+    def script(index, conn, frames):
+        for op, fixed, text in frames:
+            owner = owner_of(fixed)
+            if op in (b"S", b"P"):
+                conn.sendall(owner_only(b"P", owner))
+            elif op == b"R":
+                conn.sendall(owner_only(b"R", owner))
+            elif op == b"X" and x_answer is not None:
+                conn.sendall(owner_only(x_answer, owner))
+            elif op == b"A" and on_acquire(index, conn, owner, fixed) is False:
+                return
+    return script
+
+
+def cut_the_first(index, conn, owner, fixed):
+    """Cuts the connection that carries the first acquire: its answer
+    may or may not have been made. Later acquires are granted."""
+    if index == 0:
+        conn.shutdown(socket.SHUT_RDWR)
+        return False
+    conn.sendall(acquired(owner, 500))
+
+
+def frames_on(srv, index):
+    with srv.lock:
+        return [(op, fixed, text) for i, op, fixed, text in srv.frames if i == index]
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_session_is_declared_on_every_connection_before_any_acquire(scripted, api):
+    srv = scripted(grant_all(), flags=ABANDON_FLAG)
+    with client_of(api, srv.addr) as c, client_of(api, srv.addr) as other:
+        c.acquire("k", min_work_budget=0)
+        c.acquire("w", wait=2, min_work_budget=0)  # on a wait session of its own
+        other.acquire("o", min_work_budget=0)
+    ids = {}
+    for index in range(len(srv.conns)):
+        ops = frames_on(srv, index)
+        assert ops and ops[0][0] == b"S", f"connection {index} starts with SESSION"
+        assert [op for op, _, _ in ops].count(b"S") == 1
+        _, fixed, text = ops[0]
+        assert len(fixed) == 24 and text == b""
+        ids[index] = fixed[8:]
+    acquires = {i for i, op, _, _ in srv.frames if op == b"A"}
+    assert len(acquires) == 3, "the wait acquire went on a connection of its own"
+    assert len(set(ids.values())) == 2, "one client_id per client, the same on all its connections"
+    assert all(len(v) == 16 for v in ids.values())
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_no_session_nor_abandon_where_the_server_does_not_serve_them(scripted, api):
+    srv = scripted(serving(cut_the_first))
+    with client_of(api, srv.addr) as c:
+        with pytest.raises(lockd.Indeterminate):
+            c.acquire("k", min_work_budget=0)
+        c.acquire("k2", min_work_budget=0)  # a later session is up: an X would have gone first
+        stats = vars(c.stats).copy()
+    assert srv.requests(b"S") == [] and srv.requests(b"X") == []
+    assert stats["abandons_sent"] == stats["abandons_given_up"] == 0
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("answer,counter", [(b"R", "abandons_released"), (b"N", "abandons_not_held")])
+def test_an_acquire_cut_after_sending_is_abandoned_on_another_connection(scripted, api, answer, counter):
+    srv = scripted(serving(cut_the_first, x_answer=answer), flags=ABANDON_FLAG)
+    with client_of(api, srv.addr) as c:
+        with pytest.raises(lockd.Indeterminate) as e:
+            c.acquire("k", min_work_budget=0)
+        assert not isinstance(e.value, lockd.WaitElapsed)
+        assert "ABANDON" in str(e.value)
+        deadline = time.monotonic() + 10
+        while getattr(c.stats, counter) == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = vars(c.stats).copy()
+    assert stats["abandons_sent"] == 1 and stats[counter] == 1 and stats["abandons_given_up"] == 0
+    (a_conn, _, a_fixed, _), = srv.requests(b"A")
+    (x_conn, _, x_fixed, x_text), = srv.requests(b"X")
+    assert x_conn != a_conn, "on another connection"
+    x_owner, target = struct.unpack(">QQ", x_fixed)
+    assert (target, x_text) == (owner_of(a_fixed), b"k")
+    assert x_owner not in (0, target)
+    assert frames_on(srv, x_conn)[0][0] == b"S", "the connection declared its SESSION first"
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_definitive_and_unsent_acquires_are_never_abandoned(scripted, api):
+    def answers(index, conn, owner, fixed):
+        conn.sendall(owner_only(b"T" if index == 0 else b"B", owner))
+
+    def trickle_wait_sessions(index, conn):
+        data = greeting(flags=ABANDON_FLAG)
+        if index < 1:
+            conn.sendall(data)
+            return
+        for i in range(len(data)):
+            conn.sendall(data[i:i + 1])
+            time.sleep(0.3)
+
+    srv = scripted(serving(answers), greet=trickle_wait_sessions)
+    with client_of(api, srv.addr) as c:
+        with pytest.raises(lockd.Timeout) as e:
+            c.acquire("t", min_work_budget=0)  # answered T
+        assert not isinstance(e.value, lockd.Indeterminate)
+        with pytest.raises(lockd.Timeout) as e:
+            c.acquire("w", wait=1, min_work_budget=0)  # its session never got ready
+        assert not isinstance(e.value, lockd.Indeterminate)
+        stats = vars(c.stats).copy()
+    assert srv.requests(b"X") == []
+    assert stats["abandons_sent"] == stats["abandons_given_up"] == 0
+
+
+class BumpClock:
+    """time.monotonic() plus an offset the server's script can move."""
+
+    def __init__(self):
+        self.offset = 0.0
+
+    def __call__(self):
+        return time.monotonic() + self.offset
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_an_abandon_without_answer_is_given_up_after_its_5s(scripted, api):
+    clock = BumpClock()
+
+    def script(index, conn, frames):
+        for op, fixed, text in frames:
+            owner = owner_of(fixed)
+            if op in (b"S", b"P"):
+                conn.sendall(owner_only(b"P", owner))
+            elif op == b"A":
+                conn.shutdown(socket.SHUT_RDWR)
+                return
+            elif op == b"X":
+                clock.offset += 6  # the ABANDON's 5 s from enqueue are spent
+
+    srv = scripted(script, flags=ABANDON_FLAG)
+    with client_of(api, srv.addr, _clock=clock) as c:
+        with pytest.raises(lockd.Indeterminate):
+            c.acquire("k", min_work_budget=0)
+        deadline = time.monotonic() + 10
+        while c.stats.abandons_given_up == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = vars(c.stats).copy()
+    assert stats["abandons_given_up"] == 1 and stats["abandons_sent"] >= 1
+    assert stats["abandons_released"] == stats["abandons_not_held"] == 0
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_silent_session_is_closed_and_its_acquire_abandoned(scripted, api):
+    def mute_first(index, conn, frames):
+        for op, fixed, text in frames:
+            owner = owner_of(fixed)
+            if index == 0 and op != b"S":
+                continue  # the first connection goes silent after SESSION: no answer, no PONG
+            if op in (b"S", b"P"):
+                conn.sendall(owner_only(b"P", owner))
+            elif op == b"X":
+                conn.sendall(owner_only(b"R", owner))
+
+    srv = scripted(mute_first, flags=ABANDON_FLAG)
+    with client_of(api, srv.addr, silence_timeout=0.6) as c:
+        t0 = time.monotonic()
+        with pytest.raises(lockd.Indeterminate) as e:
+            c.acquire("k", min_work_budget=0)
+        elapsed = time.monotonic() - t0
+        assert not isinstance(e.value, lockd.WaitElapsed)
+        deadline = time.monotonic() + 10
+        while c.stats.abandons_released == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = vars(c.stats).copy()
+    assert 0.6 <= elapsed < 0.6 + 0.1, "closed after the silence timeout, long before the 5 s I/O deadline"
+    assert stats["silent_sessions"] == 1 and stats["abandons_released"] == 1
+    ops = [op for op, _, _ in frames_on(srv, 0)]
+    assert ops[:2] == [b"S", b"A"] and b"P" in ops[2:], "a PING went out before the session was given up"
+    (_, _, a_fixed, _), = srv.requests(b"A")
+    (_, _, x_fixed, _), = srv.requests(b"X")
+    assert struct.unpack(">QQ", x_fixed)[1] == owner_of(a_fixed)
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_ping_keeps_a_live_server_audible_through_a_long_wait(scripted, api):
+    def late_grant(index, conn, owner, fixed):
+        threading.Timer(1.5, lambda: conn.sendall(acquired(owner, 9))).start()
+
+    srv = scripted(serving(late_grant), flags=ABANDON_FLAG)
+    with client_of(api, srv.addr, silence_timeout=0.6) as c:
+        t = c.acquire("k", wait=3, min_work_budget=0)
+        assert t.token == 9
+        stats = vars(c.stats).copy()
+    assert stats["silent_sessions"] == 0 and stats["abandoned_sessions"] == 0
+    (a_conn, _, _, _), = srv.requests(b"A")
+    pings = [op for op, _, _ in frames_on(srv, a_conn)].count(b"P")
+    assert pings >= 3, f"{pings} PINGs in 1.5 s with a 0.6 s silence timeout"
