@@ -40,6 +40,7 @@ MAX_OWNER = (1 << 64) - 1
 # after a third of it without a word from the server.
 DEFAULT_SILENCE_TIMEOUT = 2.0
 DEFAULT_COMPENSATION_QUEUE = 256
+DEFAULT_DIAL_TIMEOUT = 5.0
 # Backoff between release retries that every session refused at once.
 RELEASE_BACKOFF_MIN = 0.02
 RELEASE_BACKOFF_MAX = 0.5
@@ -531,16 +532,18 @@ INF = float("inf")
 
 
 def check_options(compensation_queue, silence_timeout, dial_timeout):
-    """The Go client's rule for sizes: 0 means the default, a negative
-    value is refused. The silence and dial timeouts must be positive."""
+    """The Go client's rule for its options: 0 means the default, a
+    negative value is refused. Returns (compensation_queue,
+    silence_timeout, dial_timeout) with the defaults in place."""
     if isinstance(compensation_queue, bool) or not isinstance(compensation_queue, int):
         raise errors.Config(f"compensation_queue {compensation_queue!r} is not an int")
     if compensation_queue < 0:
         raise errors.Config(f"compensation_queue {compensation_queue} is negative")
     for name, v in (("silence_timeout", silence_timeout), ("dial_timeout", dial_timeout)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < INF:
-            raise errors.Config(f"{name} {v!r} is not a positive number of seconds")
-    return compensation_queue or DEFAULT_COMPENSATION_QUEUE
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < INF:
+            raise errors.Config(f"{name} {v!r} is not a non-negative number of seconds")
+    return (compensation_queue or DEFAULT_COMPENSATION_QUEUE, silence_timeout or DEFAULT_SILENCE_TIMEOUT,
+            dial_timeout or DEFAULT_DIAL_TIMEOUT)
 
 
 class Stats:

@@ -370,9 +370,8 @@ class AsyncClient:
         if tls is True:
             tls = ssl.create_default_context()
         self._tls = tls
-        compensation_queue = core.check_options(compensation_queue, silence_timeout, dial_timeout)
-        self._dial_timeout = dial_timeout
-        self._silence = silence_timeout
+        compensation_queue, self._silence, self._dial_timeout = core.check_options(
+            compensation_queue, silence_timeout, dial_timeout)
         self._client_id = core.new_client_id()
         self._clock = _clock
         self._owners = core.Owners(_first_owner)

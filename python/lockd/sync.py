@@ -567,9 +567,8 @@ class Client:
             tls = ssl.create_default_context()
         self._tls = tls
         self._dialer = dialer
-        compensation_queue = core.check_options(compensation_queue, silence_timeout, dial_timeout)
-        self._dial_timeout = dial_timeout
-        self._silence = silence_timeout
+        compensation_queue, self._silence, self._dial_timeout = core.check_options(
+            compensation_queue, silence_timeout, dial_timeout)
         self._client_id = core.new_client_id()
         self._clock = _clock
         self._owners = core.Owners(_first_owner)
@@ -587,7 +586,7 @@ class Client:
         errs = []
         for slot in self._slots:
             try:
-                slot.session = self._dial_slot(slot, self._clock() + dial_timeout, tries=len(self.addrs))
+                slot.session = self._dial_slot(slot, self._clock() + self._dial_timeout, tries=len(self.addrs))
             except (errors.Auth, errors.TLS):
                 self.close()
                 raise

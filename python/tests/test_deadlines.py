@@ -234,7 +234,8 @@ def test_an_answer_while_the_caller_gives_up_is_no_protocol_error(scripted):
 def test_compensation_queue_size_follows_the_go_rule(scripted, api):
     """Like TestDialRefusesAnUnusableConfig and
     TestCompensationQueueFullLeavesTheLockToItsLease: a negative size is
-    refused, 0 is the default 256, never unbounded."""
+    refused, 0 is the default 256, never unbounded. The silence and dial
+    timeouts follow the same rule."""
     answer_releases = threading.Event()
 
     def script(index, conn, frames):
@@ -248,8 +249,9 @@ def test_compensation_queue_size_follows_the_go_rule(scripted, api):
     srv = scripted(script)
     n = 300
     if api == "blocking":
-        with pytest.raises(lockd.Config):
-            lockd.Client(srv.addr, compensation_queue=-1)
+        for bad in (dict(compensation_queue=-1), dict(silence_timeout=-1), dict(dial_timeout=-0.5)):
+            with pytest.raises(lockd.Config):
+                lockd.Client(srv.addr, **bad)
         with lockd.Client(srv.addr, compensation_queue=0) as c:
             for i in range(n):  # a 1 s lease never leaves a 1 s budget
                 with pytest.raises(lockd.Indeterminate):
@@ -258,8 +260,9 @@ def test_compensation_queue_size_follows_the_go_rule(scripted, api):
             answer_releases.set()
     else:
         async def main():
-            with pytest.raises(lockd.Config):
-                lockd.AsyncClient(srv.addr, compensation_queue=-1)
+            for bad in (dict(compensation_queue=-1), dict(silence_timeout=-1), dict(dial_timeout=-0.5)):
+                with pytest.raises(lockd.Config):
+                    lockd.AsyncClient(srv.addr, **bad)
             async with lockd.AsyncClient(srv.addr, compensation_queue=0) as c:
                 for i in range(n):
                     with pytest.raises(lockd.Indeterminate):
