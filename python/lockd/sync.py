@@ -57,9 +57,14 @@ class _Session:
         self.heard = client._clock()
         self.ping = None
 
+    def _idle(self):
+        # self.lock is held. No request in flight but perhaps a PING whose
+        # caller left: nobody reads the session meanwhile.
+        return len(self.table) == (self.ping is not None)
+
     def enqueue(self, req, limit):
         with self.lock:
-            if not self.table and not self.reading and not self.closed:
+            if self._idle() and not self.reading and not self.closed:
                 # Idle, nobody has read it for a while: a server that
                 # closed it, or said why before closing, must be found now,
                 # while the request is certainly unsent.
@@ -74,7 +79,7 @@ class _Session:
                 return _CLOSED
             if len(self.table) >= limit:
                 return _FULL
-            if not self.table:
+            if self._idle():
                 self.heard = self.client._clock()
             req.state = core.QUEUED
             self.table[req.owner] = req

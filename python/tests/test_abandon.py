@@ -221,3 +221,26 @@ def test_ping_keeps_a_live_server_audible_through_a_long_wait(scripted, api):
     (a_conn, _, _, _), = srv.requests(b"A")
     pings = [op for op, _, _ in frames_on(srv, a_conn)].count(b"P")
     assert pings >= 3, f"{pings} PINGs in 1.5 s with a 0.6 s silence timeout"
+
+
+def test_a_pong_left_unread_is_no_silence(scripted):
+    """The blocking client reads a session only while a caller waits: a
+    PONG that came after the caller left sits unread, and the next call
+    must not take the session for silent."""
+    def script(index, conn, frames):
+        for op, fixed, text in frames:
+            owner = owner_of(fixed)
+            if op == b"S":
+                conn.sendall(owner_only(b"P", owner))
+            elif op == b"P":
+                threading.Timer(0.3, lambda o=owner: conn.sendall(owner_only(b"P", o))).start()
+            elif op == b"A":
+                threading.Timer(0.3, lambda o=owner: conn.sendall(acquired(o, 5))).start()
+
+    srv = scripted(script, flags=ABANDON_FLAG)
+    with lockd.Client(srv.addr, silence_timeout=0.6) as c:
+        c.acquire("a", min_work_budget=0)  # a PING went out at 0.2 s, its PONG comes at 0.5 s
+        time.sleep(1)
+        assert c.acquire("b", min_work_budget=0).token == 5
+        assert c.stats.silent_sessions == 0
+    assert srv.requests(b"P"), "a PING was sent while the first acquire waited"
