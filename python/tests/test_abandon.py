@@ -5,6 +5,7 @@ compensation rules it goes under, and the silence timeout with PING."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
@@ -20,6 +21,15 @@ APIS = ["blocking", "asyncio"]
 
 def owner_of(fixed):
     return struct.unpack(">Q", fixed[:8])[0]
+
+
+def send_later(conn, delay, data):
+    """Sends data after delay, unless the client has closed the
+    connection meanwhile."""
+    def send():
+        with contextlib.suppress(OSError):
+            conn.sendall(data)
+    threading.Timer(delay, send).start()
 
 
 def serving(on_acquire, x_answer=b"R"):
@@ -210,7 +220,7 @@ def test_a_silent_session_is_closed_and_its_acquire_abandoned(scripted, api):
 @pytest.mark.parametrize("api", APIS)
 def test_ping_keeps_a_live_server_audible_through_a_long_wait(scripted, api):
     def late_grant(index, conn, owner, fixed):
-        threading.Timer(1.5, lambda: conn.sendall(acquired(owner, 9))).start()
+        send_later(conn, 1.5, acquired(owner, 9))
 
     srv = scripted(serving(late_grant), flags=ABANDON_FLAG)
     with client_of(api, srv.addr, silence_timeout=0.6) as c:
@@ -233,9 +243,9 @@ def test_a_pong_left_unread_is_no_silence(scripted):
             if op == b"S":
                 conn.sendall(owner_only(b"P", owner))
             elif op == b"P":
-                threading.Timer(0.3, lambda o=owner: conn.sendall(owner_only(b"P", o))).start()
+                send_later(conn, 0.3, owner_only(b"P", owner))
             elif op == b"A":
-                threading.Timer(0.3, lambda o=owner: conn.sendall(acquired(o, 5))).start()
+                send_later(conn, 0.3, acquired(owner, 5))
 
     srv = scripted(script, flags=ABANDON_FLAG)
     with lockd.Client(srv.addr, silence_timeout=0.6) as c:

@@ -14,7 +14,7 @@ import time
 import pytest
 
 import lockd
-from conftest import client_of, free_ports, start_single, wait_until
+from conftest import client_of, free_ports, start_single, wait_listening, wait_until
 
 
 @pytest.fixture
@@ -247,6 +247,7 @@ def tls_server(lockd_bin, tmp_path_factory):
     s = start_single(lockd_bin, str(d), ["--tls-listen", f"127.0.0.1:{tls_port}",
                                          "--tls-cert", str(d / "cert.pem"), "--tls-key", str(d / "key.pem")],
                      name="tls")
+    wait_listening(tls_port, s.proc, s.log)  # the TLS listener may come up after the plain one
     s.tls_addr = f"127.0.0.1:{tls_port}"
     s.ca = str(d / "cert.pem")
     yield s
