@@ -67,6 +67,7 @@ def frames_on(srv, index):
 
 @pytest.mark.parametrize("api", APIS)
 def test_session_is_declared_on_every_connection_before_any_acquire(scripted, api):
+    """Like TestSessionIsSentOncePerConnectionWhenTheGreetingOffersAbandon."""
     srv = scripted(grant_all(), flags=ABANDON_FLAG)
     with client_of(api, srv.addr) as c, client_of(api, srv.addr) as other:
         c.acquire("k", min_work_budget=0)
@@ -88,6 +89,7 @@ def test_session_is_declared_on_every_connection_before_any_acquire(scripted, ap
 
 @pytest.mark.parametrize("api", APIS)
 def test_no_session_nor_abandon_where_the_server_does_not_serve_them(scripted, api):
+    """Like TestNoSessionOrAbandonWithoutTheGreetingBit."""
     srv = scripted(serving(cut_the_first))
     with client_of(api, srv.addr) as c:
         with pytest.raises(lockd.Indeterminate):
@@ -101,6 +103,9 @@ def test_no_session_nor_abandon_where_the_server_does_not_serve_them(scripted, a
 @pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize("answer,counter", [(b"R", "abandons_released"), (b"N", "abandons_not_held")])
 def test_an_acquire_cut_after_sending_is_abandoned_on_another_connection(scripted, api, answer, counter):
+    """Like TestAcquireCutAfterSendingIsAbandonedOnAnotherConnection and
+    TestAbandonAnsweredNotHeldIsCounted; the caller's result stays
+    Indeterminate."""
     srv = scripted(serving(cut_the_first, x_answer=answer), flags=ABANDON_FLAG)
     with client_of(api, srv.addr) as c:
         with pytest.raises(lockd.Indeterminate) as e:
@@ -123,6 +128,7 @@ def test_an_acquire_cut_after_sending_is_abandoned_on_another_connection(scripte
 
 @pytest.mark.parametrize("api", APIS)
 def test_definitive_and_unsent_acquires_are_never_abandoned(scripted, api):
+    """Like TestNoAbandonForAnUnsentAcquireOrAnAnsweredOne."""
     def answers(index, conn, owner, fixed):
         conn.sendall(owner_only(b"T" if index == 0 else b"B", owner))
 
@@ -160,6 +166,7 @@ class BumpClock:
 
 @pytest.mark.parametrize("api", APIS)
 def test_an_abandon_without_answer_is_given_up_after_its_5s(scripted, api):
+    """Like TestAbandonHasFiveSecondsFromEnqueueRetriesIncluded."""
     clock = BumpClock()
 
     def script(index, conn, frames):
@@ -187,6 +194,7 @@ def test_an_abandon_without_answer_is_given_up_after_its_5s(scripted, api):
 
 @pytest.mark.parametrize("api", APIS)
 def test_a_silent_session_is_closed_and_its_acquire_abandoned(scripted, api):
+    """Like TestSilenceTimeoutClosesTheSessionOfASilentServer."""
     def mute_first(index, conn, frames):
         for op, fixed, text in frames:
             owner = owner_of(fixed)
@@ -219,6 +227,7 @@ def test_a_silent_session_is_closed_and_its_acquire_abandoned(scripted, api):
 
 @pytest.mark.parametrize("api", APIS)
 def test_ping_keeps_a_live_server_audible_through_a_long_wait(scripted, api):
+    """Like TestPingKeepsASlowButLiveServersSessionOpen."""
     def late_grant(index, conn, owner, fixed):
         send_later(conn, 1.5, acquired(owner, 9))
 
@@ -254,3 +263,64 @@ def test_a_pong_left_unread_is_no_silence(scripted):
         assert c.acquire("b", min_work_budget=0).token == 5
         assert c.stats.silent_sessions == 0
     assert srv.requests(b"P"), "a PING was sent while the first acquire waited"
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_full_queue_gives_the_abandon_up(scripted, api):
+    """Like TestAbandonQueueFullIsGivenUp: with both workers busy and the
+    queue of 1 taken, the next ABANDON is given up, left to the lease."""
+    answer = threading.Event()
+
+    def script(index, conn, frames):
+        for op, fixed, text in frames:
+            owner = owner_of(fixed)
+            if op in (b"S", b"P"):
+                conn.sendall(owner_only(b"P", owner))
+            elif op == b"A":  # on a wait session: cut after sending
+                conn.shutdown(socket.SHUT_RDWR)
+                return
+            elif op == b"X":
+                threading.Thread(target=lambda o=owner: (
+                    answer.wait(10), conn.sendall(owner_only(b"N", o)))).start()
+
+    srv = scripted(script, flags=ABANDON_FLAG)
+    with client_of(api, srv.addr, compensation_queue=1) as c:
+        messages = []
+        for i in range(4):
+            with pytest.raises(lockd.Indeterminate) as e:
+                c.acquire(f"k{i}", wait=2, min_work_budget=0)
+            messages.append(str(e.value))
+            if i < 2:  # a worker has taken it
+                deadline = time.monotonic() + 5
+                while len(srv.requests(b"X")) <= i and time.monotonic() < deadline:
+                    time.sleep(0.01)
+        assert c.stats.abandons_given_up == 1
+        assert "left to its lease" in messages[3]
+        answer.set()
+        deadline = time.monotonic() + 10
+        while c.stats.abandons_not_held < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert c.stats.abandons_not_held == 3 and c.stats.abandons_sent == 3
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_release_on_a_silent_session_is_retried_elsewhere(scripted, api):
+    """Like TestReleaseOnASilentSessionIsRetriedElsewhere."""
+    def mute_after_session(index, conn, frames):
+        for op, fixed, text in frames:
+            if op == b"S":
+                conn.sendall(owner_only(b"P", owner_of(fixed)))
+
+    a = scripted(mute_after_session, flags=ABANDON_FLAG)
+    b = scripted(grant_all(), flags=ABANDON_FLAG)
+    with client_of(api, [a.addr, b.addr], silence_timeout=0.6) as c:
+        (c if api == "blocking" else c.client)._rr = -1  # the first pick tries a's session first
+        t0 = time.monotonic()
+        if api == "blocking":
+            c.release_token("k", 7)
+        else:
+            c.run(c.client.release_token("k", 7))
+        elapsed = time.monotonic() - t0
+        assert c.stats.silent_sessions == 1
+    assert 0.6 <= elapsed < 2, "moved on after the silence timeout, not the 5 s of the release"
+    assert len(a.requests(b"R")) == 1 and len(b.requests(b"R")) == 1
