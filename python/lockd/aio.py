@@ -5,7 +5,8 @@ Sessions (_aio_session.py) are asyncio Protocols. Waiting acquires get
 sessions of their own, as in the blocking client. Cancelling a call is like
 its deadline: a request still queued is withdrawn, unsent; one that may have
 left closes its session; a grant already correlated is released as
-compensation; then the CancelledError propagates.
+compensation, and one whose session closed is given back with an ABANDON
+where the server serves it (§6a); then the CancelledError propagates.
 
 Bytes handed to the transport count as possibly sent: asyncio does not say
 which of them reached the kernel, so a failed write is never retried as
@@ -359,8 +360,11 @@ class AsyncClient:
             return await req.waiter
         except asyncio.CancelledError:
             out = s.abandon(req)
-            if out == core.ACQUIRED and req.kind == core.ACQUIRE:
-                self._compensate(req.key, req.granted)
+            if req.kind == core.ACQUIRE:
+                if out == core.ACQUIRED:
+                    self._compensate(req.key, req.granted)
+                elif out == core.LOST and req.abandonable:
+                    self._give_back(req.key, req.owner)
             raise
         finally:
             handle.cancel()

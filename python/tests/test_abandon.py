@@ -5,6 +5,7 @@ compensation rules it goes under, and the silence timeout with PING."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import struct
@@ -324,3 +325,28 @@ def test_a_release_on_a_silent_session_is_retried_elsewhere(scripted, api):
         assert c.stats.silent_sessions == 1
     assert 0.6 <= elapsed < 2, "moved on after the silence timeout, not the 5 s of the release"
     assert len(a.requests(b"R")) == 1 and len(b.requests(b"R")) == 1
+
+
+def test_a_cancelled_acquire_that_may_have_left_is_abandoned(scripted):
+    """Cancelling an asyncio acquire acts like its deadline: its session
+    closes, and what the server made of it is given back."""
+    srv = scripted(serving(lambda index, conn, owner, fixed: None, x_answer=b"R"), flags=ABANDON_FLAG)
+
+    async def main():
+        async with lockd.AsyncClient(srv.addr) as c:
+            task = asyncio.get_running_loop().create_task(c.acquire("k", wait=5, min_work_budget=0))
+            while not srv.requests(b"A"):
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            for _ in range(500):
+                if c.stats.abandons_released:
+                    break
+                await asyncio.sleep(0.01)
+            return vars(c.stats).copy()
+    stats = asyncio.run(asyncio.wait_for(main(), 30))
+    assert stats["abandoned_sessions"] == 1 and stats["abandons_released"] == 1
+    (_, _, a_fixed, _), = srv.requests(b"A")
+    (_, _, x_fixed, x_text), = srv.requests(b"X")
+    assert (struct.unpack(">QQ", x_fixed)[1], x_text) == (owner_of(a_fixed), b"k")
