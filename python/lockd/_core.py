@@ -35,10 +35,11 @@ IO_DEADLINE = 5.0
 DRIFT_FLOOR = 0.1
 DRIFT_RATIO = 1000
 MAX_OWNER = (1 << 64) - 1
-# SPEC §6a: a session with a request in flight that hears nothing for the
-# silence timeout is closed like one whose deadline came; PING goes out
-# after a third of it without a word from the server.
+# docs/protocol.md §6a: a session with a request in flight that hears
+# nothing for the silence timeout is closed like one whose deadline came;
+# PING goes out after a third of it without a word from the server.
 DEFAULT_SILENCE_TIMEOUT = 2.0
+# The Go client's defaults for the same options.
 DEFAULT_COMPENSATION_QUEUE = 256
 DEFAULT_DIAL_TIMEOUT = 5.0
 # Backoff between release retries that every session refused at once.

@@ -9,7 +9,8 @@ waking their callers. No thread of the client's own sits between a caller
 and its answer: with the GIL, every such hand-off costs context switches.
 Waiting acquires (wait > 0) each get a session of their own from the wait
 pool, because one that waits its whole time ends with its session closed
-(docs/protocol.md §6), and alone on it that costs only the one call.
+(docs/protocol.md §6), and alone on it that costs only the one call. The
+session itself is in _session.py; this module picks, dials and retries.
 """
 
 from __future__ import annotations
@@ -102,6 +103,11 @@ class Client:
     addrs: "host:port" or a list of them; tenant and secret (bytes, or the
     auth file's hex) authenticate with HMAC HELLO; tls: an ssl.SSLContext
     (or True for the default one) for the server's TLS port.
+    compensation_queue bounds the compensating releases and ABANDONs
+    waiting to be sent; silence_timeout closes a session that hears
+    nothing for that long while a request is in flight (docs/protocol.md
+    §6a); for these and dial_timeout, 0 means the default and a negative
+    value is errors.Config, as in the Go client.
     """
 
     def __init__(self, addrs, tenant=None, secret=None, tls=None, *, sessions=None,
@@ -366,7 +372,10 @@ class Client:
         immediate attempt) and min_work_budget (required: the time you need
         once you hold the lock) are seconds or timedeltas, rounded up.
         Returns a Ticket; every exception says whether the lock may be held
-        (errors.Indeterminate) or certainly is not."""
+        (errors.Indeterminate) or certainly is not. An Indeterminate whose
+        session closed is given back with an ABANDON where the server
+        serves it (docs/protocol.md §6a); the result stays Indeterminate.
+        For a lock object that answers True or False, see lockd.Lock."""
         now = self._clock()
         kb = core.key_bytes(key)
         p = core.acquire_params(lease, wait, min_work_budget)
