@@ -289,3 +289,78 @@ def test_unknown_greeting_flags_are_ignored(scripted, api):
             async with lockd.AsyncClient(srv.addr) as c:
                 return (await c.acquire("k", min_work_budget=0)).token
         assert asyncio.run(asyncio.wait_for(main(), 30)) == 100
+
+
+class BumpClock:
+    """time.monotonic() plus an offset a test moves."""
+
+    def __init__(self):
+        self.offset = 0.0
+
+    def __call__(self):
+        return time.monotonic() + self.offset
+
+
+class StallingSocket:
+    """Lets the first RELEASE frame of the client through and calls
+    on_first(); every later send of a RELEASE stalls (SO_SNDTIMEO ran out),
+    and the first stall moves the clock 3 s on."""
+
+    def __init__(self, sock, state):
+        self.sock, self.state = sock, state
+
+    def send(self, data):
+        if bytes(data[:1]) != b"R":
+            return self.sock.send(data)
+        st = self.state
+        if not st["first_done"]:
+            st["first_done"] = True
+            n = self.sock.send(data)
+            st["on_first"]()
+            return n
+        if not st["stalled_at"]:
+            st["clock"].offset += 3
+            st["stalled_at"] = time.monotonic()
+        time.sleep(0.05)
+        raise TimeoutError("the send buffer stays full")
+
+    def __getattr__(self, name):
+        return getattr(self.sock, name)
+
+
+def test_the_writer_of_a_shared_session_is_bounded_by_its_own_deadline(scripted):
+    """Like TestDeadlineAfterSendIsIndeterminateAndClosesThatSession: the
+    caller that writes a shared session goes on to write frames queued by
+    others; when one of those later sends stalls, the writer's own
+    request, sent in an earlier batch, is checked against its deadline
+    too, so its call ends on time."""
+    clock = BumpClock()
+    srv = scripted(lambda index, conn, frames: [None for _ in frames])  # reads, never answers
+    c = None
+    state = {"first_done": False, "stalled_at": 0.0, "clock": clock, "on_first": None}
+    other = {}
+
+    def on_first():
+        # A's frame is out; 3 s later (on the client's clock) B queues its
+        # own release behind the writer, with a later deadline than A's.
+        clock.offset += 3
+        th = threading.Thread(target=lambda: other.__setitem__("b", timed(lambda: c.release_token("b", 8))))
+        th.start()
+        other["thread"] = th
+        deadline = time.monotonic() + 5
+        while not c._slots[0].session.queue and time.monotonic() < deadline:
+            time.sleep(0.001)
+    state["on_first"] = on_first
+
+    def dial(addr, timeout):
+        host, port = addr.rsplit(":", 1)
+        return StallingSocket(socket.create_connection((host, int(port)), timeout), state)
+
+    with lockd.Client(srv.addr, dialer=dial, silence_timeout=3600, _clock=clock) as c:
+        with pytest.raises(lockd.Indeterminate):
+            c.release_token("a", 7)
+        ended = time.monotonic()
+        other["thread"].join(10)
+    assert state["stalled_at"], "the second batch stalled"
+    assert ended - state["stalled_at"] < 0.3, f"A ended {ended - state['stalled_at']:.3f} s into the stall"
+    assert isinstance(other["b"][1], lockd.Indeterminate)
