@@ -15,6 +15,7 @@ import hmac
 import math
 import os
 import re
+import secrets
 import struct
 import threading
 
@@ -34,6 +35,13 @@ IO_DEADLINE = 5.0
 DRIFT_FLOOR = 0.1
 DRIFT_RATIO = 1000
 MAX_OWNER = (1 << 64) - 1
+# docs/protocol.md §6a: a session with a request in flight that hears
+# nothing for the silence timeout is closed like one whose deadline came;
+# PING goes out after a third of it without a word from the server.
+DEFAULT_SILENCE_TIMEOUT = 2.0
+# The Go client's defaults for the same options.
+DEFAULT_COMPENSATION_QUEUE = 256
+DEFAULT_DIAL_TIMEOUT = 5.0
 # Backoff between release retries that every session refused at once.
 RELEASE_BACKOFF_MIN = 0.02
 RELEASE_BACKOFF_MAX = 0.5
@@ -45,8 +53,11 @@ CLIENT_LABEL = b"lockd-v1-client"
 SERVER_LABEL = b"lockd-v1-server"
 _TENANT = re.compile(rb"[A-Za-z0-9._-]{1,32}\Z")
 
-# Request kinds.
-ACQUIRE, RELEASE, KEEP = 1, 2, 3
+# Request kinds. ABANDON gives back an acquire that ended Indeterminate
+# (§6a); PING keeps a live server audible while a request waits.
+ACQUIRE, RELEASE, KEEP, ABANDON, PING = 1, 2, 3, 4, 5
+# GREETING flags (§3).
+FLAG_AUTH, FLAG_ABANDON = 1, 2
 
 # Outcomes of one request on one session.
 ACQUIRED = "acquired"
@@ -54,6 +65,7 @@ TIMED_OUT = "timed_out"
 BUSY = "busy"
 RELEASED = "released"
 NOT_HELD = "not_held"
+PONG = "pong"
 REJECTED = "rejected"  # an E for this owner; reason set
 UNSENT = "unsent"  # the session failed before a byte of the frame left
 EXPIRED = "expired"  # the deadline came before a byte of the frame left
@@ -209,11 +221,34 @@ class Owners:
 
 
 def encode(kind: int, owner: int, key: bytes, lease: int, wait: int, token: int) -> bytes:
+    """One request frame. An ABANDON's target travels in token's place."""
     if kind == ACQUIRE:
         return _ACQUIRE.pack(b"A", owner, lease, wait) + key + b"\n"
     if kind == RELEASE:
         return _RELEASE.pack(b"R", owner, token) + key + b"\n"
-    return _KEEP.pack(b"K", owner, token, lease) + key + b"\n"
+    if kind == KEEP:
+        return _KEEP.pack(b"K", owner, token, lease) + key + b"\n"
+    if kind == ABANDON:
+        return _RELEASE.pack(b"X", owner, token) + key + b"\n"
+    return b"P" + _OWNER.pack(owner) + b"\n"
+
+
+def new_client_id() -> bytes:
+    """The 16 random bytes that name a client instance on all its
+    connections (§6a): a bearer secret, never logged."""
+    return secrets.token_bytes(16)
+
+
+def session_frame(owner: int, client_id: bytes) -> bytes:
+    return b"S" + _OWNER.pack(owner) + client_id + b"\n"
+
+
+def session_answer(f: Frame, owner: int):
+    """Checks the answer to SESSION: PONG with its owner."""
+    if f.op == "E":
+        raise refusal(f.text.decode("ascii", "replace"), "session")
+    if f.op != "P" or f.owner != owner or f.text:
+        raise errors.Protocol(f"handshake: SESSION answered {f.op!r} for owner {f.owner}, not PONG for {owner}")
 
 
 def client_mac(secret: bytes, server_nonce: bytes, client_nonce: bytes, tenant: bytes) -> bytes:
@@ -288,15 +323,17 @@ class Handshake:
         self.tenant, self.secret = tenant, secret or b""
         self.client_nonce = b""
         self.server_nonce = b""
+        self.serves_abandon = False
 
     def greeting(self, f: Frame) -> bytes | None:
         if f.op == "E":
             raise refusal(f.text.decode("ascii", "replace"), "handshake")
         if f.op != "G" or len(f.fixed) != 18 or f.fixed[0] != PROTOCOL_VERSION:
             raise errors.Protocol(f"handshake: expected a version 1 GREETING, got {f.op!r}")
-        auth = f.fixed[1] & 1
-        if f.fixed[1] & ~1:
-            raise errors.Protocol("handshake: unknown GREETING flags")
+        # Flags this client does not know are ignored: a later server may
+        # announce more than it serves.
+        auth = f.fixed[1] & FLAG_AUTH
+        self.serves_abandon = bool(f.fixed[1] & FLAG_ABANDON)
         self.server_nonce = f.fixed[2:18]
         if auth and not self.secret:
             raise errors.Auth("the server requires authentication and the client has no secret")
@@ -341,13 +378,16 @@ def answers(kind: int, out: str) -> bool:
     if out in (TIMED_OUT, BUSY):
         return kind == ACQUIRE
     if out == RELEASED:
-        return kind == RELEASE
+        return kind in (RELEASE, ABANDON)
     if out == NOT_HELD:
-        return kind in (RELEASE, KEEP)
+        return kind in (RELEASE, KEEP, ABANDON)
+    if out == PONG:
+        return kind == PING
     return True
 
 
-OUTCOME_OF_OP = {"A": ACQUIRED, "T": TIMED_OUT, "B": BUSY, "R": RELEASED, "N": NOT_HELD, "E": REJECTED}
+OUTCOME_OF_OP = {"A": ACQUIRED, "T": TIMED_OUT, "B": BUSY, "R": RELEASED, "N": NOT_HELD, "E": REJECTED,
+                 "P": PONG}
 
 
 class Request:
@@ -355,7 +395,7 @@ class Request:
     the session it is enqueued on until its outcome is set."""
     __slots__ = ("kind", "owner", "key", "lease", "immediate", "token", "deadline",
                  "state", "sent_at", "out", "reason", "granted", "waited_ms", "cause",
-                 "expired", "may_have_left", "waiter", "woken")
+                 "expired", "may_have_left", "waiter", "woken", "abandonable")
 
     def __init__(self, kind, owner, key, deadline, lease=0, immediate=False, token=0):
         self.kind, self.owner, self.key, self.deadline = kind, owner, key, deadline
@@ -371,6 +411,9 @@ class Request:
         self.may_have_left = False
         self.waiter = None
         self.woken = False
+        # Sent on a session that declared the client's SESSION (§6a), so
+        # the server can be asked to give back what it made of it.
+        self.abandonable = False
 
 
 def token_call_failure(op: str, key: bytes, token: int, req: Request, out, cause) -> errors.LockdError:
@@ -474,7 +517,34 @@ class Deadline(errors.Timeout):
     """The call's deadline came while it waited in the client: unsent."""
 
 
+class Due(errors.LockdError):
+    """An answer arrived for a request whose deadline had already come: the
+    deadline is acted on first, as if the answer had not arrived (§6)."""
+
+
+class Silent(errors.LockdError):
+    """The server said nothing for the silence timeout while a request was
+    in flight (§6a)."""
+
+
 ABANDONED = "session closed: a call ended after its request may have been sent"
+SILENT = "session closed: the server was silent for the silence timeout"
+INF = float("inf")
+
+
+def check_options(compensation_queue, silence_timeout, dial_timeout):
+    """The Go client's rule for its options: 0 means the default, a
+    negative value is refused. Returns (compensation_queue,
+    silence_timeout, dial_timeout) with the defaults in place."""
+    if isinstance(compensation_queue, bool) or not isinstance(compensation_queue, int):
+        raise errors.Config(f"compensation_queue {compensation_queue!r} is not an int")
+    if compensation_queue < 0:
+        raise errors.Config(f"compensation_queue {compensation_queue} is negative")
+    for name, v in (("silence_timeout", silence_timeout), ("dial_timeout", dial_timeout)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < INF:
+            raise errors.Config(f"{name} {v!r} is not a non-negative number of seconds")
+    return (compensation_queue or DEFAULT_COMPENSATION_QUEUE, silence_timeout or DEFAULT_SILENCE_TIMEOUT,
+            dial_timeout or DEFAULT_DIAL_TIMEOUT)
 
 
 class Stats:
@@ -484,7 +554,12 @@ class Stats:
     its own session), sessions closed for a protocol violation, and the
     compensating releases of the delivery gate — queued, answered
     (RELEASED or NOT HELD), without an answer in 5 s, or dropped because
-    the queue was full and left to their lease."""
+    the queue was full and left to their lease. Sessions closed because
+    the server was silent for the silence timeout (silent_sessions), and
+    the ABANDONs of acquires that ended Indeterminate with their session
+    closed (§6a): sent, answered RELEASED (a grant given back), answered
+    NOT HELD (a waiter dropped, or nothing to give back), and given up
+    (queue full, or no answer within 5 s: left to the lease)."""
 
     def __init__(self):
         self.reconnects = 0
@@ -494,6 +569,11 @@ class Stats:
         self.compensations_done = 0
         self.compensations_failed = 0
         self.compensations_dropped = 0
+        self.silent_sessions = 0
+        self.abandons_sent = 0
+        self.abandons_released = 0
+        self.abandons_not_held = 0
+        self.abandons_given_up = 0
 
     def __repr__(self):
         return f"Stats({vars(self)})"

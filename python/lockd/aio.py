@@ -1,13 +1,12 @@
 """The asyncio client: the same sessions and rules as the blocking client,
 on one event loop.
 
-A session is an asyncio Protocol. Requests queued in one turn of the loop
-go out in one write, their waits computed just before it; answers are
-correlated by owner in data_received. Waiting acquires get sessions of their
-own, as in the blocking client. Cancelling a call is like its deadline: a
-request still queued is withdrawn, unsent; one that may have left closes its
-session; a grant already correlated is released as compensation; then the
-CancelledError propagates.
+Sessions (_aio_session.py) are asyncio Protocols. Waiting acquires get
+sessions of their own, as in the blocking client. Cancelling a call is like
+its deadline: a request still queued is withdrawn, unsent; one that may have
+left closes its session; a grant already correlated is released as
+compensation, and one whose session closed is given back with an ABANDON
+where the server serves it (§6a); then the CancelledError propagates.
 
 Bytes handed to the transport count as possibly sent: asyncio does not say
 which of them reached the kernel, so a failed write is never retried as
@@ -24,147 +23,10 @@ import time
 
 from . import _core as core
 from . import errors
-from .sync import Ticket
+from ._aio_session import ENQUEUED, FULL, Session
+from .ticket import Ticket
 
-_ENQUEUED, _CLOSED, _FULL = 0, 1, 2
 _RECONNECT_MIN, _RECONNECT_MAX = 0.05, 2.0
-
-
-class _Session(asyncio.Protocol):
-    def __init__(self, client, addr, pool):
-        self.client, self.addr, self.pool = client, addr, pool
-        self.decoder = core.Decoder()
-        self.transport = None
-        self.closed = False
-        self.ready = False
-        self.handshake_frames: list = []
-        self.handshake_event = asyncio.Event()
-        self.table: dict[int, core.Request] = {}
-        self.queue: list[core.Request] = []
-        self.flush_pending = False
-
-    # Protocol callbacks.
-
-    def connection_made(self, transport):
-        self.transport = transport
-
-    def data_received(self, data):
-        try:
-            frames = self.decoder.feed(data)
-            if not self.ready:
-                self.handshake_frames.extend(frames)
-                self.handshake_event.set()
-                return
-            for f in frames:
-                self._deliver(f)
-        except errors.Protocol as e:
-            self.client.stats.protocol_errors += 1
-            self.fail(f"session to {self.addr}: {e}")
-        except errors.LockdError as e:
-            self.fail(f"session to {self.addr}: {e}")
-
-    def connection_lost(self, exc):
-        self.handshake_event.set()
-        self.fail(f"session to {self.addr}: {exc or 'connection closed by the server'}")
-
-    async def next_handshake_frame(self):
-        while not self.handshake_frames:
-            if self.closed:
-                raise errors.NotConnected(f"handshake with {self.addr}: connection closed")
-            self.handshake_event.clear()
-            await self.handshake_event.wait()
-        if len(self.handshake_frames) > 1:
-            raise errors.Protocol(f"handshake with {self.addr}: unexpected frames")
-        return self.handshake_frames.pop()
-
-    # Requests.
-
-    def enqueue(self, req, limit):
-        if self.closed:
-            return _CLOSED
-        if len(self.table) >= limit:
-            return _FULL
-        req.state = core.QUEUED
-        self.table[req.owner] = req
-        self.queue.append(req)
-        if not self.flush_pending:
-            self.flush_pending = True
-            asyncio.get_running_loop().call_soon(self._flush)
-        return _ENQUEUED
-
-    def _flush(self):
-        self.flush_pending = False
-        if self.closed or not self.queue:
-            return
-        batch, self.queue = self.queue, []
-        now = self.client._clock()
-        parts = []
-        for req in batch:
-            if now >= req.deadline:
-                req.expired = True
-                self._finish(req, core.EXPIRED, None)
-                continue
-            parts.append(core.encode(req.kind, req.owner, req.key, req.lease,
-                                     core.wire_wait(req.immediate, req.deadline, now), req.token))
-            req.state = core.SENT
-            req.sent_at = now
-        if parts:
-            self.transport.write(b"".join(parts))
-
-    def _finish(self, req, out, cause):
-        del self.table[req.owner]
-        req.out, req.cause, req.state = out, cause, core.DONE
-        if not req.waiter.done():
-            req.waiter.set_result(out)
-
-    def abandon(self, req):
-        req.expired = True
-        if req.state == core.QUEUED:
-            del self.table[req.owner]
-            self.queue.remove(req)
-            req.state = 0
-            return core.EXPIRED
-        if req.state == core.SENT:
-            del self.table[req.owner]
-            req.state, req.cause = 0, core.ABANDONED
-            self.fail(core.ABANDONED)
-            return core.LOST
-        return req.out
-
-    def fail(self, cause):
-        if self.closed:
-            return
-        self.closed = True
-        for req in list(self.table.values()):
-            self._finish(req, core.UNSENT if req.state == core.QUEUED else core.LOST, cause)
-        self.queue.clear()
-        if cause == core.ABANDONED:
-            self.client.stats.abandoned_sessions += 1
-        if self.pool is not None:
-            self.pool.died(self)
-        if self.transport is not None:
-            self.transport.abort()
-
-    def _deliver(self, f):
-        out = core.OUTCOME_OF_OP.get(f.op)
-        if out is None:
-            raise errors.Protocol(f"unexpected {f.op!r} frame from {self.addr}")
-        core.check_text(f)
-        if out == core.ACQUIRED and f.token == 0:
-            raise errors.Protocol(f"ACQUIRED with token 0 from {self.addr}")
-        if out == core.REJECTED and f.owner == 0:
-            raise core.refusal(f.text.decode("ascii", "replace"), f"server {self.addr}")
-        req = self.table.get(f.owner)
-        if req is None or req.state != core.SENT or not core.answers(req.kind, out):
-            raise errors.Protocol(f"{f.op!r} for owner {f.owner}, which has no matching request in flight on {self.addr}")
-        if req.kind == core.KEEP and out == core.ACQUIRED and f.token != req.token:
-            raise errors.Protocol(f"KEEP of token {req.token} answered with token {f.token} by {self.addr}")
-        req.granted, req.waited_ms = f.token, f.waited_ms
-        if out == core.REJECTED:
-            req.reason = f.text.decode("ascii", "replace")
-        self._finish(req, out, None)
-        if out == core.REJECTED and req.reason in core.CLOSING_REASONS:
-            raise errors.LockdError(f"server {self.addr} closes the session: {req.reason}")
 
 
 class _Slot:
@@ -180,7 +42,7 @@ class _WaitPool:
     def __init__(self, client, limit):
         self.client, self.limit = client, limit
         self.cond = asyncio.Condition()
-        self.idle: list[_Session] = []
+        self.idle: list[Session] = []
         self.open = 0
         self.next_addr = 0
 
@@ -304,7 +166,8 @@ class AsyncClient:
 
     def __init__(self, addrs, tenant=None, secret=None, tls=None, *, sessions=None,
                  max_in_flight=4096, wait_sessions=64, dial_timeout=5.0,
-                 compensation_queue=256, _clock=time.monotonic, _first_owner=0):
+                 compensation_queue=256, silence_timeout=core.DEFAULT_SILENCE_TIMEOUT,
+                 _clock=time.monotonic, _first_owner=0):
         self.addrs = [addrs] if isinstance(addrs, str) else list(addrs)
         if not self.addrs:
             raise errors.Config("no server address")
@@ -315,7 +178,9 @@ class AsyncClient:
         if tls is True:
             tls = ssl.create_default_context()
         self._tls = tls
-        self._dial_timeout = dial_timeout
+        compensation_queue, self._silence, self._dial_timeout = core.check_options(
+            compensation_queue, silence_timeout, dial_timeout)
+        self._client_id = core.new_client_id()
         self._clock = _clock
         self._owners = core.Owners(_first_owner)
         self._max_in_flight = max_in_flight
@@ -360,12 +225,14 @@ class AsyncClient:
     # Connecting.
 
     async def _connect(self, addr, deadline, pool):
+        """As Client._connect: one bound over the dial, TLS, the handshake
+        and SESSION; a caller's deadline that cuts it is core.Deadline."""
         timeout = min(self._dial_timeout, deadline - self._clock())
         if timeout <= 0:
             raise core.Deadline("the deadline came before a session was ready")
         host, port = core.split_addr(addr)
         loop = asyncio.get_running_loop()
-        s = _Session(self, addr, pool)
+        s = Session(self, addr, pool)
         try:
             async with asyncio.timeout(timeout):
                 try:
@@ -378,12 +245,21 @@ class AsyncClient:
                 if hello is not None:
                     s.transport.write(hello)
                     hs.welcome(await s.next_handshake_frame())
+                if hs.serves_abandon:
+                    owner = self._owners.next()
+                    s.transport.write(core.session_frame(owner, self._client_id))
+                    core.session_answer(await s.next_handshake_frame(), owner)
         except BaseException as e:
             s.pool = None
             s.fail("handshake failed")
-            if isinstance(e, (OSError, TimeoutError)):
+            if isinstance(e, errors.LockdError):
+                raise
+            if isinstance(e, OSError):
+                if self._clock() >= deadline:
+                    raise core.Deadline(f"the deadline came while connecting to {addr}") from None
                 raise errors.NotConnected(f"connect to {addr}: {e!r}") from None
             raise
+        s.serves_abandon = hs.serves_abandon
         s.ready = True
         return s
 
@@ -457,9 +333,9 @@ class AsyncClient:
                 if s is None:
                     continue
                 r = s.enqueue(req, limit)
-                if r == _ENQUEUED:
+                if r == ENQUEUED:
                     return s
-                if r == _FULL:
+                if r == FULL:
                     full = True
             if full:
                 raise core.PoolFull("every session is at its in-flight limit")
@@ -472,7 +348,7 @@ class AsyncClient:
     async def _pick_wait(self, req):
         while True:
             s = await self._waits.take(req)
-            if s.enqueue(req, 1) == _ENQUEUED:
+            if s.enqueue(req, 1) == ENQUEUED:
                 return s
 
     async def _await(self, s, req):
@@ -484,8 +360,11 @@ class AsyncClient:
             return await req.waiter
         except asyncio.CancelledError:
             out = s.abandon(req)
-            if out == core.ACQUIRED and req.kind == core.ACQUIRE:
-                self._compensate(req.key, req.granted)
+            if req.kind == core.ACQUIRE:
+                if out == core.ACQUIRED:
+                    self._compensate(req.key, req.granted)
+                elif out == core.LOST and req.abandonable:
+                    self._give_back(req.key, req.owner)
             raise
         finally:
             handle.cancel()
@@ -551,7 +430,10 @@ class AsyncClient:
         except core.PoolFull as e:
             raise errors.Busy(f"acquire of {key!r}, not sent: {e}") from None
         if out != core.ACQUIRED:
-            raise core.acquire_failure(req, out, self._clock())
+            err = core.acquire_failure(req, out, self._clock())
+            if out == core.LOST and req.abandonable:
+                raise type(err)(f"{err}; {self._give_back(kb, req.owner)}")
+            raise err
         valid_until, err = core.gate(req, p, self._clock())
         if err is not None:
             raise type(err)(f"{err}; {self._compensate(kb, req.granted)}")
@@ -621,29 +503,60 @@ class AsyncClient:
     # Compensation.
 
     def _compensate(self, kb, token):
-        if not self._closing and self._comp is not None:
-            try:
-                self._comp.put_nowait((kb, token, self._clock() + core.IO_DEADLINE))
-                self.stats.compensations_queued += 1
-                return "its release is queued as compensation"
-            except asyncio.QueueFull:
-                pass
+        if self._enqueue_compensation(core.RELEASE, kb, token):
+            self.stats.compensations_queued += 1
+            return "its release is queued as compensation"
         self.stats.compensations_dropped += 1
         return "the compensation queue was full: it is left to its lease"
+
+    def _give_back(self, kb, owner):
+        if self._enqueue_compensation(core.ABANDON, kb, owner):
+            return "whatever the server made of it is being given back (ABANDON)"
+        self.stats.abandons_given_up += 1
+        return "the compensation queue was full: a grant, if any, is left to its lease"
+
+    def _enqueue_compensation(self, kind, kb, value):
+        if self._closing or self._comp is None:
+            return False
+        try:
+            self._comp.put_nowait((kind, kb, value, self._clock() + core.IO_DEADLINE))
+            return True
+        except asyncio.QueueFull:
+            return False
 
     async def _run_compensations(self):
         while True:
             item = await self._comp.get()
             if item is None:
                 return
-            kb, token, deadline = item
+            kind, kb, value, deadline = item
+            if kind == core.ABANDON:
+                await self._abandon(kb, value, deadline)
+                continue
             try:
-                await self._release(kb, token, deadline)
+                await self._release(kb, value, deadline)
                 self.stats.compensations_done += 1
             except errors.NotHeld:
                 self.stats.compensations_done += 1
             except errors.LockdError:
                 self.stats.compensations_failed += 1
+
+    async def _abandon(self, kb, target, deadline):
+        """As Client._abandon."""
+        req, out = None, None
+        try:
+            req = core.Request(core.ABANDON, self._owners.next(), kb, deadline, token=target)
+            out = await self._exchange(req, self._release_limit, True)
+        except errors.LockdError:
+            pass
+        if req is not None and req.sent_at:
+            self.stats.abandons_sent += 1
+        if out == core.RELEASED:
+            self.stats.abandons_released += 1
+        elif out == core.NOT_HELD:
+            self.stats.abandons_not_held += 1
+        else:
+            self.stats.abandons_given_up += 1
 
     async def close(self):
         """As Client.close."""

@@ -9,7 +9,8 @@ waking their callers. No thread of the client's own sits between a caller
 and its answer: with the GIL, every such hand-off costs context switches.
 Waiting acquires (wait > 0) each get a session of their own from the wait
 pool, because one that waits its whole time ends with its session closed
-(docs/protocol.md §6), and alone on it that costs only the one call.
+(docs/protocol.md §6), and alone on it that costs only the one call. The
+session itself is in _session.py; this module picks, dials and retries.
 """
 
 from __future__ import annotations
@@ -17,277 +18,17 @@ from __future__ import annotations
 import _thread
 import contextlib
 import queue
-import select
 import socket
 import ssl
-import struct
 import threading
 import time
 
 from . import _core as core
 from . import errors
+from ._session import ENQUEUED, FULL, SOCKTIMEO, Session
+from .ticket import Ticket, _Watches
 
-_POLL = 0.05  # how often a stalled send, or a reader, looks at the deadlines
-_SOCKTIMEO = struct.pack("ll", 0, int(_POLL * 1e6))
-_ENQUEUED, _CLOSED, _FULL = 0, 1, 2
 _RECONNECT_MIN, _RECONNECT_MAX = 0.05, 2.0
-
-
-class _Session:
-    def __init__(self, client, sock, addr, decoder, pool=None):
-        self.client, self.sock, self.addr, self.decoder, self.pool = client, sock, addr, decoder, pool
-        self.lock = threading.Lock()
-        self.closed = False
-        self.writing = False
-        self.table: dict[int, core.Request] = {}
-        self.queue: list[core.Request] = []
-        # Leader/follower reading: no thread of its own reads the session.
-        # One caller waiting for an answer reads (the leader) and hands
-        # every answer to its caller; the others park on their waiters.
-        # A leader whose own answer came promotes a parked caller.
-        self.reading = False
-        self.parked: dict[int, core.Request] = {}
-        self.rbuf = bytearray(64 << 10)
-
-    def enqueue(self, req, limit):
-        with self.lock:
-            if not self.table and not self.reading and not self.closed:
-                # Idle, nobody has read it for a while: a server that
-                # closed it, or said why before closing, must be found now,
-                # while the request is certainly unsent.
-                self.reading = True
-                idle = True
-            else:
-                idle = False
-        if idle:
-            self._check_idle()
-        with self.lock:
-            if self.closed:
-                return _CLOSED
-            if len(self.table) >= limit:
-                return _FULL
-            req.state = core.QUEUED
-            self.table[req.owner] = req
-            self.queue.append(req)
-            if self.writing:
-                return _ENQUEUED
-            self.writing = True
-        self._flush()
-        return _ENQUEUED
-
-    def _flush(self):
-        """Sends what is queued until the queue is empty; the caller that
-        runs it is the session's writer meanwhile. Each frame's wait is
-        computed here, just before the send."""
-        clock = self.client._clock
-        while True:
-            with self.lock:
-                if self.closed or not self.queue:
-                    self.writing = False
-                    return
-                batch, self.queue = self.queue, []
-                now = clock()
-                parts, jobs, pos = [], [], 0
-                for req in batch:
-                    if now >= req.deadline:
-                        req.expired = True
-                        self._finish(req, core.EXPIRED, None)
-                        continue
-                    frame = core.encode(req.kind, req.owner, req.key, req.lease,
-                                        core.wire_wait(req.immediate, req.deadline, now), req.token)
-                    jobs.append((pos, req))
-                    pos += len(frame)
-                    parts.append(frame)
-                    req.state = core.SENT
-                    req.sent_at = now
-            if parts and not self._send(b"".join(parts), jobs):
-                return
-
-    def _send(self, data, jobs):
-        view, sent = memoryview(data), 0
-        while sent < len(data):
-            try:
-                sent += self.sock.send(view[sent:])
-            except (TimeoutError, BlockingIOError, ssl.SSLWantWriteError):
-                # A stalled transport: a frame whose deadline passed may have
-                # left, so the session closes (§6); every caller waiting on
-                # another frame is woken by that.
-                now = self.client._clock()
-                if any(req.state == core.SENT and now >= req.deadline for _, req in jobs):
-                    self.fail(core.ABANDONED)
-                    return False
-            except OSError as e:
-                self._write_failed(sent, jobs, e)
-                return False
-        return True
-
-    def _write_failed(self, sent, jobs, err):
-        """Frames starting at or after the bytes that got out certainly never
-        left: they end unsent, the others lost."""
-        cause = f"write to {self.addr}: {err}"
-        with self.lock:
-            for offset, req in jobs:
-                if offset >= sent and req.state == core.SENT and self.table.get(req.owner) is req:
-                    self._finish(req, core.UNSENT, cause)
-        self.fail(cause)
-
-    def _finish(self, req, out, cause):
-        # self.lock is held.
-        del self.table[req.owner]
-        req.out, req.cause, req.state = out, cause, core.DONE
-        self._wake(req)
-
-    @staticmethod
-    def _wake(req):
-        # self.lock is held. One pending wake at most: the caller re-checks
-        # its state after every wake, under the lock.
-        if not req.woken:
-            req.woken = True
-            req.waiter.release()
-
-    def _check_idle(self):
-        """self.reading is ours: reads what an idle session holds, if
-        anything, without waiting."""
-        try:
-            readable, _, _ = select.select([self.sock], [], [], 0)
-            if readable:
-                self._read_once()
-        except (OSError, ValueError, errors.LockdError) as e:
-            self.fail(f"session to {self.addr}: {e}")
-        finally:
-            with self.lock:
-                self.reading = False
-                self._pass_reading()
-
-    def _pass_reading(self):
-        # self.lock is held and nobody reads: a parked caller takes over.
-        if self.parked and not self.reading:
-            _, req = self.parked.popitem()
-            self._wake(req)
-
-    def wait(self, req, clock):
-        """Waits for req's answer until its deadline, reading the session
-        when nobody else does. Returns the outcome, or None at the
-        deadline."""
-        while True:
-            with self.lock:
-                if req.woken:
-                    req.waiter.acquire()
-                    req.woken = False
-                if req.state == core.DONE:
-                    return req.out
-                if clock() >= req.deadline:
-                    return None
-                if not self.reading:
-                    self.reading = True
-                    lead = True
-                else:
-                    self.parked[req.owner] = req
-                    lead = False
-            if lead:
-                self._lead(req, clock)
-                continue
-            left = req.deadline - clock()
-            got = left > 0 and req.waiter.acquire(True, left)
-            with self.lock:
-                self.parked.pop(req.owner, None)
-                if got:
-                    req.woken = False
-                    continue
-                if req.state == core.DONE:
-                    continue
-                self._pass_reading()
-            return None
-
-    def _lead(self, req, clock):
-        """Reads and delivers until req is answered or its deadline comes."""
-        try:
-            while req.state != core.DONE and clock() < req.deadline:
-                self._read_once()
-        except (OSError, ValueError, errors.LockdError) as e:
-            if isinstance(e, errors.Protocol):
-                self.client.stats.protocol_errors += 1
-            self.fail(f"session to {self.addr}: {e}")
-        finally:
-            with self.lock:
-                self.reading = False
-                self._pass_reading()
-
-    def _read_once(self):
-        """One recv, its answers delivered; gives up after _POLL
-        (SO_RCVTIMEO) so that the reader can look at its deadline."""
-        try:
-            n = self.sock.recv_into(self.rbuf)
-        except (BlockingIOError, TimeoutError, ssl.SSLWantReadError):
-            return
-        if n == 0:
-            raise ConnectionError("connection closed by the server")
-        frames = self.decoder.feed(memoryview(self.rbuf)[:n])
-        with self.lock:
-            for f in frames:
-                self._deliver(f)
-
-    def abandon(self, req):
-        """The caller's move at its deadline. A request still queued is
-        withdrawn, certainly unsent; one the writer took may have left, so
-        the session is closed; one answered meanwhile keeps its answer."""
-        with self.lock:
-            req.expired = True
-            if req.state == core.QUEUED:
-                del self.table[req.owner]
-                self.queue.remove(req)
-                req.state = 0
-                return core.EXPIRED
-            if req.state == core.SENT:
-                del self.table[req.owner]
-                req.state, req.cause = 0, core.ABANDONED
-                sent = True
-            else:
-                sent = False
-        if sent:
-            self.fail(core.ABANDONED, abandoned=True)
-            return core.LOST
-        return req.out
-
-    def fail(self, cause, abandoned=False):
-        with self.lock:
-            if self.closed:
-                return
-            self.closed = True
-            for req in list(self.table.values()):
-                self._finish(req, core.UNSENT if req.state == core.QUEUED else core.LOST, cause)
-            self.queue.clear()
-        if abandoned or cause == core.ABANDONED:
-            self.client.stats.abandoned_sessions += 1
-        if self.pool is not None:
-            self.pool.died(self)
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_RDWR)
-        with contextlib.suppress(OSError):
-            self.sock.close()
-
-    def _deliver(self, f):
-        """Correlates one answer by owner; self.lock is held. An answer that
-        matches no request breaks the correlation every answer relies on."""
-        out = core.OUTCOME_OF_OP.get(f.op)
-        if out is None:
-            raise errors.Protocol(f"unexpected {f.op!r} frame from {self.addr}")
-        core.check_text(f)
-        if out == core.ACQUIRED and f.token == 0:
-            raise errors.Protocol(f"ACQUIRED with token 0 from {self.addr}")
-        if out == core.REJECTED and f.owner == 0:
-            raise core.refusal(f.text.decode("ascii", "replace"), f"server {self.addr}")
-        req = self.table.get(f.owner)
-        if req is None or req.state != core.SENT or not core.answers(req.kind, out):
-            raise errors.Protocol(f"{f.op!r} for owner {f.owner}, which has no matching request in flight on {self.addr}")
-        if req.kind == core.KEEP and out == core.ACQUIRED and f.token != req.token:
-            raise errors.Protocol(f"KEEP of token {req.token} answered with token {f.token} by {self.addr}")
-        req.granted, req.waited_ms = f.token, f.waited_ms
-        if out == core.REJECTED:
-            req.reason = f.text.decode("ascii", "replace")
-        self._finish(req, out, None)
-        if out == core.REJECTED and req.reason in core.CLOSING_REASONS:
-            raise errors.LockdError(f"server {self.addr} closes the session: {req.reason}")
 
 
 class _Slot:
@@ -307,7 +48,7 @@ class _WaitPool:
     def __init__(self, client, limit):
         self.client, self.limit = client, limit
         self.cond = threading.Condition()
-        self.idle: list[_Session] = []
+        self.idle: list[Session] = []
         self.open = 0
         self.next_addr = 0
 
@@ -356,117 +97,23 @@ class _WaitPool:
         for s in idle:
             s.fail("client closed")
 
-
-class Ticket:
-    """A held lock: key, fencing token, and validity on the monotonic clock
-    (time.monotonic()). Pass token to everything the critical section writes
-    to, so that a write carrying an older token can be refused."""
-
-    def __init__(self, client, key: bytes, token: int, lease: int, valid_until: float):
-        self._client, self._key, self.token, self.lease, self.valid_until = client, key, token, lease, valid_until
-
-    @property
-    def key(self) -> str:
-        return self._key.decode()
-
-    def remaining(self) -> float:
-        """Seconds of validity left, never negative."""
-        return max(self.valid_until - self._client._clock(), 0.0)
-
-    def lost(self) -> threading.Event:
-        """An Event set when the validity ends: at valid_until (moved by each
-        confirmed renewal), or earlier when a release or renewal is answered
-        NOT HELD, or a release RELEASED."""
-        return self._client._watches.lost(self)
-
-    def renew(self, lease=None):
-        """Sends KEEP: the lease becomes `lease` (default: the current one)
-        from now. Only an answered ACQUIRED moves valid_until, to the KEEP's
-        send instant + lease - drift margin; NotHeld ends the validity; any
-        other error (Indeterminate above all) leaves it as it was. 5 s from
-        the call, retries included."""
-        self._client._renew(self, self.lease if lease is None else lease)
-
-    def keep_alive(self, interval, stop: threading.Event):
-        """Renews every `interval` seconds until `stop` is set, then returns.
-        Raises when the lock is lost: NotHeld at once, or the first failed
-        renewal's error when the validity ran out before one was confirmed."""
-        if core.to_ns("interval", interval) <= 0:
-            raise errors.UnsupportedDuration(f"keep-alive interval {interval!r}")
-        interval = core.to_ns("interval", interval) / 1e9
-        failed = None
-        while True:
-            wait = min(interval, self.remaining()) if failed else interval
-            if stop.wait(wait):
-                return
-            if failed and self.remaining() == 0:
-                raise errors.NotHeld(f"the lease of {self.key!r} lapsed without a confirmed renewal: {failed}") from failed
-            try:
-                self.renew()
-                failed = None
-            except errors.NotHeld:
-                raise
-            except errors.LockdError as e:
-                failed = failed or e
-
-    def __repr__(self):
-        return f"Ticket(key={self.key!r}, token={self.token}, remaining={self.remaining():.3f})"
-
-
-class _Watches:
-    def __init__(self, client):
-        self.client = client
-        self.lock = threading.Lock()
-        self.by_grant: dict[tuple[bytes, int], list] = {}
-
-    def lost(self, t):
-        k = (t._key, t.token)
-        with self.lock:
-            w = self.by_grant.get(k)
-            if w:
-                return w[0]
-            ev = threading.Event()
-            left = t.valid_until - self.client._clock()
-            if left <= 0:
-                ev.set()
-                return ev
-            w = [ev, None]
-            self.by_grant[k] = w
-            self._arm(k, w, left)
-            return ev
-
-    def _arm(self, k, w, left):
-        timer = threading.Timer(left, self.end, k)
-        timer.daemon = True
-        w[1] = timer
-        timer.start()
-
-    def renew(self, key, token, left):
-        with self.lock:
-            w = self.by_grant.get((key, token))
-            if w:
-                w[1].cancel()
-                self._arm((key, token), w, left)
-
-    def end(self, key, token):
-        with self.lock:
-            w = self.by_grant.pop((key, token), None)
-        if w:
-            w[1].cancel()
-            w[0].set()
-
-
 class Client:
     """A pool of sessions to lockd; safe for use by many threads.
 
     addrs: "host:port" or a list of them; tenant and secret (bytes, or the
     auth file's hex) authenticate with HMAC HELLO; tls: an ssl.SSLContext
     (or True for the default one) for the server's TLS port.
+    compensation_queue bounds the compensating releases and ABANDONs
+    waiting to be sent; silence_timeout closes a session that hears
+    nothing for that long while a request is in flight (docs/protocol.md
+    §6a); for these and dial_timeout, 0 means the default and a negative
+    value is errors.Config, as in the Go client.
     """
 
     def __init__(self, addrs, tenant=None, secret=None, tls=None, *, sessions=None,
                  max_in_flight=4096, wait_sessions=64, dial_timeout=5.0,
-                 compensation_queue=256, dialer=None, _clock=time.monotonic, _first_owner=0):
+                 compensation_queue=256, silence_timeout=core.DEFAULT_SILENCE_TIMEOUT, dialer=None,
+                 _clock=time.monotonic, _first_owner=0):
         self.addrs = [addrs] if isinstance(addrs, str) else list(addrs)
         if not self.addrs:
             raise errors.Config("no server address")
@@ -478,7 +125,9 @@ class Client:
             tls = ssl.create_default_context()
         self._tls = tls
         self._dialer = dialer
-        self._dial_timeout = dial_timeout
+        compensation_queue, self._silence, self._dial_timeout = core.check_options(
+            compensation_queue, silence_timeout, dial_timeout)
+        self._client_id = core.new_client_id()
         self._clock = _clock
         self._owners = core.Owners(_first_owner)
         self._max_in_flight = max_in_flight
@@ -495,7 +144,7 @@ class Client:
         errs = []
         for slot in self._slots:
             try:
-                slot.session = self._dial_slot(slot, self._clock() + dial_timeout, tries=len(self.addrs))
+                slot.session = self._dial_slot(slot, self._clock() + self._dial_timeout, tries=len(self.addrs))
             except (errors.Auth, errors.TLS):
                 self.close()
                 raise
@@ -512,46 +161,68 @@ class Client:
     # Connecting.
 
     def _connect(self, addr, deadline, pool):
-        timeout = min(self._dial_timeout, deadline - self._clock())
-        if timeout <= 0:
-            raise core.Deadline("the deadline came before a session was ready")
+        """A new session to addr, ready for requests: dialled, TLS, the
+        handshake and SESSION (§6a) where the server serves it, all within
+        one bound, the dial timeout or the caller's deadline, whichever
+        comes first. A caller's deadline that cuts the dial short is
+        core.Deadline: nothing of its request was sent."""
+        clock = self._clock
+        bound = min(clock() + self._dial_timeout, deadline)
+
+        def left():
+            t = bound - clock()
+            if t <= 0:
+                raise TimeoutError("the dial ran out of time")
+            return t
+
         host, port = core.split_addr(addr)
+        sock = None
         try:
-            sock = self._dialer(addr, timeout) if self._dialer else socket.create_connection((host, port), timeout)
-        except OSError as e:
-            raise errors.NotConnected(f"dial {addr}: {e}") from None
-        try:
-            sock.settimeout(timeout)
+            t = left()
+            sock = self._dialer(addr, t) if self._dialer else socket.create_connection((host, port), t)
             with contextlib.suppress(OSError, AttributeError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._tls is not None:
+                sock.settimeout(left())
                 try:
                     sock = self._tls.wrap_socket(sock, server_hostname=host)
                 except ssl.SSLError as e:
                     raise errors.TLS(f"TLS handshake with {addr}: {e}") from None
             decoder = core.Decoder()
             hs = core.Handshake(self._tenant, self._secret)
-            hello = hs.greeting(self._read_frame(sock, decoder, addr))
+            hello = hs.greeting(self._read_frame(sock, decoder, addr, left))
             if hello is not None:
+                sock.settimeout(left())
                 sock.sendall(hello)
-                hs.welcome(self._read_frame(sock, decoder, addr))
+                hs.welcome(self._read_frame(sock, decoder, addr, left))
+            if hs.serves_abandon:
+                owner = self._owners.next()
+                sock.settimeout(left())
+                sock.sendall(core.session_frame(owner, self._client_id))
+                core.session_answer(self._read_frame(sock, decoder, addr, left), owner)
             # Blocking from here, but a send or a recv gives up its turn
-            # after _POLL (SO_SNDTIMEO, SO_RCVTIMEO) to look at deadlines.
+            # after POLL (SO_SNDTIMEO, SO_RCVTIMEO) to look at deadlines.
             sock.settimeout(None)
             with contextlib.suppress(OSError, AttributeError):
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _SOCKTIMEO)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _SOCKTIMEO)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, SOCKTIMEO)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, SOCKTIMEO)
+            return Session(self, sock, addr, decoder, pool, hs.serves_abandon, self._tls is not None)
         except BaseException as e:
-            with contextlib.suppress(OSError):
-                sock.close()
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.close()
+            if isinstance(e, errors.LockdError):
+                raise
             if isinstance(e, OSError):
-                raise errors.NotConnected(f"handshake with {addr}: {e}") from None
+                if clock() >= deadline:
+                    raise core.Deadline(f"the deadline came while connecting to {addr}") from None
+                raise errors.NotConnected(f"connect to {addr}: {e}") from None
             raise
-        return _Session(self, sock, addr, decoder, pool)
 
     @staticmethod
-    def _read_frame(sock, decoder, addr):
+    def _read_frame(sock, decoder, addr, left):
         while True:
+            sock.settimeout(left())
             data = sock.recv(4096)
             if not data:
                 raise errors.NotConnected(f"handshake with {addr}: connection closed")
@@ -634,9 +305,9 @@ class Client:
                 if s is None:
                     continue
                 r = s.enqueue(req, limit)
-                if r == _ENQUEUED:
+                if r == ENQUEUED:
                     return s
-                if r == _FULL:
+                if r == FULL:
                     full = True
             if full:
                 raise core.PoolFull("every session is at its in-flight limit")
@@ -649,7 +320,7 @@ class Client:
     def _pick_wait(self, req):
         while True:
             s = self._waits.take(req)
-            if s.enqueue(req, 1) == _ENQUEUED:
+            if s.enqueue(req, 1) == ENQUEUED:
                 return s
 
     def _await(self, s, req):
@@ -701,7 +372,10 @@ class Client:
         immediate attempt) and min_work_budget (required: the time you need
         once you hold the lock) are seconds or timedeltas, rounded up.
         Returns a Ticket; every exception says whether the lock may be held
-        (errors.Indeterminate) or certainly is not."""
+        (errors.Indeterminate) or certainly is not. An Indeterminate whose
+        session closed is given back with an ABANDON where the server
+        serves it (docs/protocol.md §6a); the result stays Indeterminate.
+        For a lock object that answers True or False, see lockd.Lock."""
         now = self._clock()
         kb = core.key_bytes(key)
         p = core.acquire_params(lease, wait, min_work_budget)
@@ -717,7 +391,10 @@ class Client:
         except core.PoolFull as e:
             raise errors.Busy(f"acquire of {key!r}, not sent: {e}") from None
         if out != core.ACQUIRED:
-            raise core.acquire_failure(req, out, self._clock())
+            err = core.acquire_failure(req, out, self._clock())
+            if out == core.LOST and req.abandonable:
+                raise type(err)(f"{err}; {self._give_back(kb, req.owner)}")
+            raise err
         valid_until, err = core.gate(req, p, self._clock())
         if err is not None:
             raise type(err)(f"{err}; {self._compensate(kb, req.granted)}")
@@ -795,29 +472,63 @@ class Client:
     def _compensate(self, kb, token):
         """Queues the release of a grant the caller will never see; when
         the bounded queue is full the lock is left to its lease."""
-        if not self._closing:
-            try:
-                self._comp.put_nowait((kb, token, self._clock() + core.IO_DEADLINE))
-                self.stats.compensations_queued += 1
-                return "its release is queued as compensation"
-            except queue.Full:
-                pass
+        if self._enqueue_compensation(core.RELEASE, kb, token):
+            self.stats.compensations_queued += 1
+            return "its release is queued as compensation"
         self.stats.compensations_dropped += 1
         return "the compensation queue was full: it is left to its lease"
+
+    def _give_back(self, kb, owner):
+        """Queues the ABANDON of an acquire that ended Indeterminate with its
+        session closed (§6a), through the same bounded queue."""
+        if self._enqueue_compensation(core.ABANDON, kb, owner):
+            return "whatever the server made of it is being given back (ABANDON)"
+        self.stats.abandons_given_up += 1
+        return "the compensation queue was full: a grant, if any, is left to its lease"
+
+    def _enqueue_compensation(self, kind, kb, value):
+        if self._closing:
+            return False
+        try:
+            self._comp.put_nowait((kind, kb, value, self._clock() + core.IO_DEADLINE))
+            return True
+        except queue.Full:
+            return False
 
     def _run_compensations(self):
         while True:
             item = self._comp.get()
             if item is None:
                 return
-            kb, token, deadline = item
+            kind, kb, value, deadline = item
+            if kind == core.ABANDON:
+                self._abandon(kb, value, deadline)
+                continue
             try:
-                self._release(kb, token, deadline)
+                self._release(kb, value, deadline)
                 self.stats.compensations_done += 1
             except errors.NotHeld:
                 self.stats.compensations_done += 1
             except errors.LockdError:
                 self.stats.compensations_failed += 1
+
+    def _abandon(self, kb, target, deadline):
+        """Sends one ABANDON, retried on other sessions until its 5 s from
+        enqueue are spent; RELEASED and NOT HELD both end it."""
+        req, out = None, None
+        try:
+            req = core.Request(core.ABANDON, self._owners.next(), kb, deadline, token=target)
+            out = self._exchange(req, self._release_limit, True)
+        except errors.LockdError:
+            pass
+        if req is not None and req.sent_at:
+            self.stats.abandons_sent += 1
+        if out == core.RELEASED:
+            self.stats.abandons_released += 1
+        elif out == core.NOT_HELD:
+            self.stats.abandons_not_held += 1
+        else:
+            self.stats.abandons_given_up += 1
 
     def close(self):
         """Sends the queued compensating releases (each within its own 5 s),

@@ -4,6 +4,7 @@ for the cases a real server cannot produce on demand."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import struct
@@ -16,6 +17,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+
+import lockd  # noqa: E402  (after the path above)
 
 
 @pytest.fixture(scope="session")
@@ -108,7 +111,7 @@ def wait_until(cond, timeout=10.0, what="condition"):
 
 # Scripted servers.
 
-_FIXED = {b"H": 49, b"A": 11, b"R": 16, b"K": 18, b"P": 8}
+_FIXED = {b"H": 49, b"A": 11, b"R": 16, b"K": 18, b"P": 8, b"S": 24, b"X": 16}
 
 
 def read_frame(conn, buf):
@@ -129,8 +132,11 @@ def read_frame(conn, buf):
         buf += data
 
 
-def greeting(auth=False):
-    return b"G\x01" + (b"\x01" if auth else b"\x00") + bytes(16) + b"scripted\n"
+def greeting(auth=False, flags=0):
+    return b"G\x01" + bytes([flags | (1 if auth else 0)]) + bytes(16) + b"scripted\n"
+
+
+ABANDON_FLAG = 2  # GREETING flags bit1: the server serves SESSION and ABANDON
 
 
 def acquired(owner, token, waited_ms=0):
@@ -147,8 +153,9 @@ class Scripted:
     client's frames. Every frame received is also recorded in .frames as
     (conn_index, op, fixed, text)."""
 
-    def __init__(self, script, greet_delay=0.0):
-        self.script, self.greet_delay = script, greet_delay
+    def __init__(self, script, greet_delay=0.0, flags=0, greet=None):
+        self.script, self.greet_delay, self.flags = script, greet_delay, flags
+        self.greet = greet or (lambda index, conn: conn.sendall(greeting(flags=flags)))
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -176,7 +183,7 @@ class Scripted:
         try:
             if self.greet_delay:
                 time.sleep(self.greet_delay)
-            conn.sendall(greeting())
+            self.greet(index, conn)
             buf = bytearray()
 
             def frames():
@@ -210,8 +217,9 @@ class Scripted:
 
 
 def grant_all(token_start=100):
-    """A script that grants every ACQUIRE, releases every RELEASE and
-    renews every KEEP."""
+    """A script that grants every ACQUIRE, releases every RELEASE, renews
+    every KEEP, answers PING and SESSION with PONG and ABANDON with NOT
+    HELD."""
     tokens = iter(range(token_start, 10**9))
 
     def script(index, conn, frames):
@@ -223,11 +231,23 @@ def grant_all(token_start=100):
                 conn.sendall(owner_only(b"R", owner))
             elif op == b"K":
                 conn.sendall(acquired(owner, struct.unpack(">Q", fixed[8:16])[0]))
+            elif op in (b"P", b"S"):
+                conn.sendall(owner_only(b"P", owner))
+            elif op == b"X":
+                conn.sendall(owner_only(b"N", owner))
     return script
 
 
 def silent(index, conn, frames):
-    """A script that reads everything and answers nothing."""
+    """A live server stuck on every request: it answers PING and SESSION
+    (PONG), and nothing else."""
+    for op, fixed, text in frames:
+        if op in (b"P", b"S"):
+            conn.sendall(owner_only(b"P", struct.unpack(">Q", fixed[:8])[0]))
+
+
+def mute(index, conn, frames):
+    """A server that reads everything and answers nothing, PING included."""
     for _ in frames:
         pass
 
@@ -243,3 +263,53 @@ def scripted():
     yield make
     for s in made:
         s.close()
+
+
+class AsyncAdapter:
+    """An AsyncClient on an event loop of its own thread, called like the
+    blocking client, so that one test covers both APIs."""
+
+    def __init__(self, *args, **kwargs):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        try:
+            self.client = self.run(lockd.AsyncClient(*args, **kwargs).connect())
+        except BaseException:
+            self._stop()
+            raise
+
+    def run(self, coro, timeout=30):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    @property
+    def stats(self):
+        return self.client.stats
+
+    def acquire(self, *args, **kwargs):
+        return self.run(self.client.acquire(*args, **kwargs))
+
+    def release(self, ticket):
+        return self.run(self.client.release(ticket))
+
+    def close(self):
+        try:
+            self.run(self.client.close())
+        finally:
+            self._stop()
+
+    def _stop(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def client_of(api, *args, **kwargs):
+    """A blocking lockd.Client, or an AsyncClient behind AsyncAdapter."""
+    return lockd.Client(*args, **kwargs) if api == "blocking" else AsyncAdapter(*args, **kwargs)

@@ -23,3 +23,36 @@ def test_readme_block_is_the_example_and_it_runs(server, tmp_path):
     paid, fence = sqlite3.connect(env["INVOICES_DB"]).execute(
         "SELECT paid, fence FROM invoices WHERE id = 42").fetchone()
     assert paid == 1 and fence == int(out.stdout.split()[-1])
+
+
+def public_signature(f):
+    """f's signature as the README writes it: no self, no private
+    parameters, no annotations."""
+    import inspect
+    sig = inspect.signature(f)
+    params = [p.replace(annotation=inspect.Parameter.empty) for name, p in sig.parameters.items()
+              if name != "self" and not name.startswith("_")]
+    return str(sig.replace(parameters=params, return_annotation=inspect.Signature.empty))
+
+
+def test_python_readme_signatures_and_defaults_are_the_code():
+    import re
+    import lockd
+    text = re.sub(r"\s+", " ", open(os.path.join(ROOT, "python", "README.md")).read())
+    for shown, f in [
+        ("lockd.Client", lockd.Client),
+        ("lockd.AsyncClient", lockd.AsyncClient),
+        ("client.acquire", lockd.Client.acquire),
+        ("client.acquire", lockd.AsyncClient.acquire),
+        ("client.lock", lockd.Client.lock),
+        ("client.lock", lockd.AsyncClient.lock),
+        ("ticket.renew", lockd.Ticket.renew),
+        ("lockd.Lock", lockd.Lock),
+        ("lockd.AsyncLock", lockd.AsyncLock),
+        ("lock.acquire", lockd.Lock.acquire),
+        ("lock.acquire", lockd.AsyncLock.acquire),
+        ("lock.release", lockd.Lock.release),
+        ("lock.extend", lockd.Lock.extend),
+    ]:
+        want = shown + public_signature(f)
+        assert want in text, f"python/README.md does not show {want}"

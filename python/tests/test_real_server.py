@@ -1,10 +1,12 @@
-"""The rules of docs/protocol.md §6 and §7, against lockd built from the
+"""The rules of docs/protocol.md §6, §6a and §7, against lockd built from the
 tree in single mode, through the blocking and the asyncio client."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -12,7 +14,7 @@ import time
 import pytest
 
 import lockd
-from conftest import free_ports, start_single, wait_until
+from conftest import client_of, free_ports, start_single, wait_listening, wait_until
 
 
 @pytest.fixture
@@ -181,7 +183,8 @@ def test_with_lock_releases(client, key):
 
 
 def test_owners_fail_closed_before_wrapping(server, key):
-    with lockd.Client(server.addr, _first_owner=2**64 - 2) as c:
+    # The session's SESSION takes owner 2**64 - 2 (§6a), the acquire the last.
+    with lockd.Client(server.addr, _first_owner=2**64 - 3) as c:
         t = c.acquire(key, min_work_budget=0)  # owner 2**64 - 1, the last
         with pytest.raises(lockd.OwnerExhausted):
             c.release(t)
@@ -244,6 +247,7 @@ def tls_server(lockd_bin, tmp_path_factory):
     s = start_single(lockd_bin, str(d), ["--tls-listen", f"127.0.0.1:{tls_port}",
                                          "--tls-cert", str(d / "cert.pem"), "--tls-key", str(d / "key.pem")],
                      name="tls")
+    wait_listening(tls_port, s.proc, s.log)  # the TLS listener may come up after the plain one
     s.tls_addr = f"127.0.0.1:{tls_port}"
     s.ca = str(d / "cert.pem")
     yield s
@@ -357,3 +361,82 @@ def test_async_keep_alive_and_lost(server, key):
             await c.release(t)
             assert lost.is_set()
     run(main())
+
+
+class CuttingProxy:
+    """A loopback TCP proxy to `target`. On its first connection, once the
+    client has sent an ACQUIRE, it drops the server's next bytes (the
+    answer) and cuts both sides: the request reached the server, and the
+    client never hears what became of it. Later connections pass."""
+
+    def __init__(self, target):
+        self.target = target
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.addr = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.cut = threading.Event()
+        self.socks = []
+        self.first = True
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            host, port = self.target.rsplit(":", 1)
+            server = socket.create_connection((host, int(port)))
+            self.socks += [client, server]
+            cutting, self.first = self.first, False
+            sent_acquire = threading.Event()
+            threading.Thread(target=self._pump, args=(client, server, sent_acquire, None), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, None, sent_acquire if cutting else None),
+                             daemon=True).start()
+
+    def _pump(self, src, dst, mark, cut_after):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if cut_after is not None and cut_after.is_set():
+                    self.cut.set()  # the answer to the ACQUIRE is dropped
+                    break
+                if mark is not None and data[:1] == b"A":
+                    mark.set()
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def close(self):
+        self.sock.close()
+        for s in self.socks:
+            with contextlib.suppress(OSError):
+                s.close()
+
+
+@pytest.mark.parametrize("api", ["blocking", "asyncio"])
+def test_an_acquire_cut_after_sending_is_given_back_and_the_key_freed(server, key, api):
+    """§6a end to end: the grant whose answer was lost is released by the
+    client's ABANDON, so the key is free at once, not after its 30 s."""
+    proxy = CuttingProxy(server.addr)
+    try:
+        with client_of(api, proxy.addr) as c, lockd.Client(server.addr) as other:
+            with pytest.raises(lockd.Indeterminate):
+                c.acquire(key, lease=30, min_work_budget=0)
+            seen = time.monotonic()
+            assert proxy.cut.is_set(), "the server answered, and the answer was dropped"
+            lock = lockd.Lock(other, key, min_work_budget=0)
+            while not lock.acquire(blocking=False):
+                assert time.monotonic() - seen < 1, "the key is still held a second after the cut"
+                time.sleep(0.02)
+            lock.release()
+            wait_until(lambda: c.stats.abandons_released == 1, what="the ABANDON answered RELEASED")
+            assert c.stats.abandons_sent == 1 and c.stats.abandons_given_up == 0
+    finally:
+        proxy.close()

@@ -110,14 +110,6 @@ def test_wait_zero_has_its_own_5s_io_deadline(scripted):
     assert 5.0 <= elapsed < 6.5
 
 
-class FakeClock:
-    def __init__(self):
-        self.offset = 0.0
-
-    def __call__(self):
-        return time.monotonic() + self.offset
-
-
 class LateClock:
     """time.monotonic() until `late` is set, then 6 s ahead: the caller
     reaches the gate after its 5 s, as if it had been descheduled."""
@@ -251,14 +243,36 @@ def test_busy_is_a_definite_non_acquisition(scripted):
         assert not isinstance(e.value, lockd.Indeterminate)
 
 
+class JumpClock:
+    """time.monotonic(); once armed, the reading after the next one and all
+    later ones are `jump` seconds ahead: an answer correlated in time whose
+    caller reaches the gate late."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.offset, self.pending, self.armed = 0.0, 0.0, False
+
+    def arm(self, jump):
+        with self.lock:
+            self.pending, self.armed = jump, True
+
+    def __call__(self):
+        with self.lock:
+            now = time.monotonic() + self.offset
+            if self.armed:
+                self.armed, self.offset = False, self.offset + self.pending
+            return now
+
+
 def test_async_wire_wait_and_late_grant(scripted):
-    clock = FakeClock()
+    """The delivery gate of TestGrantFoundAfterTheDeadlineIsCompensated."""
+    clock = JumpClock()
 
     def script(index, conn, frames):
         for op, fixed, text in frames:
             owner = owner_of(fixed)
             if op == b"A" and text == b"late":
-                clock.offset += 6
+                clock.arm(6)
                 conn.sendall(acquired(owner, 77))
             elif op == b"A":
                 conn.sendall(acquired(owner, 5))
@@ -324,13 +338,16 @@ def test_an_unanswered_renewal_leaves_the_validity_as_it_was(scripted):
 
     clock = SteppingClock()
     srv = scripted(script)
-    with lockd.Client(srv.addr, _clock=clock) as c:
+    # A silence timeout the stepping clock cannot reach: the session is
+    # ended by the server, not by the silence rule.
+    with lockd.Client(srv.addr, silence_timeout=3600, _clock=clock) as c:
         t = c.acquire("k", lease=30, min_work_budget=0)
         before = t.valid_until
         clock.on = True  # the renewal's 5 s pass in a few readings
         with pytest.raises(lockd.Indeterminate):
             t.renew(60)
         assert t.valid_until == before and t.lease == 30, "never assumed extended"
+    wait_until(lambda: srv.requests(b"K"), what="the KEEP reaching the server")
     leases = {struct.unpack(">QQH", f[2])[2] for f in srv.requests(b"K")}
     assert leases == {60} and len(srv.requests(b"K")) >= 1
 
