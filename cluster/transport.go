@@ -55,7 +55,7 @@ const (
 	frameLockd     = 'L'
 	// maxFrame bounds a frame: dragonboat's largest message batch (64 MiB)
 	// and some room. A frame past frameReadStep is read into a buffer
-	// allocated only once the node's frame budget grants its length
+	// mapped only once the node's frame budget grants its length
 	// (framebudget.go): a header alone cannot make this node allocate past
 	// the budget.
 	maxFrame      = 72 << 20
@@ -322,8 +322,8 @@ func (t *raftTransport) serve(conn net.Conn) {
 
 // readBody reads the body of the frame whose header h was read: one of at
 // most frameReadStep into small, a larger one into a buffer of its length
-// allocated once the budget grants it (claim, which the caller releases
-// once the frame is handed over). The whole frame must arrive within its
+// mapped once the budget grants it (claim, which the caller releases once
+// the frame is handed over). The whole frame must arrive within its
 // sender's write deadline, counted from the header, and a granted body at
 // raftWriteMinRate from its grant (framebudget.go).
 func (p *peerConn) readBody(r io.Reader, h frameHeader, small []byte) (body []byte, claim *budgetClaim, err error) {
@@ -351,7 +351,9 @@ func (p *peerConn) readBody(r io.Reader, h frameHeader, small []byte) (body []by
 			p.t.budget.release(c)
 		}
 	}()
-	body = make([]byte, h.n)
+	if body, err = c.mapBody(); err != nil {
+		return nil, nil, err
+	}
 	granted := time.Now()
 	for off := 0; off < h.n; {
 		end := min(h.n, off+budgetReadStep)
