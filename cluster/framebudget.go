@@ -21,21 +21,26 @@ package cluster
 // trickles at the lowest rate allowed holds it for at most the frame's
 // write deadline.
 //
-// Members are never starved by others. A connection is a guest until a
-// frame it sent came from members of the groups at their recorded
-// addresses (raft_sources.go), or from the start over mutual TLS, whose
-// certificate the cluster's CA signed. Guests together hold at most
+// Members are never starved by others. A connection is a member's from
+// its start when it comes over mutual TLS (the cluster's CA signed its
+// certificate) or from the host of a member's recorded Raft address, and
+// once a frame it sent came from members of the groups at their recorded
+// addresses (raft_sources.go); until then it is a guest, and so is every
+// connection from elsewhere: an attacker must run on a member's host, or
+// hold a certificate, to be more. Guests together hold at most
 // guestShare of the budget; the rest is members' alone. Claims wait in
 // two queues, first come first served in each, and a member's claim at
 // the head of its queue goes before every guest's: while it waits, no
 // guest is granted anything, so the guests' grants drain (each within
 // its deadline) until it fits. On a plain TCP Raft port someone who can
 // forge a member's frame (raft_sources.go) can also become a member
-// here; mutual TLS closes that.
+// here, and on a loopback cluster every local process is on a member's
+// host; mutual TLS closes both.
 
 import (
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sync"
 	"time"
@@ -213,4 +218,20 @@ func (b *frameBudget) inUse() (held, waiting int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.held, len(b.members) + len(b.guests)
+}
+
+// fromMemberHost reports whether ip is the host of a member's Raft address
+// in the latest reading of the memberships; a member recorded by host name
+// is not matched.
+func (s *raftSources) fromMemberHost(ip net.IP) bool {
+	v := s.view.Load()
+	if v == nil || ip == nil {
+		return false
+	}
+	for addr := range v.memberAt {
+		if host, _, err := net.SplitHostPort(addr); err == nil && ip.Equal(net.ParseIP(host)) {
+			return true
+		}
+	}
+	return false
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lni/dragonboat/v4"
 	"github.com/lni/dragonboat/v4/raftio"
 	pb "github.com/lni/dragonboat/v4/raftpb"
 )
@@ -140,11 +141,13 @@ func TestFrameBudgetWaitEndsAtItsDeadline(t *testing.T) {
 	checkBudget(t, b, 0, 0)
 }
 
-// rawFrame opens a connection to addr that sends a header declaring a
-// frame of kind 'M' and n bytes, then the first sent bytes of its body.
-func rawFrame(t *testing.T, addr string, n, sent int) net.Conn {
+// rawFrame opens a connection from 127.0.0.from to addr that sends a
+// header declaring a frame of kind 'M' and n bytes, then the first sent
+// bytes of its body.
+func rawFrame(t *testing.T, from byte, addr string, n, sent int) net.Conn {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, from)}}
+	c, err := d.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,12 +163,13 @@ func rawFrame(t *testing.T, addr string, n, sent int) net.Conn {
 }
 
 // A member's frame goes through while guests hold their whole share and
-// more guests wait; every grant comes back once frames are handed over or
-// their connections close mid-frame.
+// more guests wait, whether its connection showed it is a member's by an
+// earlier frame or comes from a member's host; every grant comes back once
+// frames are handed over or their connections close mid-frame.
 func TestRaftTransportMembersPassGuestsAndGrantsComeBack(t *testing.T) {
 	sources := &raftSources{}
-	sources.view.Store(&sourcesView{groups: map[uint64]uint64{5: 3}, addrs: map[raftio.NodeInfo]string{
-		{ShardID: 5, ReplicaID: 1}: "127.0.0.1:7001"}})
+	sources.view.Store(newSourcesView(time.Now(), []dragonboat.ShardInfo{{ShardID: 5, ReplicaID: 3,
+		Replicas: map[uint64]string{1: "127.0.0.1:7001", 2: "127.0.0.2:7002"}}}))
 	ln := raftListeners(t, 1)[0]
 	budget := newFrameBudget(3<<20, 2<<20)
 	server, batches, _ := startTransportAt(t, raftTransportFactory{listener: ln, sources: sources, budget: budget}, ln.Addr().String(), true)
@@ -188,10 +192,17 @@ func TestRaftTransportMembersPassGuestsAndGrantsComeBack(t *testing.T) {
 	}
 	receive(t, batches)
 
-	guests := []net.Conn{rawFrame(t, server.addr, 2<<20, 1000), rawFrame(t, server.addr, 1<<20, 1000)}
-	waitUntil(t, 10*time.Second, "a guest granted its share, another waiting", func() bool {
-		held, waiting := budget.inUse()
-		return held == 2<<20 && waiting == 1
+	// 127.0.0.3 is no member's host; 127.0.0.1 is, which would make the
+	// raw connections members'.
+	guests := []net.Conn{rawFrame(t, 3, server.addr, 2<<20, 1000)}
+	waitUntil(t, 10*time.Second, "a guest granted its share", func() bool {
+		held, _ := budget.inUse()
+		return held == 2<<20
+	})
+	guests = append(guests, rawFrame(t, 3, server.addr, 1<<20, 1000))
+	waitUntil(t, 10*time.Second, "another guest waiting", func() bool {
+		_, waiting := budget.inUse()
+		return waiting == 1
 	})
 	if err := conn.SendMessageBatch(batch(900 << 10)); err != nil {
 		t.Fatal(err)
@@ -203,6 +214,12 @@ func TestRaftTransportMembersPassGuestsAndGrantsComeBack(t *testing.T) {
 		held, waiting := budget.inUse()
 		return held == 2<<20 && waiting == 1
 	})
+	fromMemberHost := rawFrame(t, 2, server.addr, 1<<20, 1000)
+	waitUntil(t, 10*time.Second, "the frame from member 2's host granted", func() bool {
+		held, waiting := budget.inUse()
+		return held == 3<<20 && waiting == 1
+	})
+	guests = append(guests, fromMemberHost)
 	for _, g := range guests {
 		g.Close()
 	}

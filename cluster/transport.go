@@ -284,6 +284,9 @@ func (t *raftTransport) serve(conn net.Conn) {
 		p.cert = tc.ConnectionState().PeerCertificates[0]
 		p.member = true // the cluster's CA signed its certificate
 	}
+	if a, ok := conn.RemoteAddr().(*net.TCPAddr); ok && t.sources != nil && t.sources.fromMemberHost(a.IP) {
+		p.member = true
+	}
 	r := bufio.NewReaderSize(conn, 64<<10)
 	var small []byte // the buffer of frames up to frameReadStep, kept
 	if conn.SetReadDeadline(time.Now().Add(raftDialTimeout)) != nil {
