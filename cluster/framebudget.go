@@ -55,9 +55,10 @@ const (
 	// 56 MiB that only members use, room for a follower's catch-up batch
 	// of tens of MiB or 28 snapshot chunks (dragonboat's are 2 MiB)
 	// while guests hold their whole share. A flood from outside the
-	// membership thus grows a node by the guests' share (measured: 74 MiB
-	// for 20 frames of the largest size; 2.1 GB without a budget), and
-	// members' frames by at most the rest.
+	// membership thus grows a node by the guests' share, and all frames
+	// together by the budget (measured: 78 MiB for 20 frames of the
+	// largest size, half of them from the members' host; 2.1 GB without
+	// a budget).
 	DefaultRaftFrameBudget = 128 << 20
 	// MinRaftFrameBudget keeps the members' part at least 8 MiB.
 	MinRaftFrameBudget = maxFrame + 8<<20
