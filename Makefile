@@ -123,7 +123,7 @@ bench-failover: build
 # and follower, partitions (as root), whole-cluster restarts; then, as
 # root, rounds of slow, lossy and reordering peer links.
 FAULT_ROUNDS ?= 100
-NETEM_ROUNDS ?= 48
+NETEM_ROUNDS ?= 100
 fault-test:
 	LOCKD_FAULT_ROUNDS=$(FAULT_ROUNDS) LOCKD_NETEM_ROUNDS=$(NETEM_ROUNDS) $(GO) test -race -count=1 -v -timeout 3h -run 'TestProcessFaultRounds|TestProcessesSlowLossyPeerLinks' ./cluster
 
