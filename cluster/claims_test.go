@@ -348,7 +348,7 @@ func TestClaimsOfAPeerGoneAreNotJudged(t *testing.T) {
 				continue
 			}
 			_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
-			kind, body, err := readFrame(bufio.NewReader(peer), nil, nil)
+			kind, body, err := readFrame(bufio.NewReader(peer), nil)
 			if err != nil || kind != frameLockd || !bytes.Equal(body, appendWitness(nil, r.f.g.shardID, 5, 42, claimAccepted)) {
 				t.Fatalf("answer %q %x %v, want the witness verdict", kind, body, err)
 			}

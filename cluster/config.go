@@ -148,6 +148,10 @@ type Config struct {
 	// InsecureRaft allows plain TCP Raft on an address other machines can
 	// reach (checkRaftExposure).
 	InsecureRaft bool
+	// RaftFrameBudget bounds, in bytes, the bodies of the Raft frames
+	// past 64 KiB that peers' connections hold at once (framebudget.go);
+	// 0: DefaultRaftFrameBudget, at least MinRaftFrameBudget.
+	RaftFrameBudget int
 
 	// Build names this binary's build (its version and commit), for the
 	// error of a replica that halts on what its build cannot read.
@@ -172,7 +176,12 @@ func (c *Config) applyDefaults() error {
 	c.MaxKeys = defaults.Or(c.MaxKeys, engine.DefaultMaxKeys)
 	c.MaxWaiters = defaults.Or(c.MaxWaiters, engine.DefaultMaxWaiters)
 	c.MaxInflight = defaults.Or(c.MaxInflight, engine.DefaultMaxInflight)
+	if c.RaftFrameBudget == 0 {
+		c.RaftFrameBudget = DefaultRaftFrameBudget
+	}
 	switch {
+	case c.RaftFrameBudget < MinRaftFrameBudget:
+		return fmt.Errorf("cluster: --raft-frame-budget-mib %d: want >= %d (a frame of the largest size and room for members' frames)", c.RaftFrameBudget>>20, MinRaftFrameBudget>>20)
 	case c.Groups < 0:
 		return fmt.Errorf("cluster: --groups %d: want >= 1, or 0 for the data dir's count", c.Groups)
 	case c.NodeID == 0:

@@ -265,7 +265,7 @@ func (n *Node) nodeHostConfig(sources *raftSources) config.NodeHostConfig {
 	// 1024 callers (docs/cluster.md, Timing).
 	nhc.Expert.Engine.ApplyShards = 1
 	nhc.RaftEventListener = leaderListener{n}
-	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS, sources: sources, heard: n.heardFrom,
+	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS, sources: sources, heard: n.heardFrom, budget: newFrameBudget(cfg.RaftFrameBudget, guestShare),
 		framesSent: &n.stats.raftFramesSent, streamsOpened: &n.stats.raftStreams, onPeer: n.onPeerFrame, listener: cfg.RaftListener}
 	return nhc
 }

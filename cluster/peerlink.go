@@ -127,7 +127,7 @@ func (l *peerLink) read(conn net.Conn) {
 	r := bufio.NewReaderSize(conn, 4096)
 	var buf []byte
 	for {
-		kind, body, err := readFrame(r, buf, nil)
+		kind, body, err := readFrame(r, buf)
 		if err != nil {
 			return
 		}

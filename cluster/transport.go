@@ -54,9 +54,10 @@ const (
 	frameChunk     = 'C'
 	frameLockd     = 'L'
 	// maxFrame bounds a frame: dragonboat's largest message batch (64 MiB)
-	// and some room. A frame's buffer grows with the bytes that arrive
-	// (frameReadStep at first, then doubling), never to what its header
-	// declares at once: a header alone cannot make this node allocate.
+	// and some room. A frame past frameReadStep is read into a buffer
+	// mapped only once the node's frame budget grants its length
+	// (framebudget.go): a header alone cannot make this node allocate past
+	// the budget.
 	maxFrame      = 72 << 20
 	frameReadStep = 64 << 10
 	// A connection's first frame must arrive within raftDialTimeout, as a
@@ -132,6 +133,9 @@ type raftTransportFactory struct {
 	onPeer func(body []byte, sink verdictSink)
 	// listener, when set, is the bound port to serve (Config.RaftListener).
 	listener net.Listener
+	// budget bounds the frame bodies read at once (framebudget.go); nil:
+	// one of DefaultRaftFrameBudget.
+	budget *frameBudget
 }
 
 func (f raftTransportFactory) Create(nhc config.NodeHostConfig, mh raftio.MessageHandler, ch raftio.ChunkHandler) raftio.ITransport {
@@ -146,7 +150,14 @@ func (f raftTransportFactory) Create(nhc config.NodeHostConfig, mh raftio.Messag
 	}
 	return &raftTransport{addr: nhc.GetListenAddress(), bound: f.listener, log: f.log, tls: f.tls, sources: f.sources, onMessages: onMessages, onChunk: ch, onPeer: f.onPeer,
 		framesSent: f.framesSent, streamsOpened: f.streamsOpened, conns: make(map[net.Conn]struct{}), perHost: make(map[string]int),
-		done: make(chan struct{})}
+		done: make(chan struct{}), budget: f.frameBudget()}
+}
+
+func (f raftTransportFactory) frameBudget() *frameBudget {
+	if f.budget != nil {
+		return f.budget
+	}
+	return newFrameBudget(DefaultRaftFrameBudget, guestShare)
 }
 
 func (raftTransportFactory) Validate(addr string) bool { return validRaftAddr(addr) }
@@ -163,6 +174,7 @@ type raftTransport struct {
 	onPeer        func(body []byte, sink verdictSink) // nil: 'L' frames are ignored
 	framesSent    *atomic.Uint64                      // nil: not counted
 	streamsOpened *atomic.Uint64                      // nil: not counted
+	budget        *frameBudget
 
 	mu      sync.Mutex
 	ln      net.Listener
@@ -270,35 +282,100 @@ func (t *raftTransport) serve(conn net.Conn) {
 			return
 		}
 		p.cert = tc.ConnectionState().PeerCertificates[0]
+		p.member = true // the cluster's CA signed its certificate
+	}
+	if a, ok := conn.RemoteAddr().(*net.TCPAddr); ok && t.sources != nil && t.sources.fromMemberHost(a.IP) {
+		p.member = true
 	}
 	r := bufio.NewReaderSize(conn, 64<<10)
-	bodyDeadline := func(n int) error {
-		return conn.SetReadDeadline(time.Now().Add(raftWriteTimeout + time.Duration(n)*time.Second/raftWriteMinRate))
-	}
-	var payload []byte
+	var small []byte // the buffer of frames up to frameReadStep, kept
 	if conn.SetReadDeadline(time.Now().Add(raftDialTimeout)) != nil {
 		return
 	}
 	for {
-		kind, body, err := readFrame(r, payload, bodyDeadline)
+		h, err := readFrameHeader(r)
 		if err != nil {
 			if errors.Is(err, errBadFrame) {
 				t.log.Warn().Err(err).Str("remote", p.remote).Msg("raft transport: peer dropped")
 			}
 			return
 		}
-		if err := p.handle(kind, body); err != nil {
+		body, claim, err := p.readBody(r, h, small)
+		if err != nil {
+			if errors.Is(err, errBadFrame) || errors.Is(err, errBudgetExpired) {
+				t.log.Warn().Err(err).Str("remote", p.remote).Bool("member", p.member).Msg("raft transport: peer dropped")
+			}
+			return
+		}
+		err = p.handle(h.kind, body)
+		if claim != nil {
+			t.budget.release(claim) // Unmarshal copied what it keeps
+		} else {
+			small = body[:0]
+		}
+		if err != nil {
 			t.log.Warn().Err(err).Str("remote", p.remote).Msg("raft transport: peer dropped")
 			return
 		}
 		if conn.SetReadDeadline(time.Time{}) != nil {
 			return
 		}
-		payload = body[:0] // Unmarshal copied what it keeps
-		if cap(payload) > 1<<20 {
-			payload = nil // do not pin a snapshot chunk's buffer
-		}
 	}
+}
+
+// readBody reads the body of the frame whose header h was read: one of at
+// most frameReadStep into small, a larger one into a buffer of its length
+// mapped once the budget grants it (claim, which the caller releases once
+// the frame is handed over). The whole frame must arrive within its
+// sender's write deadline, counted from the header, and a granted body at
+// raftWriteMinRate from its grant (framebudget.go).
+func (p *peerConn) readBody(r io.Reader, h frameHeader, small []byte) (body []byte, claim *budgetClaim, err error) {
+	arrived := time.Now()
+	last := arrived.Add(raftWriteTimeout + time.Duration(h.n)*time.Second/raftWriteMinRate)
+	if h.n <= frameReadStep {
+		if err := p.conn.SetReadDeadline(last); err != nil {
+			return nil, nil, err
+		}
+		body = slices.Grow(small[:0], h.n)[:h.n]
+		if _, err := io.ReadFull(r, body); err != nil {
+			return nil, nil, err
+		}
+		return body, nil, h.check(body)
+	}
+	expire := time.NewTimer(last.Sub(arrived))
+	c := p.t.budget.enqueue(h.n, p.member)
+	err = p.t.budget.wait(c, p.t.done, expire.C)
+	expire.Stop()
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if err != nil {
+			p.t.budget.release(c)
+		}
+	}()
+	if body, err = c.mapBody(); err != nil {
+		return nil, nil, err
+	}
+	granted := time.Now()
+	for off := 0; off < h.n; {
+		end := min(h.n, off+budgetReadStep)
+		due := granted.Add(raftWriteTimeout + time.Duration(end)*time.Second/raftWriteMinRate)
+		if due.After(last) {
+			due = last
+		}
+		if err := p.conn.SetReadDeadline(due); err != nil {
+			return nil, nil, err
+		}
+		if _, err := io.ReadFull(r, body[off:end]); err != nil {
+			return nil, nil, err
+		}
+		off = end
+	}
+	if err := h.check(body); err != nil {
+		return nil, nil, err
+	}
+	return body, c, nil
 }
 
 // peerConn is what the transport knows of one accepted connection.
@@ -308,6 +385,9 @@ type peerConn struct {
 	sink   *servedSink // claims' verdicts back on this connection, once one came
 	remote string
 	cert   *x509.Certificate // nil: plain TCP
+	// member is set once the connection has shown it comes from a member
+	// (framebudget.go): its frames then claim the budget as a member's.
+	member bool
 	// certFor is the last source address the certificate was found to
 	// name, so that the check runs once per connection, not per frame.
 	certFor string
@@ -336,6 +416,7 @@ func (p *peerConn) handle(kind byte, body []byte) error {
 				return t.deliverWithSource(&mb)
 			}
 			mb.SourceAddress = "" // see raft_sources.go
+			p.member = true       // every sender is a member at its address
 		}
 		t.onMessages(mb)
 	case frameChunk:
@@ -420,36 +501,55 @@ func (t *raftTransport) handshake(tc *tls.Conn) bool {
 	return tc.SetDeadline(time.Time{}) == nil
 }
 
-// readFrame reads one frame into buf, grown as its bytes arrive; once the
-// header is read, it calls bodyDeadline, when set, with the payload's
-// length.
-func readFrame(r io.Reader, buf []byte, bodyDeadline func(n int) error) (kind byte, body []byte, err error) {
+// frameHeader is what a frame's header declares.
+type frameHeader struct {
+	kind byte
+	n    int    // the payload's length, at most maxFrame
+	sum  uint32 // the payload's CRC-32C
+}
+
+// readFrameHeader reads a frame's header and checks what it declares.
+func readFrameHeader(r io.Reader) (frameHeader, error) {
 	var hdr [frameHeaderLen]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return frameHeader{}, err
+	}
+	h := frameHeader{kind: hdr[2], n: int(binary.BigEndian.Uint32(hdr[3:])), sum: binary.BigEndian.Uint32(hdr[7:])}
+	if binary.BigEndian.Uint16(hdr[:]) != frameMagic || (h.kind != frameMessages && h.kind != frameChunk && h.kind != frameLockd) || h.n > maxFrame {
+		return frameHeader{}, fmt.Errorf("%w: header %x", errBadFrame, hdr)
+	}
+	return h, nil
+}
+
+// check reports whether body is the payload h declares.
+func (h frameHeader) check(body []byte) error {
+	if crc32.Checksum(body, castagnoliCRC) != h.sum {
+		return errBadFrame
+	}
+	return nil
+}
+
+// readFrame reads one frame into buf, grown as its bytes arrive: it
+// serves a node's own dialed connections, whose peer answers a question
+// the node asked, outside the budget of the frames peers send it.
+func readFrame(r io.Reader, buf []byte) (kind byte, body []byte, err error) {
+	h, err := readFrameHeader(r)
+	if err != nil {
 		return 0, nil, err
 	}
-	kind, n := hdr[2], int(binary.BigEndian.Uint32(hdr[3:]))
-	if binary.BigEndian.Uint16(hdr[:]) != frameMagic || (kind != frameMessages && kind != frameChunk && kind != frameLockd) || n > maxFrame {
-		return 0, nil, fmt.Errorf("%w: header %x", errBadFrame, hdr)
-	}
-	if bodyDeadline != nil {
-		if err := bodyDeadline(n); err != nil {
-			return 0, nil, err
-		}
-	}
 	body = buf[:0]
-	for len(body) < n {
-		step := min(n-len(body), max(frameReadStep, len(body)))
+	for len(body) < h.n {
+		step := min(h.n-len(body), max(frameReadStep, len(body)))
 		body = slices.Grow(body, step)
 		if _, err := io.ReadFull(r, body[len(body):len(body)+step]); err != nil {
 			return 0, nil, err
 		}
 		body = body[:len(body)+step]
 	}
-	if crc32.Checksum(body, castagnoliCRC) != binary.BigEndian.Uint32(hdr[7:]) {
-		return 0, nil, errBadFrame
+	if err := h.check(body); err != nil {
+		return 0, nil, err
 	}
-	return kind, body, nil
+	return h.kind, body, nil
 }
 
 func (t *raftTransport) Close() error {

@@ -71,7 +71,7 @@ func FuzzRaftFrameReader(f *testing.F) {
 		r := bufio.NewReader(bytes.NewReader(stream))
 		var payload []byte
 		for {
-			kind, body, err := readFrame(r, payload, nil)
+			kind, body, err := readFrame(r, payload)
 			if err != nil {
 				break
 			}

@@ -153,7 +153,7 @@ func (n *Node) exchangeStatements(ctx context.Context, addr string) (uint64, uin
 		return 0, 0, err
 	}
 	for {
-		kind, body, err := readFrame(conn, nil, nil)
+		kind, body, err := readFrame(conn, nil)
 		if err != nil {
 			return 0, 0, err
 		}

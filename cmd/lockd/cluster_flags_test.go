@@ -4,6 +4,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockd/lockd/cluster"
+	"github.com/rs/zerolog"
 )
 
 func TestClusterFlags(t *testing.T) {
@@ -40,6 +43,29 @@ func TestClusterFlags(t *testing.T) {
 	o, err = parseServeOptions(nil, func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 	if err != nil || !o.cluster || o.clusterCfg.NodeID != 3 {
 		t.Fatalf("cluster flags from the environment: %+v %v", o, err)
+	}
+}
+
+// --raft-frame-budget-mib reaches the node's config in bytes; the node
+// refuses one too small for a frame of the largest size and the members'
+// part.
+func TestRaftFrameBudgetFlag(t *testing.T) {
+	none := func(string) (string, bool) { return "", false }
+	args := []string{"--cluster", "--node-id", "1", "--peers", "1=127.0.0.1:7451", "--data-dir", t.TempDir()}
+	o, err := parseServeOptions(args, none)
+	if err != nil || o.clusterCfg.RaftFrameBudget != 128<<20 {
+		t.Fatalf("default frame budget: %d bytes, %v; want 128 MiB", o.clusterCfg.RaftFrameBudget, err)
+	}
+	o, err = parseServeOptions(append(args, "--raft-frame-budget-mib", "64"), none)
+	if err != nil || o.clusterCfg.RaftFrameBudget != 64<<20 {
+		t.Fatalf("--raft-frame-budget-mib 64: %d bytes, %v", o.clusterCfg.RaftFrameBudget, err)
+	}
+	o.clusterCfg.Logger = zerolog.Nop()
+	if n, err := cluster.Start(o.clusterCfg); err == nil || !strings.Contains(err.Error(), "--raft-frame-budget-mib 64: want >= 80") {
+		if n != nil {
+			n.Close()
+		}
+		t.Fatalf("a node with a 64 MiB frame budget: %v, want it refused", err)
 	}
 }
 

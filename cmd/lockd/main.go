@@ -229,7 +229,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	logLevel, authFile := &o.logLevel, &o.authFile
 	cc := &o.clusterCfg
 	var peers string
-	var rttMs int
+	var rttMs, frameBudgetMiB int
 	fs := flag.NewFlagSet("lockd serve", flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors are returned, help is printed by run
 	o.flags = fs
@@ -272,6 +272,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.StringVar(&o.raftTLS[1], "raft-tls-key", "", "cluster: PEM private key of --raft-tls-cert (mode 0600)")
 	fs.StringVar(&o.raftTLS[2], "raft-tls-ca", "", "cluster: PEM CA certificates every node's certificate must verify against")
 	fs.BoolVar(&cc.InsecureRaft, "insecure-raft", false, "cluster: allow plain TCP Raft on a non-loopback --raft-addr (anyone who reaches it can disrupt the cluster); without it such an address needs --raft-tls-cert, --raft-tls-key and --raft-tls-ca")
+	fs.IntVar(&frameBudgetMiB, "raft-frame-budget-mib", cluster.DefaultRaftFrameBudget>>20, fmt.Sprintf("cluster: MiB of Raft frame bodies past 64 KiB that peers' connections hold at once (at least %d); a frame waits for its share rather than grow the node past it", cluster.MinRaftFrameBudget>>20))
 	envflag.DurationVar(fs, &cc.ProposeTimeout, "propose-timeout", cluster.DefaultProposeTimeout, "cluster: answer E unavailable when a group has not committed a request in this time")
 
 	if err := envflag.Apply(fs, lookupEnv); err != nil {
@@ -327,6 +328,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 		return o, err
 	}
 	cc.Peers = p
+	cc.RaftFrameBudget = frameBudgetMiB << 20
 	if rttMs > 0 {
 		cc.RTT = time.Duration(rttMs) * time.Millisecond
 	}
