@@ -59,8 +59,9 @@ type k8sPodSpec struct {
 		RunAsUser int  `yaml:"runAsUser"`
 		FSGroup   *int `yaml:"fsGroup"`
 	} `yaml:"securityContext"`
-	Containers []k8sContainer `yaml:"containers"`
-	Volumes    []k8sVolume    `yaml:"volumes"`
+	InitContainers []k8sContainer `yaml:"initContainers"`
+	Containers     []k8sContainer `yaml:"containers"`
+	Volumes        []k8sVolume    `yaml:"volumes"`
 }
 
 type k8sVolume struct {
@@ -92,6 +93,7 @@ type k8sContainerPort struct {
 
 type k8sContainer struct {
 	Name           string             `yaml:"name"`
+	Image          string             `yaml:"image"`
 	Args           []string           `yaml:"args"`
 	Env            []k8sEnvVar        `yaml:"env"`
 	Ports          []k8sContainerPort `yaml:"ports"`
@@ -108,10 +110,12 @@ type k8sContainer struct {
 			} `yaml:"sleep"`
 		} `yaml:"preStop"`
 	} `yaml:"lifecycle"`
-	VolumeMounts []struct {
-		Name      string `yaml:"name"`
-		MountPath string `yaml:"mountPath"`
-	} `yaml:"volumeMounts"`
+	VolumeMounts []k8sVolumeMount `yaml:"volumeMounts"`
+}
+
+type k8sVolumeMount struct {
+	Name      string `yaml:"name"`
+	MountPath string `yaml:"mountPath"`
 }
 
 // readManifest decodes every object of a multi-document manifest.

@@ -60,12 +60,20 @@ type lockdProc struct {
 // process is killed when the test ends.
 func startProc(t *testing.T, dir, name, bin string, args ...string) *lockdProc {
 	t.Helper()
+	return startProcEnv(t, dir, name, bin, nil, args...)
+}
+
+// startProcEnv is startProc with env (NAME=value) added to the
+// environment.
+func startProcEnv(t *testing.T, dir, name, bin string, env []string, args ...string) *lockdProc {
+	t.Helper()
 	p := &lockdProc{name: name, log: filepath.Join(dir, name+".log"), done: make(chan struct{})}
 	f, err := os.Create(p.log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.cmd = exec.Command(bin, args...)
+	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
 	if err := p.cmd.Start(); err != nil {
 		f.Close()
