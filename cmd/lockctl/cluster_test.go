@@ -68,7 +68,7 @@ func TestClusterCommand(t *testing.T) {
 	}{
 		{[]string{"cluster", "--admin", admin, "remove", "1"}, exitFailure, "cannot remove itself"},
 		{[]string{"cluster", "--admin", admin, "add", "1", "127.0.0.1:1"}, exitFailure, "already a member at another address"},
-		{[]string{"cluster", "--admin", admin}, exitUsage, "needs 1 arguments"},
+		{[]string{"cluster", "--admin", admin}, exitUsage, "needs 1 argument\n"},
 		{[]string{"cluster", "--admin", admin, "grow"}, exitUsage, "want list, add ID ADDR or remove ID"},
 		{[]string{"cluster", "--admin", admin, "list", "x"}, exitUsage, "want list"},
 		{[]string{"cluster", "--admin", admin, "add", "4"}, exitUsage, "want list"},

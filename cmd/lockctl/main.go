@@ -10,8 +10,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,9 +31,11 @@ import (
 
 const usage = `usage:
   lockctl acquire [flags] KEY             take KEY and print its fencing token
+  lockctl acquire --hold [flags] KEY      take KEY and keep it until SIGINT or SIGTERM
   lockctl release [flags] KEY TOKEN       release the grant TOKEN of KEY
   lockctl exec [flags] KEY -- CMD [ARG…]  run CMD while holding KEY
   lockctl elect [flags] NAME -- CMD [ARG…]  run CMD while leader of NAME
+  lockctl elect --listen [flags] NAME     print NAME's leader's term at every change
   lockctl status [flags] KEY              show KEY: held, token, lease left, waiters
   lockctl list [flags] [PREFIX]           the held or waited-for keys, sorted
   lockctl cluster [flags] list            a cluster's nodes, per Raft group
@@ -70,11 +74,11 @@ released, so nothing it started runs without the lock.
 
 elect campaigns for leadership of NAME — a lock on NAME queued for in
 bounded rounds and held with KEEP, its fencing token the term — until it
-wins or --wait (0: until a signal) runs out, then runs CMD like exec with
-the term in LOCKD_TERM and NAME in LOCKD_KEY. When leadership can no
-longer be confirmed, --grace before the lease could lapse, CMD's group is
-sent SIGTERM, and SIGKILL --grace later; when CMD exits lockctl resigns,
-so the next candidate wins at once.
+wins or --wait (default 255s; 0: one attempt) runs out, then runs CMD
+like exec with the term in LOCKD_TERM and NAME in LOCKD_KEY. When
+leadership can no longer be confirmed, --grace before the lease could
+lapse, CMD's group is sent SIGTERM, and SIGKILL --grace later; when CMD
+exits lockctl resigns, so the next candidate wins at once.
 
 A lock that stays held reads as one plain line, "lockctl: KEY is held;
 not acquired within 2s", with exit status 75; --verbose adds the client's
@@ -84,7 +88,8 @@ Exit status:
   0      done (exec: CMD exited 0)
   1      failure: connection, authentication, an outcome lockctl cannot know
   2      usage
-  3      release: NOT HELD, the token was no longer current
+  3      release: NOT HELD, the token was no longer current;
+         acquire --hold: the lock was lost before a signal came
   75     not acquired: timeout, busy, unavailable, or --wait ran out on a
          lock that stayed held (elect: not elected within --wait);
          nothing is held by lockctl
@@ -146,12 +151,15 @@ var (
 )
 
 func run(ctx context.Context, args []string, lookupEnv func(string) (string, bool), p proc) int {
-	if len(args) == 0 {
+	command, args := splitCommand(args)
+	switch command {
+	case "":
+		if len(args) > 0 && isHelpFlag(args[len(args)-1]) {
+			printHelp(p.out)
+			return exitOK
+		}
 		fmt.Fprint(p.err, usage)
 		return exitUsage
-	}
-	command, args := args[0], args[1:]
-	switch command {
 	case "help", "-h", "-help", "--help":
 		printHelp(p.out)
 		return exitOK
@@ -161,7 +169,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	}
 	minArgs, known := commandArgs[command]
 	if !known {
-		fmt.Fprintf(p.err, "lockctl: unknown command %q\n\n%s", command, usage)
+		fmt.Fprintf(p.err, "lockctl: unknown command %q; run 'lockctl --help' for the commands\n", command)
 		return exitUsage
 	}
 	o, fs, rest, err := parseFlags(command, args, lookupEnv)
@@ -171,8 +179,15 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		fmt.Fprintf(p.out, "\nlockctl --help describes every command and the exit statuses.\n")
 		return exitOK
 	}
+	listen := err == nil && command == "elect" && o.listen
+	if listen {
+		minArgs = 1
+		if len(rest) > 1 {
+			err = fmt.Errorf("--listen takes NAME alone, no command: %q", rest[1:])
+		}
+	}
 	if err == nil && len(rest) < minArgs {
-		err = fmt.Errorf("%s needs %d arguments", command, minArgs)
+		err = fmt.Errorf("%s needs %s", command, argumentCount(minArgs))
 	}
 	if maxArgs := minArgs + optionalArgs[command]; err == nil && !takesCommand(command) && len(rest) > maxArgs {
 		err = fmt.Errorf("unexpected arguments: %q", rest[maxArgs:])
@@ -189,6 +204,9 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	}
 	switch command {
 	case "acquire":
+		if o.hold {
+			return runHold(ctx, o, rest[0], p)
+		}
 		return runAcquire(ctx, o, rest[0], p)
 	case "release":
 		return runRelease(ctx, o, rest[0], rest[1], p)
@@ -203,10 +221,63 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	case "cluster":
 		return runCluster(ctx, o, rest, p)
 	}
+	if listen {
+		return runListen(ctx, o, rest[0], p)
+	}
 	if command == "elect" {
 		return runElect(ctx, o, rest[0], rest[1:], p)
 	}
 	return runExec(ctx, o, rest[0], rest[1:], p)
+}
+
+// argumentCount is "1 argument", "2 arguments".
+func argumentCount(n int) string {
+	if n == 1 {
+		return "1 argument"
+	}
+	return fmt.Sprintf("%d arguments", n)
+}
+
+// splitCommand finds the command among args, which may follow flags
+// ("lockctl --addr HOST:PORT acquire KEY"), and returns it and the other
+// arguments in order. A flag that takes a value is skipped with its
+// value, as any command's flag set would read it; "--" ends the search.
+// The command is "" when there is none.
+func splitCommand(args []string) (string, []string) {
+	for i := 0; i < len(args); i++ {
+		arg := args[i]
+		if arg == "--" {
+			break
+		}
+		if !strings.HasPrefix(arg, "-") || arg == "-" {
+			return arg, append(slices.Clone(args[:i]), args[i+1:]...)
+		}
+		name, _, inline := strings.Cut(strings.TrimLeft(arg, "-"), "=")
+		if _, isVersion := versionWords[arg]; isVersion || isHelpFlag(arg) {
+			return arg, append(slices.Clone(args[:i]), args[i+1:]...)
+		}
+		if !inline && flagTakesValue(name) {
+			i++
+		}
+	}
+	return "", args
+}
+
+// versionWords are the spellings of lockctl --version.
+var versionWords = map[string]struct{}{"-version": {}, "--version": {}}
+
+func isHelpFlag(arg string) bool { return arg == "-h" || arg == "-help" || arg == "--help" }
+
+// flagTakesValue reports whether name is a flag of some command that is
+// not a boolean, so that its value follows it.
+func flagTakesValue(name string) bool {
+	for command := range commandArgs {
+		if f := newFlagSet(command, &options{}).Lookup(name); f != nil {
+			b, ok := f.Value.(interface{ IsBoolFlag() bool })
+			return !ok || !b.IsBoolFlag()
+		}
+	}
+	return false
 }
 
 // takesCommand reports whether command runs a command given after its key.
@@ -227,6 +298,10 @@ var commandHelp = map[string]string{
 Takes KEY and prints its fencing token. The lock stays held until
 lockctl release KEY TOKEN, or until its --lease runs out. Exit status 0
 when held, 75 when not acquired (KEY is held, the server is busy).
+
+With --hold, like etcdctl lock NAME, lockctl keeps the lock, renewing
+its lease every third of --lease, until SIGINT or SIGTERM, then releases
+it and exits 0; 3 when the lock was lost first.
 `,
 	"release": `usage: lockctl release [flags] KEY TOKEN
 
@@ -252,11 +327,19 @@ leadership can no longer be confirmed, CMD's process group gets SIGTERM,
 and SIGKILL --grace later, before the lease could lapse. When CMD exits,
 lockctl resigns so that the next candidate wins at once. Exit status:
 CMD's, 75 when not elected within --wait, 124 when leadership was lost.
+
+       lockctl elect --listen [flags] NAME
+
+Like etcdctl elect --listen: campaigns for nothing, and prints the
+leader's term at the start and at every change ("term N", or "no
+leader"), from lockd's admin endpoint (--admin, --tenant), until SIGINT
+or SIGTERM; exit status 0.
 `,
 	"status": `usage: lockctl status [flags] KEY
 
-Shows KEY from lockd's admin endpoint (--admin): held, token, lease left,
-waiters. Needs no secret.
+Shows KEY from lockd's admin endpoint (--admin): held, token, how long
+the token has been held (single mode), lease left, waiters. Needs no
+secret.
 `,
 	"list": `usage: lockctl list [flags] [PREFIX]
 
@@ -299,6 +382,8 @@ type options struct {
 	budget      time.Duration
 	grace       time.Duration
 	keepalive   bool
+	hold        bool
+	listen      bool
 	verbose     bool
 	tls         tlsflags.Flags
 	// status and list:
@@ -326,15 +411,22 @@ func newFlagSet(command string, o *options) *flag.FlagSet {
 	o.tls.Register(fs)
 	switch command {
 	case "acquire", "exec":
-		envflag.DurationVar(fs, &o.lease, "lease", client.DefaultLease, "lease, rounded up to seconds, 1s..1h")
-		envflag.DurationVar(fs, &o.wait, "wait", 0, "how long to wait for the lock, 0s..255s; 0 tries once")
-		envflag.DurationVar(fs, &o.budget, "budget", 0, "validity the lock must have left when granted, else it is released again; 0s..250s")
+		envflag.DurationVar(fs, &o.lease, "lease", client.DefaultLease, "lease, rounded up to seconds, 1s..3600s")
+		envflag.DurationVar(fs, &o.wait, "wait", 0, "how long to wait for the lock, rounded up to seconds, 0s..255s; 0 (the default) makes one attempt")
+		envflag.DurationVar(fs, &o.budget, "budget", 0, "validity the lock must have left when granted, else it is released again; 0s..250s, default 0s")
 	case "elect":
-		envflag.DurationVar(fs, &o.lease, "lease", client.DefaultElectionLease, "lease of the leadership, renewed every third of it; a dead leader is replaced within it; 2s..1h")
-		envflag.DurationVar(fs, &o.wait, "wait", 0, "how long to campaign before giving up; 0 campaigns until a signal")
+		envflag.DurationVar(fs, &o.lease, "lease", client.DefaultElectionLease, "lease of the leadership, renewed every third of it; a dead leader is replaced within it; 2s..3600s")
+		envflag.DurationVar(fs, &o.wait, "wait", defaultElectWait, "how long to campaign before giving up, rounded up to seconds, 0s..255s; 0 makes one attempt (queued for at most 1s)")
+	}
+	if command == "elect" {
+		fs.BoolVar(&o.listen, "listen", false, "campaign for nothing: print the leader's term at the start and at every change (\"term N\", or \"no leader\") until SIGINT or SIGTERM, from lockd's admin endpoint (--admin); needs no secret, and takes no command")
+		defineAdminEndpointFlags(fs, o)
 	}
 	if takesCommand(command) {
 		envflag.DurationVar(fs, &o.grace, "grace", 0, fmt.Sprintf("SIGTERM the command this long before the lease may lapse, SIGKILL when it may have (default a tenth of --lease, at most %v)", maxDefaultGrace))
+	}
+	if command == "acquire" {
+		fs.BoolVar(&o.hold, "hold", false, "keep the lock, renewing its lease every third of --lease, until SIGINT or SIGTERM, then release it (like etcdctl lock NAME)")
 	}
 	if command == "exec" {
 		fs.BoolVar(&o.keepalive, "keepalive", true, "renew the lease every third of --lease while the command runs; false stops the command at the lease")
@@ -370,6 +462,10 @@ func parseFlags(command string, args []string, lookupEnv func(string) (string, b
 	}
 	return o, fs, positional, nil
 }
+
+// defaultElectWait is elect's --wait: the longest wait there is, as a
+// candidate usually waits for its turn.
+const defaultElectWait = codec.MaxWaitSeconds * time.Second
 
 // maxDefaultGrace caps the default --grace of a long lease.
 const maxDefaultGrace = 2 * time.Second
@@ -413,6 +509,9 @@ func (o *options) check(command string) error {
 	case "release":
 		return nil
 	case "elect":
+		if o.listen {
+			return o.checkAdmin(command)
+		}
 		return o.checkElect()
 	}
 	lease, err := wholeSeconds("--lease", o.lease, 1, codec.MaxLeaseSeconds)
@@ -442,8 +541,8 @@ func (o *options) checkElect() error {
 	if err != nil {
 		return err
 	}
-	if o.wait < 0 {
-		return fmt.Errorf("--wait %v: want 0 (until a signal) or more", o.wait)
+	if _, err := wholeSeconds("--wait", o.wait, 0, codec.MaxWaitSeconds); err != nil {
+		return err
 	}
 	leaseRounded := time.Duration(lease) * time.Second
 	if o.grace < 0 || o.grace+leaseRounded/3 > leaseRounded-time.Second {
@@ -457,7 +556,7 @@ func (o *options) checkElect() error {
 func wholeSeconds(flagName string, d time.Duration, lo, hi int64) (int64, error) {
 	s := int64((d + time.Second - 1) / time.Second)
 	if d < 0 || s < lo || s > hi {
-		return 0, fmt.Errorf("%s %v: want %v..%v, rounded up to whole seconds", flagName, d, time.Duration(lo)*time.Second, time.Duration(hi)*time.Second)
+		return 0, fmt.Errorf("%s %s: want %ds..%ds, rounded up to whole seconds", flagName, envflag.Seconds(d), lo, hi)
 	}
 	return s, nil
 }
@@ -629,7 +728,7 @@ func takeLock(ctx context.Context, o *options, key, command string, p proc) (*cl
 	switch {
 	case sig != nil:
 		if err == nil {
-			release(c, ticket, command, p)
+			release(c, ticket, command, leaseBound(time.Now(), o.lease), p)
 		}
 		if c != nil {
 			c.Close()
@@ -658,8 +757,8 @@ func runAcquire(ctx context.Context, o *options, key string, p proc) int {
 
 func runRelease(ctx context.Context, o *options, key, tokenText string, p proc) int {
 	token, err := strconv.ParseUint(tokenText, 10, 64)
-	if err != nil {
-		fmt.Fprintf(p.err, "lockctl release: token %q: %v\n", tokenText, err)
+	if err != nil || token == 0 {
+		fmt.Fprintf(p.err, "lockctl release: token %q: want the number lockctl acquire printed (1..%d)\n", tokenText, uint64(math.MaxUint64))
 		return exitUsage
 	}
 	ctx, interrupted := untilSignal(ctx, p.signals)
