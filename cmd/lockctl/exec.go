@@ -217,7 +217,7 @@ func release(c *client.Client, ticket client.Ticket, command string, heldAtMost 
 	case err == nil:
 	case errors.Is(err, client.ErrNotHeld):
 		fmt.Fprintf(p.err, "lockctl %s: %q was no longer held when it was released\n", command, ticket.Key())
-	case ctx.Err() != nil:
+	case ctx.Err() != nil || !time.Now().Before(heldAtMost):
 		fmt.Fprintf(p.err, "lockctl %s: the lease of %q lapsed before the release was answered: nothing is held\n", command, ticket.Key())
 	default:
 		fmt.Fprintf(p.err, "lockctl %s: release: %v\n", command, err)
