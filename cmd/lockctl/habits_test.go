@@ -277,4 +277,3 @@ func TestExecWhenTheServerDies(t *testing.T) {
 		t.Errorf("the release did not end with the lease: %s", errs)
 	}
 }
-
