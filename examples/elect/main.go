@@ -3,7 +3,7 @@
 // or kill it, and another takes over — at once after a clean stop, within
 // the lease after a crash — with a higher term.
 //
-//	go run ./cmd/lockd serve &
+//	bin/lockd serve &                      # built by make build
 //	go run ./examples/elect                # LOCKD_ADDR, default 127.0.0.1:7420
 //
 // The term is the leadership's fencing token: pass it with everything the

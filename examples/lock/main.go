@@ -1,6 +1,6 @@
 // Command lock is the smallest complete lockd program: it takes a lock,
 // does its work while the lock is surely held, and releases it. It needs
-// only a running server (go run ./cmd/lockd serve) and no database:
+// only a running server (make build && bin/lockd serve) and no database:
 //
 //	go run ./examples/lock                 # LOCKD_ADDR, default 127.0.0.1:7420
 //
