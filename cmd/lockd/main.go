@@ -124,6 +124,8 @@ func serve(opts serveOptions, level zerolog.Level) error {
 		defer node.Close()
 		cfg.Backend = node
 		cfg.AdminRoutes = map[string]http.Handler{cluster.AdminPrefix: node.MembersHandler()}
+	} else {
+		cfg.AdminRoutes = map[string]http.Handler{cluster.AdminPrefix: cluster.SingleModeHandler()}
 	}
 	srv, err := server.Start(cfg)
 	if err != nil {
