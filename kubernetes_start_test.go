@@ -247,6 +247,21 @@ func TestKubernetesClusterStarts(t *testing.T) {
 		return ticket.Token() > 0, fmt.Sprintf("token %d", ticket.Token())
 	})
 
+	// The manifest logs at info: an election is routine there, and
+	// dragonboat's remarks on it, and on a transport lockd replaces, are
+	// no warnings.
+	for id := 1; id <= 3; id++ {
+		log, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("lockd-%d.log", id)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(log), "\n") {
+			if strings.Contains(line, `"level":"warn"`) && regexp.MustCompile(`votes and \d+ rejections|preVotes and|became (PreVote )?candidate|cast (pre)?[vV]ote|mutual TLS disabled`).MatchString(line) {
+				t.Errorf("lockd-%d logs a routine election remark as a warning: %s", id, line)
+			}
+		}
+	}
+
 	// What check-config says of the manifest's arguments with plain TCP
 	// Raft, as this manifest once shipped: every pod would crash-loop.
 	plain := podArgs(1)
