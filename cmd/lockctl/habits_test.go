@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -241,8 +242,9 @@ func TestElectListen(t *testing.T) {
 // ending "outcome indeterminate".
 func TestExecWhenTheServerDies(t *testing.T) {
 	bin := buildBinary(t)
-	var srv *lockdtest.Server
+	// The first KEEP ends the connection, and the server with it.
 	died := make(chan struct{})
+	var dying sync.Once
 	srv, err := lockdtest.Start(func(c *lockdtest.Conn) {
 		if c.Handshake(nil) != nil {
 			return
@@ -252,12 +254,7 @@ func TestExecWhenTheServerDies(t *testing.T) {
 			case codec.OpAcquire:
 				c.QueueAcquired(req.Owner, 1, 0)
 			case codec.OpKeep:
-				select {
-				case <-died:
-				default:
-					close(died)
-					go srv.Close()
-				}
+				dying.Do(func() { close(died) })
 				c.Close()
 			}
 		})
@@ -265,7 +262,16 @@ func TestExecWhenTheServerDies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { srv.Close() })
+	stop, closed := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(closed)
+		select {
+		case <-died:
+		case <-stop:
+		}
+		srv.Close()
+	}()
+	t.Cleanup(func() { close(stop); <-closed })
 	code, _, errs := bin.run(t, "exec", "--addr", srv.Addr(), "--lease", "3s", "--grace", "1s", "k", "--", "sleep", "60")
 	if code != exitLeaseEnded || !strings.Contains(errs, "SIGTERM") {
 		t.Fatalf("exit %d (%s), want %d after SIGTERM", code, errs, exitLeaseEnded)
