@@ -361,16 +361,20 @@ node, remove it and add a new one with a new id.
 
 // printHelp is lockctl --help: the usage, then every flag, once.
 func printHelp(w io.Writer) {
-	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant, --secret-file and the --tls ones; --grace is exec's and elect's, --keepalive and --budget exec's, and elect's --lease and --wait mean its own; status and list take only --admin, --admin-token-file, the --admin-ca, --admin-cert and --admin-key ones, --tenant and --json, and list --limit; cluster only the --admin ones and --json):\n", usage)
+	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant, --secret-file and the --tls ones; --grace is exec's and elect's, --keepalive and --budget exec's, --hold acquire's, --listen elect's (with the --admin ones), and elect's --lease and --wait mean its own; status and list take only --admin, --admin-token-file, the --admin-ca, --admin-cert and --admin-key ones, --tenant and --json, and list --limit; cluster only the --admin ones and --json):\n", usage)
 	exec := newFlagSet("exec", &options{})
 	envflag.PrintFlags(w, exec)
-	inspection := flag.NewFlagSet("inspection", flag.ContinueOnError)
-	newFlagSet("list", &options{}).VisitAll(func(f *flag.Flag) {
-		if exec.Lookup(f.Name) == nil {
-			inspection.Var(f.Value, f.Name, f.Usage)
-		}
-	})
-	envflag.PrintFlags(w, inspection)
+	// Then every other command's flags exec has not: --hold, --listen,
+	// the admin endpoint's.
+	others := flag.NewFlagSet("others", flag.ContinueOnError)
+	for _, command := range []string{"acquire", "elect", "list"} {
+		newFlagSet(command, &options{}).VisitAll(func(f *flag.Flag) {
+			if exec.Lookup(f.Name) == nil && others.Lookup(f.Name) == nil {
+				others.Var(f.Value, f.Name, f.Usage)
+			}
+		})
+	}
+	envflag.PrintFlags(w, others)
 }
 
 type options struct {
