@@ -78,6 +78,26 @@ func podEnv(t *testing.T, file string, c k8sContainer, id int) []string {
 	return env
 }
 
+// checkConfigContainer returns the pod's init container check-config,
+// which must run lockd's image with the lockd container's arguments and
+// volumes and LOCKD_CHECK_CONFIG=true: lockd serve --check-config with
+// what the server will start with.
+func checkConfigContainer(t *testing.T, file string, pod k8sPodSpec, c k8sContainer) k8sContainer {
+	t.Helper()
+	i := slices.IndexFunc(pod.InitContainers, func(c k8sContainer) bool { return c.Name == "check-config" })
+	if i < 0 {
+		t.Fatalf("%s: no init container check-config", file)
+	}
+	check := pod.InitContainers[i]
+	if check.Image != c.Image || !slices.Equal(check.Args, c.Args) || !slices.Equal(check.VolumeMounts, c.VolumeMounts) {
+		t.Errorf("%s: check-config must run lockd's image with the lockd container's arguments and volumes", file)
+	}
+	if !slices.Contains(podEnv(t, file, check, 1), "LOCKD_CHECK_CONFIG=true") {
+		t.Errorf("%s: check-config does not set LOCKD_CHECK_CONFIG=true", file)
+	}
+	return check
+}
+
 // TestKubernetesClusterStarts runs lockd as the StatefulSet of
 // deploy/kubernetes/cluster.yaml would: for each of the three pods, its
 // init container check-config and then its lockd container, each with the
@@ -95,17 +115,7 @@ func TestKubernetesClusterStarts(t *testing.T) {
 	sts := objectOf(t, readManifest(t, file), "StatefulSet")[0]
 	given, c := checkPod(t, file, sts.Spec, serveFlags(t))
 	pod := sts.Spec.Template.Spec
-	i := slices.IndexFunc(pod.InitContainers, func(c k8sContainer) bool { return c.Name == "check-config" })
-	if i < 0 {
-		t.Fatalf("%s: no init container check-config", file)
-	}
-	check := pod.InitContainers[i]
-	if check.Image != c.Image || !slices.Equal(check.Args, c.Args) || !slices.Equal(check.VolumeMounts, c.VolumeMounts) {
-		t.Errorf("%s: check-config must run lockd's image with the lockd container's arguments and volumes", file)
-	}
-	if !slices.Contains(podEnv(t, file, check, 1), "LOCKD_CHECK_CONFIG=true") {
-		t.Errorf("%s: check-config does not set LOCKD_CHECK_CONFIG=true", file)
-	}
+	check := checkConfigContainer(t, file, pod, c)
 
 	// The Raft certificate: the Secret the pods mount, naming every peer.
 	secretName, dnsNames := raftCertificate(t, tlsFile, "lockd-raft-tls")

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
@@ -458,6 +459,12 @@ func TestKubernetesSingle(t *testing.T) {
 			value = m
 		}
 		args = append(args, "--"+flag+"="+value)
+	}
+	check := checkConfigContainer(t, file, d.Spec.Template.Spec, c)
+	cmd := exec.Command(buildLockd(t), args...)
+	cmd.Env = append(os.Environ(), podEnv(t, file, check, 1)...)
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "ok (single mode)") {
+		t.Fatalf("init container check-config: %v\n%s", err, out)
 	}
 	p := startProc(t, dir, "single-from-manifest", buildLockd(t), args...)
 	p.listen, p.admin = addrs[0], addrs[1]
