@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
@@ -59,8 +60,9 @@ type k8sPodSpec struct {
 		RunAsUser int  `yaml:"runAsUser"`
 		FSGroup   *int `yaml:"fsGroup"`
 	} `yaml:"securityContext"`
-	Containers []k8sContainer `yaml:"containers"`
-	Volumes    []k8sVolume    `yaml:"volumes"`
+	InitContainers []k8sContainer `yaml:"initContainers"`
+	Containers     []k8sContainer `yaml:"containers"`
+	Volumes        []k8sVolume    `yaml:"volumes"`
 }
 
 type k8sVolume struct {
@@ -92,6 +94,7 @@ type k8sContainerPort struct {
 
 type k8sContainer struct {
 	Name           string             `yaml:"name"`
+	Image          string             `yaml:"image"`
 	Args           []string           `yaml:"args"`
 	Env            []k8sEnvVar        `yaml:"env"`
 	Ports          []k8sContainerPort `yaml:"ports"`
@@ -108,10 +111,12 @@ type k8sContainer struct {
 			} `yaml:"sleep"`
 		} `yaml:"preStop"`
 	} `yaml:"lifecycle"`
-	VolumeMounts []struct {
-		Name      string `yaml:"name"`
-		MountPath string `yaml:"mountPath"`
-	} `yaml:"volumeMounts"`
+	VolumeMounts []k8sVolumeMount `yaml:"volumeMounts"`
+}
+
+type k8sVolumeMount struct {
+	Name      string `yaml:"name"`
+	MountPath string `yaml:"mountPath"`
 }
 
 // readManifest decodes every object of a multi-document manifest.
@@ -454,6 +459,12 @@ func TestKubernetesSingle(t *testing.T) {
 			value = m
 		}
 		args = append(args, "--"+flag+"="+value)
+	}
+	check := checkConfigContainer(t, file, d.Spec.Template.Spec, c)
+	cmd := exec.Command(buildLockd(t), args...)
+	cmd.Env = append(os.Environ(), podEnv(t, file, check, 1)...)
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "ok (single mode)") {
+		t.Fatalf("init container check-config: %v\n%s", err, out)
 	}
 	p := startProc(t, dir, "single-from-manifest", buildLockd(t), args...)
 	p.listen, p.admin = addrs[0], addrs[1]

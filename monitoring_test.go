@@ -1,6 +1,9 @@
 package lockd_test
 
 import (
+	"bytes"
+	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +26,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/lockd/lockd/client"
 	"github.com/lockd/lockd/codec"
 )
 
@@ -60,12 +64,20 @@ type lockdProc struct {
 // process is killed when the test ends.
 func startProc(t *testing.T, dir, name, bin string, args ...string) *lockdProc {
 	t.Helper()
+	return startProcEnv(t, dir, name, bin, nil, args...)
+}
+
+// startProcEnv is startProc with env (NAME=value) added to the
+// environment.
+func startProcEnv(t *testing.T, dir, name, bin string, env []string, args ...string) *lockdProc {
+	t.Helper()
 	p := &lockdProc{name: name, log: filepath.Join(dir, name+".log"), done: make(chan struct{})}
 	f, err := os.Create(p.log)
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.cmd = exec.Command(bin, args...)
+	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = f, f
 	if err := p.cmd.Start(); err != nil {
 		f.Close()
@@ -652,5 +664,63 @@ func TestPrometheusSeesLatencyAndANodeDown(t *testing.T) {
 	}
 	if firing, err := prom.query(`ALERTS{alertname="LockdGroupWithoutLeader"}`); err != nil || len(firing) != 0 {
 		t.Errorf("LockdGroupWithoutLeader with two nodes of three up: %v %v", firing, err)
+	}
+}
+
+// TestPromtoolChecksLiveMetrics runs promtool check metrics over what
+// lockd exports: a single-mode server with per-tenant quotas (so that
+// the tenant gates are there) and a one-node cluster. promtool's lint
+// finds names, types and help texts Prometheus tooling would trip on.
+func TestPromtoolChecksLiveMetrics(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		t.Skip("promtool is not installed (Debian: apt-get install prometheus; .ci/run does)")
+	}
+	bin := buildLockd(t)
+	dir := t.TempDir()
+	auth := filepath.Join(dir, "auth")
+	lines := "a:" + strings.Repeat("ab", 32) + " keys=10\nb:" + strings.Repeat("cd", 32) + " keys=10\n"
+	if err := os.WriteFile(auth, []byte(lines), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addrs := freePorts(t, 5)
+	single := startProc(t, dir, "single", bin, "serve", "--listen", addrs[0], "--admin", addrs[1], "--auth-file", auth, "--data-dir", "", "--log-level", "warn")
+	node := startProc(t, dir, "node", bin, "serve", "--cluster", "--node-id", "1", "--peers", "1="+addrs[2],
+		"--data-dir", filepath.Join(dir, "node.data"), "--listen", addrs[3], "--admin", addrs[4], "--log-level", "warn")
+	// A tenant's gates are exported once it has been used.
+	secret, _ := hex.DecodeString(strings.Repeat("ab", 32))
+	eventually(t, 20*time.Second, "a grant to tenant a", func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c, err := client.Dial(ctx, client.Config{Addrs: []string{addrs[0]}, Tenant: "a", Secret: secret})
+		if err != nil {
+			return false, err.Error()
+		}
+		defer c.Close()
+		_, err = c.Acquire(ctx, "k", client.AcquireOptions{MinWorkBudget: client.Budget(0)})
+		return err == nil, fmt.Sprint(err)
+	})
+	for _, p := range []struct {
+		proc  *lockdProc
+		admin string
+	}{{single, addrs[1]}, {node, addrs[4]}} {
+		var body []byte
+		eventually(t, 30*time.Second, "metrics from "+p.proc.name, func() (bool, string) {
+			resp, err := http.Get("http://" + p.admin + "/metrics")
+			if err != nil {
+				return false, err.Error()
+			}
+			defer resp.Body.Close()
+			body, err = io.ReadAll(resp.Body)
+			return err == nil && resp.StatusCode == http.StatusOK && bytes.Contains(body, []byte("lockd_gate_used")), resp.Status
+		})
+		if p.proc == single && !bytes.Contains(body, []byte("lockd_tenant_gate_used")) {
+			t.Fatalf("%s exports no tenant gates to check", p.proc.name)
+		}
+		cmd := exec.Command(promtool, "check", "metrics")
+		cmd.Stdin = bytes.NewReader(body)
+		if out, err := cmd.CombinedOutput(); err != nil || len(out) > 0 {
+			t.Errorf("promtool check metrics of %s: %v\n%s", p.proc.name, err, out)
+		}
 	}
 }

@@ -1,11 +1,15 @@
 package lockd_test
 
 import (
+	"bytes"
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,5 +115,76 @@ func TestREADMETour(t *testing.T) {
 				i+1, got.op, got.owner, got.token, step.want.op, step.want.owner, step.want.token)
 		}
 		conn.Close()
+	}
+}
+
+// TestREADMESetUp holds the README's first screen to what a newcomer
+// runs: exactly two set-up commands, the build and the server it built
+// (so that stopping the process stops lockd, which a `go run` wrapper
+// would not pass its signal to), then make test; and make build puts
+// lockd where the first command runs it from.
+func TestREADMESetUp(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)## Set up\n\n```sh\n(.*?)```").FindSubmatch(readme)
+	if m == nil {
+		t.Fatal("README.md: no ```sh block right under ## Set up")
+	}
+	var commands []string
+	for _, line := range strings.Split(strings.TrimSpace(string(m[1])), "\n") {
+		command, _, _ := strings.Cut(line, "#")
+		commands = append(commands, strings.TrimSpace(command))
+	}
+	if want := []string{"make build && bin/lockd serve", "make test"}; !slices.Equal(commands, want) {
+		t.Fatalf("the set-up commands are %q, want %q", commands, want)
+	}
+	out, err := exec.Command("make", "-n", "build").Output()
+	if err != nil {
+		t.Fatalf("make -n build: %v", err)
+	}
+	if !regexp.MustCompile(`go build .*-o bin/ \./cmd/\.\.\.`).Match(out) {
+		t.Fatalf("make build does not build ./cmd/... into bin/:\n%s", out)
+	}
+	orphaning := []byte("go run ./cmd/lockd" + " serve") // in two parts, so that this file does not say it
+	for _, file := range repoFiles(t) {
+		text, err := os.ReadFile(file)
+		if err == nil && bytes.Contains(text, orphaning) {
+			t.Errorf("%s tells to start the server with go run, whose process does not pass SIGTERM on to lockd", file)
+		}
+	}
+}
+
+// TestREADMELayout: the layout table has a row for every top-level
+// directory of the repository, and the deploy/ row names every
+// subdirectory of deploy/.
+func TestREADMELayout(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]string{}
+	for _, m := range regexp.MustCompile("(?m)^\\| `([a-z]+)/` \\| (.*) \\|$").FindAllStringSubmatch(string(readme), -1) {
+		rows[m[1]] = m[2]
+	}
+	subdirs := map[string]bool{}
+	for _, file := range repoFiles(t) {
+		dir, rest, nested := strings.Cut(file, "/")
+		if !nested || strings.HasPrefix(dir, ".") {
+			continue
+		}
+		if _, ok := rows[dir]; !ok {
+			t.Errorf("README.md's layout table has no row for %s/ (holding %s)", dir, file)
+			rows[dir] = ""
+		}
+		if sub, _, deeper := strings.Cut(rest, "/"); dir == "deploy" && deeper {
+			subdirs[sub] = true
+		}
+	}
+	for sub := range subdirs {
+		if !strings.Contains(rows["deploy"], "`"+sub+"/`") {
+			t.Errorf("README.md's deploy/ row does not name %s/: %q", sub, rows["deploy"])
+		}
 	}
 }

@@ -6,6 +6,8 @@ package lockd_test
 
 import (
 	"bytes"
+	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"os/exec"
@@ -93,6 +95,34 @@ func TestMarkdownLinksResolve(t *testing.T) {
 			path := filepath.Join(filepath.Dir(file), target)
 			if _, err := os.Stat(path); err != nil {
 				t.Errorf("%s links to %s, which does not exist", file, target)
+			}
+		}
+	}
+}
+
+// TestNoBuiltBinaryIsTracked: compiled programs (ELF, Mach-O, PE) are
+// built, never committed; .gitignore keeps go build's outputs out.
+func TestNoBuiltBinaryIsTracked(t *testing.T) {
+	magics := [][]byte{{0x7f, 'E', 'L', 'F'}, {0xcf, 0xfa, 0xed, 0xfe}, {0xfe, 0xed, 0xfa, 0xcf}, {'M', 'Z'}}
+	for _, file := range repoFiles(t) {
+		f, err := os.Open(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		head := make([]byte, 4)
+		n, _ := io.ReadFull(f, head)
+		f.Close()
+		for _, magic := range magics {
+			if bytes.HasPrefix(head[:n], magic) {
+				t.Errorf("%s is a compiled program: remove it (git rm) and ignore it in .gitignore", file)
+			}
+		}
+	}
+	for _, built := range []string{"bin/lockd", "cmd/lockctl/lockctl", "cmd/lockd/lockd", "lockd", "examples/elect/elect"} {
+		if err := exec.Command("git", "check-ignore", "-q", built).Run(); err != nil {
+			var exit *exec.ExitError
+			if errors.As(err, &exit) && exit.ExitCode() == 1 {
+				t.Errorf(".gitignore does not ignore %s, where go build or make build writes a binary", built)
 			}
 		}
 	}

@@ -14,7 +14,8 @@ var logOnce sync.Once
 // setupLogging routes dragonboat's logs into zerolog, once per process
 // (logger.SetLoggerFactory panics when called twice): the first node's
 // logger receives them. Dragonboat's info chatter becomes debug; its
-// routine remarks (routineRemarks) become info.
+// routine remarks (routineRemarks) become info, and its remarks on a
+// transport lockd does not use (ownTransportRemarks) debug.
 func setupLogging(l zerolog.Logger) {
 	logOnce.Do(func() {
 		logger.SetLoggerFactory(func(pkg string) logger.ILogger { return newZlog(l, pkg) })
@@ -41,8 +42,14 @@ var routineRemarks = []string{
 	"became PreVote candidate", "became candidate", "received %s rejection from", "received %s from",
 	"sent RequestPreVote to", "sent RequestVote to", "dropped RequestVote at term", "higher term",
 	"cast preVote from", "rejected preVote", "cast vote from", "rejected vote", "campaign skipped",
-	"ElectionRTT is not a magnitude larger than HeartbeatRTT",
+	"rejections, quorum is", "ElectionRTT is not a magnitude larger than HeartbeatRTT",
 }
+
+// ownTransportRemarks are dragonboat's warnings about its own transport
+// settings, which lockd replaces with its transport (transport.go, with
+// its own mutual TLS): they say nothing true of lockd, and are logged at
+// debug.
+var ownTransportRemarks = []string{"mutual TLS disabled"}
 
 // leadershipChanges are dragonboat's info messages kept at info: the
 // changes of leadership an operator follows.
@@ -92,6 +99,8 @@ func (z *zlog) Infof(f string, a ...any) {
 func (z *zlog) Warningf(f string, a ...any) {
 	switch {
 	case !z.on(logger.WARNING):
+	case matchesAny(f, ownTransportRemarks):
+		z.l.Debug().Msgf(f, a...)
 	case matchesAny(f, routineRemarks):
 		z.l.Info().Msgf(f, a...)
 	default:

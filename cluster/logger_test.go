@@ -31,6 +31,9 @@ func TestDragonboatRoutineRemarksAreInfo(t *testing.T) {
 		{raft.Infof, "%s became leader", []any{"[f:1,r:1]"}, "info"},
 		{raft.Infof, "%s created, initial: %t, new: %t", []any{"a", true, true}, "debug"},
 		{config.Warningf, "ElectionRTT is not a magnitude larger than HeartbeatRTT", nil, "info"},
+		{raft.Warningf, "%s received %d votes and %d rejections, quorum is %d", []any{"a", 2, 0, 2}, "info"},
+		{raft.Warningf, "%s received %d preVotes and %d rejections, quorum is %d", []any{"a", 2, 0, 2}, "info"},
+		{config.Warningf, "mutual TLS disabled, communication is insecure", nil, "debug"},
 		{raft.Warningf, "%s has lost quorum", []any{"[f:1,r:1]"}, "warn"},
 		{transport.Errorf, "failed to connect to %s", []any{"127.0.0.1:1"}, "warn"},
 	} {

@@ -7,7 +7,13 @@ package cluster
 //	POST   /v1/cluster/members        {"id": N, "raft_addr": "host:port"}: add N to every group
 //	DELETE /v1/cluster/members/{id}   remove id from every group
 //
-// A change answers the membership after it. With lockd's
+// A change answers the membership after it. Each member's "reachable" is
+// what this node's Raft transport finds when it asks (probePeers): "yes"
+// when a connection to the member's Raft address opens (with mutual TLS
+// when the transport has it), "down" when it does not within
+// probeTimeout, "self" for this node. Every peer is probed, whether or
+// not a group either of the two leads keeps them talking, so a killed
+// node reads "down" at once from any member. With lockd's
 // --admin-token-file every route here needs the bearer token (the admin
 // server checks it before this handler); without one the admin endpoint
 // stays on loopback unless the operator opens it.
@@ -20,6 +26,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/lockd/lockd/internal/adminjson"
@@ -88,5 +95,52 @@ func (n *Node) answerMembers(w http.ResponseWriter, r *http.Request, change func
 		adminjson.Error(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
+	n.probePeers(ctx, m.Members)
 	adminjson.Write(w, m)
+}
+
+// ReachableDown is a member's Reachable when this node's transport
+// cannot open a connection to it (probePeers).
+const ReachableDown = "down"
+
+// probeTimeout bounds one probe: a peer whose Raft port neither accepts
+// nor refuses in this time reads down.
+const probeTimeout = time.Second
+
+// probePeers sets the Reachable of every member but this node from a
+// connection this node's transport opens to its Raft address now, all at
+// once: yes when it opens (TCP, and the TLS handshake when Raft runs
+// over TLS), ReachableDown when it does not within probeTimeout. The
+// connection is closed at once; the peer sees a connection that ends
+// before its first frame, which it drops without a word.
+func (n *Node) probePeers(ctx context.Context, members []Member) {
+	ctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range members {
+		mb := &members[i]
+		if mb.ID == n.cfg.NodeID {
+			mb.Reachable = ReachableSelf
+			continue
+		}
+		wg.Go(func() {
+			conn, err := dialRaft(ctx, n.cfg.RaftTLS, n.log, mb.Addr)
+			if err != nil {
+				mb.Reachable = ReachableDown
+				return
+			}
+			conn.Close()
+			mb.Reachable = ReachableYes
+		})
+	}
+	wg.Wait()
+}
+
+// SingleModeHandler answers the membership endpoint's paths on a server
+// in single mode, which has no membership: a clear 404, rather than the
+// admin server's bare one.
+func SingleModeHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		adminjson.Error(w, http.StatusNotFound, "this lockd runs in single mode: it has no cluster membership (lockctl cluster asks a node started with lockd serve --cluster)")
+	})
 }

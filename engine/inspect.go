@@ -22,7 +22,10 @@ type LockInfo struct {
 	Held           bool
 	Token          uint64        // 0 unless Held
 	LeaseRemaining time.Duration // 0 unless Held
-	Waiters        int
+	// HeldFor is how long ago the current token was granted; 0 unless
+	// Held, and 0 from a backend that does not record grant instants.
+	HeldFor time.Duration
+	Waiters int
 }
 
 // Inspector is a backend that can show its locks. It is not part of
@@ -91,6 +94,7 @@ func (ent *entry) info(now time.Duration) LockInfo {
 	info := LockInfo{Key: string(ent.key)}
 	if ent.lease.HeldAt(now) {
 		info.Held, info.Token, info.LeaseRemaining = true, ent.lease.Token, ent.lease.End-now
+		info.HeldFor = now - ent.granted
 	}
 	for w := ent.head; w != nil; w = w.next {
 		info.Waiters++

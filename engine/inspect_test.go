@@ -24,7 +24,7 @@ func TestInspect(t *testing.T) {
 	}
 	clock.Advance(4 * time.Second)
 
-	if got, want := b.InspectLock("acme", []byte("k")), (LockInfo{Key: "k", Held: true, Token: r.Token, LeaseRemaining: 6 * time.Second, Waiters: 2}); got != want {
+	if got, want := b.InspectLock("acme", []byte("k")), (LockInfo{Key: "k", Held: true, Token: r.Token, LeaseRemaining: 6 * time.Second, HeldFor: 4 * time.Second, Waiters: 2}); got != want {
 		t.Errorf("held key: %+v, want %+v", got, want)
 	}
 	if got, want := b.InspectLock("acme", []byte("other")), (LockInfo{Key: "other"}); got != want {

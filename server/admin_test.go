@@ -60,7 +60,7 @@ func TestAdminEndpoints(t *testing.T) {
 		`lockd_errors_total{reason="bad_lease"} 1`,
 		`lockd_gate_open{gate="keys"} 0`,
 		`lockd_gate_refused_total{gate="keys"} 1`,
-		`lockd_gate_count{gate="keys"} 8`,
+		`lockd_gate_used{gate="keys"} 8`,
 		`lockd_gate_limit{gate="keys"} 10`,
 		"lockd_keys 8\n",
 		"lockd_connections 1\n",

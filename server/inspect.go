@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/lockd/lockd/codec"
 	"github.com/lockd/lockd/engine"
@@ -36,7 +37,11 @@ type LockStatus struct {
 	Held             bool   `json:"held"`
 	Token            uint64 `json:"token"`              // 0 unless held
 	LeaseRemainingMs int64  `json:"lease_remaining_ms"` // 0 unless held
-	Waiters          int    `json:"waiters"`
+	// HeldForMs is how long the current token has been held, rounded
+	// up; 0 when not held or when the backend does not record it
+	// (cluster mode).
+	HeldForMs int64 `json:"held_for_ms"`
+	Waiters   int   `json:"waiters"`
 	// Node is the name (--node-name) of the server that answered: in
 	// cluster mode, from its replica of the group's state.
 	Node string `json:"node"`
@@ -113,7 +118,8 @@ func (s *Server) lockStatus(tenant string, info engine.LockInfo) LockStatus {
 		Key:              info.Key,
 		Held:             info.Held,
 		Token:            info.Token,
-		LeaseRemainingMs: info.LeaseRemaining.Milliseconds(), // rounded down: never more than is left
+		LeaseRemainingMs: info.LeaseRemaining.Milliseconds(),                   // rounded down: never more than is left
+		HeldForMs:        (info.HeldFor + time.Millisecond - 1).Milliseconds(), // rounded up: 0 only when unknown
 		Waiters:          info.Waiters,
 		Node:             s.cfg.NodeName,
 	}

@@ -56,7 +56,7 @@ func TestInspectOneLock(t *testing.T) {
 
 	var got LockStatus
 	getJSON(t, "GET", base+"jobs/../nightly", &got)
-	want := LockStatus{Tenant: "default", Key: "jobs/../nightly", Held: true, Token: token, LeaseRemainingMs: 26_000, Waiters: 1, Node: "test-node"}
+	want := LockStatus{Tenant: "default", Key: "jobs/../nightly", Held: true, Token: token, LeaseRemainingMs: 26_000, HeldForMs: 4_000, Waiters: 1, Node: "test-node"}
 	if got != want {
 		t.Errorf("held key: %+v, want %+v", got, want)
 	}

@@ -269,12 +269,12 @@ var (
 
 	gateOpenDesc    = desc("lockd_gate_open", "Admission gate state (1 open, 0 closed).", "gate")
 	gateRefusedDesc = desc("lockd_gate_refused_total", "B answers caused by each admission gate.", "gate")
-	gateCountDesc   = desc("lockd_gate_count", "Current count held against each gate's limit.", "gate")
+	gateCountDesc   = desc("lockd_gate_used", "Current count held against each gate's limit.", "gate")
 	gateLimitDesc   = desc("lockd_gate_limit", "Hard limit of each gate.", "gate")
 
 	tenantGateOpenDesc    = desc("lockd_tenant_gate_open", "A tenant's own admission gate state (1 open, 0 closed).", "tenant", "gate")
 	tenantGateRefusedDesc = desc("lockd_tenant_gate_refused_total", "B answers caused by a tenant's own gate.", "tenant", "gate")
-	tenantGateCountDesc   = desc("lockd_tenant_gate_count", "Current count held against a tenant's own limit.", "tenant", "gate")
+	tenantGateCountDesc   = desc("lockd_tenant_gate_used", "Current count held against a tenant's own limit.", "tenant", "gate")
 	tenantGateLimitDesc   = desc("lockd_tenant_gate_limit", "A tenant's own limit (0: the global gate alone).", "tenant", "gate")
 
 	keysDesc         = desc("lockd_keys", "Live keys (held or with waiters).")

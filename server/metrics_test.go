@@ -144,8 +144,8 @@ func TestMetricsExposition(t *testing.T) {
 	}
 	for _, name := range []string{
 		"lockd_requests_total", "lockd_responses_total", "lockd_errors_total",
-		"lockd_gate_open", "lockd_gate_refused_total", "lockd_gate_count", "lockd_gate_limit",
-		"lockd_tenant_gate_open", "lockd_tenant_gate_refused_total", "lockd_tenant_gate_count", "lockd_tenant_gate_limit",
+		"lockd_gate_open", "lockd_gate_refused_total", "lockd_gate_used", "lockd_gate_limit",
+		"lockd_tenant_gate_open", "lockd_tenant_gate_refused_total", "lockd_tenant_gate_used", "lockd_tenant_gate_limit",
 		"lockd_keys", "lockd_waiters", "lockd_inflight_acquires", "lockd_connections",
 		"lockd_token_highest_issued", "lockd_token_mark", "lockd_token_reserve_busy_total", "lockd_token_reserve_failures_total",
 		"lockd_tokens_issued_total", "lockd_response_writes_total", "lockd_loop_wakeups_total", "lockd_connections_accepted_total",

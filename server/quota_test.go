@@ -51,10 +51,10 @@ func TestTenantQuotaIsolatesTenants(t *testing.T) {
 	}{
 		{"lockd_tenant_gate_open", []string{"tenant", "noisy", "gate", "keys"}, 0},
 		{"lockd_tenant_gate_refused_total", []string{"tenant", "noisy", "gate", "keys"}, 1},
-		{"lockd_tenant_gate_count", []string{"tenant", "noisy", "gate", "keys"}, 9},
+		{"lockd_tenant_gate_used", []string{"tenant", "noisy", "gate", "keys"}, 9},
 		{"lockd_tenant_gate_limit", []string{"tenant", "noisy", "gate", "keys"}, 10},
 		{"lockd_tenant_gate_limit", []string{"tenant", "quiet", "gate", "keys"}, 500},
-		{"lockd_tenant_gate_count", []string{"tenant", "quiet", "gate", "keys"}, 50},
+		{"lockd_tenant_gate_used", []string{"tenant", "quiet", "gate", "keys"}, 50},
 		{"lockd_tenant_gate_open", []string{"tenant", "quiet", "gate", "keys"}, 1},
 		{"lockd_gate_open", []string{"gate", "keys"}, 1},
 	} {

@@ -344,6 +344,7 @@ func Start(cfg Config) (*Server, error) {
 func (s *Server) startEngine() error {
 	ec := s.cfg.Engine
 	var logged *loggedMark
+	newDataDir := false // the data dir records no mark: a first start
 	if s.cfg.DataDir == "" {
 		s.log.Warn().Uint64("first_token", max(ec.FirstToken, 1)).
 			Msg("no data dir: running volatile, fencing tokens start again at the first token on every start")
@@ -358,6 +359,7 @@ func (s *Server) startEngine() error {
 				ec.FirstToken, mark.Reserved(), mark.Path(), mark.Reserved()-1)
 		}
 		s.tokenMark = mark
+		newDataDir = mark.Reserved() == 0
 		logged = &loggedMark{File: mark, log: s.log}
 		ec.HighWater = logged
 	}
@@ -369,8 +371,12 @@ func (s *Server) startEngine() error {
 	if logged != nil {
 		// Before the engine's Run, which makes every later reservation.
 		logged.serving = true
+		msg := "fencing tokens continue above the data dir's mark"
+		if newDataDir {
+			msg = "fencing tokens start in a new data dir"
+		}
 		s.log.Info().Str("data_dir", s.cfg.DataDir).Uint64("first_token", s.engine.Stats().LastToken+1).
-			Uint64("token_mark", s.tokenMark.Reserved()).Msg("fencing tokens continue above the data dir's mark")
+			Uint64("token_mark", s.tokenMark.Reserved()).Msg(msg)
 	}
 	return nil
 }

@@ -31,7 +31,8 @@ type clusterMembers struct {
 		RaftAddr string `json:"raft_addr"`
 		Groups   int    `json:"groups"`
 		LeaderOf []int  `json:"leader_of"`
-		// Reachable and LastHeardMs are the answering node's view.
+		// Reachable and LastHeardMs are the answering node's view:
+		// "self", "yes" or "down" (an earlier build: "no", "unknown").
 		Reachable   string `json:"reachable"`
 		LastHeardMs *int64 `json:"last_heard_ms"`
 	} `json:"members"`
@@ -101,7 +102,7 @@ func printMembers(w io.Writer, m clusterMembers) {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\n", mb.ID, mb.RaftAddr, groups, strings.Join(leads, ","), mb.Reachable, heard)
 	}
 	_ = tw.Flush()
-	fmt.Fprintf(w, "REACHABLE and LAST HEARD as node %d sees them (unknown: no group either of the two leads, so they do not talk)\n", m.Node)
+	fmt.Fprintf(w, "REACHABLE and LAST HEARD as node %d sees them: whether its Raft transport connects to the node now (yes or down), and its last Raft message from it\n", m.Node)
 	if len(m.Removed) > 0 {
 		ids := make([]string, len(m.Removed))
 		for i, id := range m.Removed {

@@ -68,7 +68,7 @@ func TestClusterCommand(t *testing.T) {
 	}{
 		{[]string{"cluster", "--admin", admin, "remove", "1"}, exitFailure, "cannot remove itself"},
 		{[]string{"cluster", "--admin", admin, "add", "1", "127.0.0.1:1"}, exitFailure, "already a member at another address"},
-		{[]string{"cluster", "--admin", admin}, exitUsage, "needs 1 arguments"},
+		{[]string{"cluster", "--admin", admin}, exitUsage, "needs 1 argument\n"},
 		{[]string{"cluster", "--admin", admin, "grow"}, exitUsage, "want list, add ID ADDR or remove ID"},
 		{[]string{"cluster", "--admin", admin, "list", "x"}, exitUsage, "want list"},
 		{[]string{"cluster", "--admin", admin, "add", "4"}, exitUsage, "want list"},
@@ -85,13 +85,24 @@ func TestClusterCommand(t *testing.T) {
 	}
 }
 
-// A single-mode server has no membership endpoint: lockctl says the
-// answer came from something else.
+// A single-mode server, which mounts cluster.SingleModeHandler as lockd
+// serve does, says it is single mode; any other 404 reads as an answer
+// from something else than lockd.
 func TestClusterCommandOnSingleMode(t *testing.T) {
+	srv, err := server.Start(server.Config{Listen: "127.0.0.1:0", Admin: "127.0.0.1:0",
+		AdminRoutes: map[string]http.Handler{cluster.AdminPrefix: cluster.SingleModeHandler()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	code, _, errs := ctl{}.run("cluster", "--admin", srv.AdminAddr(), "list")
+	if want := "lockctl cluster list: this lockd runs in single mode: it has no cluster membership (lockctl cluster asks a node started with lockd serve --cluster)\n"; code != exitFailure || errs != want {
+		t.Fatalf("cluster list on single mode: exit %d %q, want %d %q", code, errs, exitFailure, want)
+	}
 	_, admin := startInspectable(t, nil)
-	code, _, errs := ctl{}.run("cluster", "--admin", admin, "list")
-	if code != exitFailure || !strings.Contains(errs, "404") {
-		t.Fatalf("cluster list on single mode: exit %d %q", code, errs)
+	code, _, errs = ctl{}.run("cluster", "--admin", admin, "list")
+	if code != exitFailure || !strings.Contains(errs, "404") || !strings.Contains(errs, "is it lockd's admin endpoint?") {
+		t.Fatalf("cluster list on a server without the route: exit %d %q", code, errs)
 	}
 }
 
@@ -102,8 +113,8 @@ func TestClusterListShowsReachability(t *testing.T) {
 	answer := `{"node": 1, "groups": 2, "members": [
 		{"id": 1, "raft_addr": "10.0.0.1:7450", "groups": 2, "leader_of": [1, 2], "reachable": "self", "last_heard_ms": null},
 		{"id": 2, "raft_addr": "10.0.0.2:7450", "groups": 2, "leader_of": [], "reachable": "yes", "last_heard_ms": 12},
-		{"id": 3, "raft_addr": "10.0.0.3:7450", "groups": 2, "leader_of": [], "reachable": "no", "last_heard_ms": 61500},
-		{"id": 4, "raft_addr": "10.0.0.4:7450", "groups": 2, "leader_of": [], "reachable": "no", "last_heard_ms": null}],
+		{"id": 3, "raft_addr": "10.0.0.3:7450", "groups": 2, "leader_of": [], "reachable": "down", "last_heard_ms": 61500},
+		{"id": 4, "raft_addr": "10.0.0.4:7450", "groups": 2, "leader_of": [], "reachable": "down", "last_heard_ms": null}],
 		"removed": []}`
 	if err := json.Unmarshal([]byte(answer), &m); err != nil {
 		t.Fatal(err)
@@ -114,8 +125,8 @@ func TestClusterListShowsReachability(t *testing.T) {
 		"NODE  RAFT ADDRESS   GROUPS  LEADER OF  REACHABLE  LAST HEARD\n",
 		"1     10.0.0.1:7450  2/2     1,2        self       -\n",
 		"2     10.0.0.2:7450  2/2                yes        12ms ago\n",
-		"3     10.0.0.3:7450  2/2                no         1m1.5s ago\n",
-		"4     10.0.0.4:7450  2/2                no         never\n",
+		"3     10.0.0.3:7450  2/2                down       1m1.5s ago\n",
+		"4     10.0.0.4:7450  2/2                down       never\n",
 		"as node 1 sees them",
 	} {
 		if !strings.Contains(out.String(), row) {

@@ -62,16 +62,16 @@ func runElect(ctx context.Context, o *options, name string, argv []string, p pro
 // and the exit status.
 func campaign(ctx context.Context, o *options, name string, p proc) (*client.Client, *client.Leadership, int) {
 	ctx, interrupted := untilSignal(ctx, p.signals)
-	campaignCtx := ctx
-	if o.wait > 0 {
-		var cancel context.CancelFunc
-		campaignCtx, cancel = context.WithTimeout(ctx, o.wait)
-		defer cancel()
-	}
+	// --wait 0 is one round, as short as a round can be (a second);
+	// otherwise rounds of at most the client's default fill --wait.
+	wait := max(o.wait, time.Second)
+	campaignCtx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
 	c, err := o.dial(ctx)
 	var leader *client.Leadership
 	if err == nil {
-		leader, err = c.Campaign(campaignCtx, name, client.ElectionOptions{Lease: o.lease, Grace: o.grace})
+		opts := client.ElectionOptions{Lease: o.lease, Grace: o.grace, Round: min(wait, client.DefaultElectionRound)}
+		leader, err = c.Campaign(campaignCtx, name, opts)
 	}
 	sig := interrupted()
 	switch {
@@ -90,7 +90,11 @@ func campaign(ctx context.Context, o *options, name string, p proc) (*client.Cli
 	case err != nil:
 		c.Close()
 		if errors.Is(err, context.DeadlineExceeded) {
-			fmt.Fprintf(p.err, "lockctl: %s has a leader; not elected within %v\n", name, o.wait)
+			if o.wait > 0 {
+				fmt.Fprintf(p.err, "lockctl: %s has a leader; not elected within %v\n", name, o.wait)
+			} else {
+				fmt.Fprintf(p.err, "lockctl: %s has a leader; not elected\n", name)
+			}
 			if o.verbose {
 				fmt.Fprintf(p.err, "lockctl elect: %v\n", err)
 			}

@@ -28,7 +28,8 @@ func runExec(ctx context.Context, o *options, key string, argv []string, p proc)
 		return code
 	}
 	defer c.Close()
-	defer release(c, ticket, "exec", p)
+	heldAtMost := leaseBound(time.Now(), o.lease)
+	defer func() { release(c, ticket, "exec", heldAtMost, p) }()
 
 	cmd, exited, code := startCommand(argv, "exec", p, "LOCKD_KEY="+key, "LOCKD_TOKEN="+strconv.FormatUint(ticket.Token(), 10))
 	if cmd == nil {
@@ -41,14 +42,14 @@ func runExec(ctx context.Context, o *options, key string, argv []string, p proc)
 	validUntil := ticket.ValidUntil()
 	term := time.NewTimer(time.Until(validUntil) - o.grace)
 	defer term.Stop()
-	var renewed <-chan time.Time
+	var renewed <-chan renewal
 	if o.keepalive {
 		renewing, stop := context.WithCancel(context.Background())
-		confirmed := make(chan time.Time, 1)
+		confirmed := make(chan renewal, 1)
 		stopped := make(chan struct{})
 		go func() {
 			defer close(stopped)
-			keepAlive(renewing, ticket, o.lease, confirmed, p)
+			keepAlive(renewing, ticket, o.lease, confirmed, "exec", p)
 		}()
 		defer func() { stop(); <-stopped }()
 		renewed = confirmed
@@ -66,8 +67,8 @@ func runExec(ctx context.Context, o *options, key string, argv []string, p proc)
 				return exitLeaseEnded
 			}
 			return status
-		case v := <-renewed:
-			validUntil = v
+		case r := <-renewed:
+			validUntil, heldAtMost = r.validUntil, r.heldAtMost
 			if !signalledAtLease {
 				term.Reset(time.Until(validUntil) - o.grace)
 			}
@@ -111,17 +112,34 @@ func startCommand(argv []string, command string, p proc, env ...string) (cmd *ex
 	return cmd, done, exitOK
 }
 
+// renewal is what a confirmed renewal tells: until when the lock is
+// surely held, and after when it is surely not.
+type renewal struct {
+	validUntil, heldAtMost time.Time
+}
+
+// leaseBound is the instant after which a lease of lease, granted or
+// renewed by an answer that arrived at answered, has surely lapsed on the
+// server: the server started it before it answered, and a margin covers
+// its clock running slower than this one's. Past it, nothing is left to
+// release.
+func leaseBound(answered time.Time, lease time.Duration) time.Time {
+	lease = (lease + time.Second - 1).Truncate(time.Second) // the client rounds up
+	return answered.Add(lease + time.Second + lease/100)
+}
+
 // keepAlive renews the lease of ticket every third of lease until ctx
-// ends, and sends each confirmed validity on confirmed, replacing one not
+// ends, and sends each confirmed renewal on confirmed, replacing one not
 // yet taken. The end of ctx also ends a renewal in flight: the command is
-// done, and the release must not wait for an answer that may not come.
-// NOT HELD ends the renewals: Lost has fired, and exec kills the command.
-// Other failures are reported and tried again at the next tick; the
-// validity they leave is the last confirmed one.
+// done, and the release must not wait for an answer that may not come;
+// that renewal is reported as unanswered. NOT HELD ends the renewals:
+// Lost has fired, and exec kills the command. Other failures are
+// reported and tried again at the next tick; the validity they leave is
+// the last confirmed one.
 //
 // Not client.Ticket.KeepAlive: exec must learn each confirmed validity to
 // move its SIGTERM, and tell the user about each failed renewal.
-func keepAlive(ctx context.Context, ticket client.Ticket, lease time.Duration, confirmed chan time.Time, p proc) {
+func keepAlive(ctx context.Context, ticket client.Ticket, lease time.Duration, confirmed chan renewal, command string, p proc) {
 	tick := time.NewTicker(lease / 3)
 	defer tick.Stop()
 	for {
@@ -131,22 +149,26 @@ func keepAlive(ctx context.Context, ticket client.Ticket, lease time.Duration, c
 		case <-tick.C:
 		}
 		err := ticket.Renew(ctx, lease)
+		answered := time.Now()
 		if ctx.Err() != nil {
+			if err != nil {
+				fmt.Fprintf(p.err, "lockctl %s: renewing the lease of %q: no answer before lockctl stopped renewing\n", command, ticket.Key())
+			}
 			return
 		}
 		if errors.Is(err, client.ErrNotHeld) {
-			fmt.Fprintf(p.err, "lockctl exec: renewing the lease of %q: the lock is no longer held\n", ticket.Key())
+			fmt.Fprintf(p.err, "lockctl %s: renewing the lease of %q: the lock is no longer held\n", command, ticket.Key())
 			return
 		}
 		if err != nil {
-			fmt.Fprintf(p.err, "lockctl exec: renewing the lease of %q: %v\n", ticket.Key(), err)
+			fmt.Fprintf(p.err, "lockctl %s: renewing the lease of %q: %v\n", command, ticket.Key(), err)
 			continue
 		}
 		select {
 		case <-confirmed:
 		default:
 		}
-		confirmed <- ticket.ValidUntil()
+		confirmed <- renewal{validUntil: ticket.ValidUntil(), heldAtMost: leaseBound(answered, lease)}
 	}
 }
 
@@ -179,13 +201,29 @@ func killGroup(pgid int, giveUp <-chan struct{}) bool {
 	}
 }
 
-func release(c *client.Client, ticket client.Ticket, command string, p proc) {
-	switch err := c.Release(context.Background(), ticket); {
+// release releases ticket, unless its lease has surely lapsed by
+// heldAtMost (leaseBound): then nothing is held, and a release could only
+// wait on a server that may be gone. It reports any other outcome than
+// RELEASED, and returns whether the lock is surely no longer held.
+func release(c *client.Client, ticket client.Ticket, command string, heldAtMost time.Time, p proc) bool {
+	left := time.Until(heldAtMost)
+	if left <= 0 {
+		fmt.Fprintf(p.err, "lockctl %s: the lease of %q has lapsed: nothing to release\n", command, ticket.Key())
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), left)
+	defer cancel()
+	switch err := c.Release(ctx, ticket); {
+	case err == nil:
 	case errors.Is(err, client.ErrNotHeld):
 		fmt.Fprintf(p.err, "lockctl %s: %q was no longer held when it was released\n", command, ticket.Key())
-	case err != nil:
+	case ctx.Err() != nil || !time.Now().Before(heldAtMost):
+		fmt.Fprintf(p.err, "lockctl %s: the lease of %q lapsed before the release was answered: nothing is held\n", command, ticket.Key())
+	default:
 		fmt.Fprintf(p.err, "lockctl %s: release: %v\n", command, err)
+		return false
 	}
+	return true
 }
 
 // exitStatus is the shell's view of how the command ended.

@@ -44,11 +44,7 @@ func usesAdmin(command string) bool {
 
 // defineAdminFlags defines the flags of status, list and cluster over o.
 func defineAdminFlags(fs *flag.FlagSet, command string, o *options) {
-	fs.StringVar(&o.admin, "admin", defaultAdmin, "`HOST:PORT` of lockd's admin endpoint (lockd --admin)")
-	fs.StringVar(&o.adminTokenFile, "admin-token-file", "", "`file` holding the admin endpoint's bearer token (lockd --admin-token-file)")
-	fs.StringVar(&o.adminCA, "admin-ca", "", "speak HTTPS to the admin endpoint, verifying it against the PEM CA certificates in this `file` (without it, the system's roots when --admin-cert turns HTTPS on)")
-	fs.StringVar(&o.adminCert, "admin-cert", "", "PEM client certificate `file` for an admin endpoint that takes them (lockd --admin-tls-client-ca); turns HTTPS on")
-	fs.StringVar(&o.adminKey, "admin-key", "", "PEM private key `file` of --admin-cert (mode 0600: refused when the group or others can read it)")
+	defineAdminEndpointFlags(fs, o)
 	if command != "cluster" {
 		fs.StringVar(&o.tenant, "tenant", "", "tenant `name` whose locks to show; empty means \"default\", the tenant of clients that send no HELLO")
 	}
@@ -56,6 +52,16 @@ func defineAdminFlags(fs *flag.FlagSet, command string, o *options) {
 	if command == "list" {
 		fs.IntVar(&o.limit, "limit", defaultListLimit, "list at most `n` keys, 1..1000")
 	}
+}
+
+// defineAdminEndpointFlags defines the flags that reach the admin
+// endpoint: its address, token and certificates.
+func defineAdminEndpointFlags(fs *flag.FlagSet, o *options) {
+	fs.StringVar(&o.admin, "admin", defaultAdmin, "`HOST:PORT` of lockd's admin endpoint (lockd --admin)")
+	fs.StringVar(&o.adminTokenFile, "admin-token-file", "", "`file` holding the admin endpoint's bearer token (lockd --admin-token-file)")
+	fs.StringVar(&o.adminCA, "admin-ca", "", "speak HTTPS to the admin endpoint, verifying it against the PEM CA certificates in this `file` (without it, the system's roots when --admin-cert turns HTTPS on)")
+	fs.StringVar(&o.adminCert, "admin-cert", "", "PEM client certificate `file` for an admin endpoint that takes them (lockd --admin-tls-client-ca); turns HTTPS on")
+	fs.StringVar(&o.adminKey, "admin-key", "", "PEM private key `file` of --admin-cert (mode 0600: refused when the group or others can read it)")
 }
 
 // checkAdmin refuses admin flag values the server would refuse.
@@ -86,8 +92,11 @@ type lockStatus struct {
 	Held             bool   `json:"held"`
 	Token            uint64 `json:"token"`
 	LeaseRemainingMs int64  `json:"lease_remaining_ms"`
-	Waiters          int    `json:"waiters"`
-	Node             string `json:"node"`
+	// HeldForMs is absent from a server that does not know when the
+	// token was granted (cluster mode, earlier builds).
+	HeldForMs int64  `json:"held_for_ms"`
+	Waiters   int    `json:"waiters"`
+	Node      string `json:"node"`
 }
 
 func runStatus(ctx context.Context, o *options, key string, p proc) int {
@@ -127,22 +136,7 @@ type adminRequest struct {
 func askAdmin(ctx context.Context, o *options, command string, req adminRequest, v any, p proc, print func(io.Writer)) int {
 	ctx, interrupted := untilSignal(ctx, p.signals)
 	defer interrupted()
-	ctx, cancel := context.WithTimeout(ctx, req.timeout)
-	defer cancel()
-	var token []byte
-	var err error
-	if o.adminTokenFile != "" {
-		token, err = privatefile.ReadToken(o.adminTokenFile, 1)
-	}
-	var hc *http.Client
-	var scheme string
-	if err == nil {
-		hc, scheme, err = o.adminClient()
-	}
-	var body []byte
-	if err == nil {
-		body, err = callAdmin(ctx, hc, req.method, scheme+"://"+o.admin+req.path, req.body, token)
-	}
+	body, err := o.askAdminOnce(ctx, req)
 	if err == nil && !o.asJSON {
 		if err = json.Unmarshal(body, v); err != nil {
 			err = fmt.Errorf("the answer of --admin %s is not lockd's: %w", o.admin, err)
@@ -158,6 +152,25 @@ func askAdmin(ctx context.Context, o *options, command string, req adminRequest,
 	}
 	print(p.out)
 	return exitOK
+}
+
+// askAdminOnce sends req to the admin endpoint with the token and
+// certificates the flags name, and returns the body of a 200 answer.
+func (o *options) askAdminOnce(ctx context.Context, req adminRequest) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, req.timeout)
+	defer cancel()
+	var token []byte
+	if o.adminTokenFile != "" {
+		var err error
+		if token, err = privatefile.ReadToken(o.adminTokenFile, 1); err != nil {
+			return nil, err
+		}
+	}
+	hc, scheme, err := o.adminClient()
+	if err != nil {
+		return nil, err
+	}
+	return callAdmin(ctx, hc, req.method, scheme+"://"+o.admin+req.path, req.body, token)
 }
 
 // adminClient is the HTTP client for the admin endpoint and its scheme:
@@ -214,13 +227,16 @@ func callAdmin(ctx context.Context, hc *http.Client, method, u string, reqBody, 
 // printLocks writes locks as a table.
 func printLocks(w io.Writer, locks []lockStatus) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tHELD\tTOKEN\tLEASE LEFT\tWAITERS\tNODE")
+	fmt.Fprintln(tw, "KEY\tHELD\tTOKEN\tHELD FOR\tLEASE LEFT\tWAITERS\tNODE")
 	for _, l := range locks {
-		held, token, left := "no", "-", "-"
+		held, token, heldFor, left := "no", "-", "-", "-"
 		if l.Held {
 			held, token, left = "yes", strconv.FormatUint(l.Token, 10), (time.Duration(l.LeaseRemainingMs) * time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", l.Key, held, token, left, l.Waiters, l.Node)
+		if l.Held && l.HeldForMs > 0 {
+			heldFor = (time.Duration(l.HeldForMs) * time.Millisecond).String()
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", l.Key, held, token, heldFor, left, l.Waiters, l.Node)
 	}
 	_ = tw.Flush()
 }

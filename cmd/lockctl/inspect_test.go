@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/lockd/lockd/server"
 )
@@ -45,11 +46,19 @@ func TestStatusAndList(t *testing.T) {
 
 	code, out, errs := ctl{}.run("status", "--admin", admin, "jobs/a")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if code != exitOK || len(lines) != 2 || strings.Join(strings.Fields(lines[0]), " ") != "KEY HELD TOKEN LEASE LEFT WAITERS NODE" {
+	if code != exitOK || len(lines) != 2 || strings.Join(strings.Fields(lines[0]), " ") != "KEY HELD TOKEN HELD FOR LEASE LEFT WAITERS NODE" {
 		t.Fatalf("status: %d %q %q", code, out, errs)
 	}
-	if f := strings.Fields(lines[1]); len(f) != 6 || f[0] != "jobs/a" || f[1] != "yes" || f[2] != tokens["jobs/a"] || f[4] != "0" || f[5] != "inspected" {
-		t.Errorf("status row %q, want jobs/a held with token %s, no waiters, node inspected", lines[1], tokens["jobs/a"])
+	f := strings.Fields(lines[1])
+	if len(f) != 7 || f[0] != "jobs/a" || f[1] != "yes" || f[2] != tokens["jobs/a"] || f[5] != "0" || f[6] != "inspected" {
+		t.Fatalf("status row %q, want jobs/a held with token %s, no waiters, node inspected", lines[1], tokens["jobs/a"])
+	}
+	// Held since its acquire above, at most a few seconds ago; the lease
+	// of a minute has the rest left.
+	heldFor, err := time.ParseDuration(f[3])
+	left, err2 := time.ParseDuration(f[4])
+	if err != nil || err2 != nil || heldFor <= 0 || heldFor > 10*time.Second || heldFor+left > time.Minute || heldFor+left < time.Minute-time.Second {
+		t.Errorf("status row %q: held for %q and lease left %q do not add up to the minute's lease", lines[1], f[3], f[4])
 	}
 
 	code, out, _ = ctl{env: map[string]string{"LOCKD_ADMIN": admin}}.run("status", "--json", "nothing/here")
@@ -128,7 +137,7 @@ func TestInspectionErrors(t *testing.T) {
 		code int
 		says string
 	}{
-		{[]string{"status", "--admin", admin}, exitUsage, "needs 1 arguments"},
+		{[]string{"status", "--admin", admin}, exitUsage, "needs 1 argument\n"},
 		{[]string{"status", "--admin", admin, "a", "b"}, exitUsage, "unexpected arguments"},
 		{[]string{"list", "--admin", admin, "a", "b"}, exitUsage, "unexpected arguments"},
 		{[]string{"status", "--admin", admin, "a b"}, exitUsage, "key"},

@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/signal"
 	"strconv"
@@ -20,7 +21,6 @@ import (
 
 	"github.com/lockd/lockd/client"
 	"github.com/lockd/lockd/cmd/internal/envflag"
-	"github.com/lockd/lockd/cmd/internal/tlsflags"
 	"github.com/lockd/lockd/cmd/internal/version"
 	"github.com/lockd/lockd/codec"
 	"github.com/lockd/lockd/internal/privatefile"
@@ -29,9 +29,11 @@ import (
 
 const usage = `usage:
   lockctl acquire [flags] KEY             take KEY and print its fencing token
+  lockctl acquire --hold [flags] KEY      take KEY and keep it until SIGINT or SIGTERM
   lockctl release [flags] KEY TOKEN       release the grant TOKEN of KEY
   lockctl exec [flags] KEY -- CMD [ARG…]  run CMD while holding KEY
   lockctl elect [flags] NAME -- CMD [ARG…]  run CMD while leader of NAME
+  lockctl elect --listen [flags] NAME     print NAME's leader's term at every change
   lockctl status [flags] KEY              show KEY: held, token, lease left, waiters
   lockctl list [flags] [PREFIX]           the held or waited-for keys, sorted
   lockctl cluster [flags] list            a cluster's nodes, per Raft group
@@ -70,11 +72,11 @@ released, so nothing it started runs without the lock.
 
 elect campaigns for leadership of NAME — a lock on NAME queued for in
 bounded rounds and held with KEEP, its fencing token the term — until it
-wins or --wait (0: until a signal) runs out, then runs CMD like exec with
-the term in LOCKD_TERM and NAME in LOCKD_KEY. When leadership can no
-longer be confirmed, --grace before the lease could lapse, CMD's group is
-sent SIGTERM, and SIGKILL --grace later; when CMD exits lockctl resigns,
-so the next candidate wins at once.
+wins or --wait (default 255s; 0: one attempt) runs out, then runs CMD
+like exec with the term in LOCKD_TERM and NAME in LOCKD_KEY. When
+leadership can no longer be confirmed, --grace before the lease could
+lapse, CMD's group is sent SIGTERM, and SIGKILL --grace later; when CMD
+exits lockctl resigns, so the next candidate wins at once.
 
 A lock that stays held reads as one plain line, "lockctl: KEY is held;
 not acquired within 2s", with exit status 75; --verbose adds the client's
@@ -84,7 +86,8 @@ Exit status:
   0      done (exec: CMD exited 0)
   1      failure: connection, authentication, an outcome lockctl cannot know
   2      usage
-  3      release: NOT HELD, the token was no longer current
+  3      release: NOT HELD, the token was no longer current;
+         acquire --hold: the lock was lost before a signal came
   75     not acquired: timeout, busy, unavailable, or --wait ran out on a
          lock that stayed held (elect: not elected within --wait);
          nothing is held by lockctl
@@ -146,12 +149,11 @@ var (
 )
 
 func run(ctx context.Context, args []string, lookupEnv func(string) (string, bool), p proc) int {
-	if len(args) == 0 {
+	command, args := splitCommand(args)
+	switch command {
+	case "":
 		fmt.Fprint(p.err, usage)
 		return exitUsage
-	}
-	command, args := args[0], args[1:]
-	switch command {
 	case "help", "-h", "-help", "--help":
 		printHelp(p.out)
 		return exitOK
@@ -161,7 +163,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	}
 	minArgs, known := commandArgs[command]
 	if !known {
-		fmt.Fprintf(p.err, "lockctl: unknown command %q\n\n%s", command, usage)
+		fmt.Fprintf(p.err, "lockctl: unknown command %q; run 'lockctl --help' for the commands\n", command)
 		return exitUsage
 	}
 	o, fs, rest, err := parseFlags(command, args, lookupEnv)
@@ -171,8 +173,15 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		fmt.Fprintf(p.out, "\nlockctl --help describes every command and the exit statuses.\n")
 		return exitOK
 	}
+	listen := err == nil && command == "elect" && o.listen
+	if listen {
+		minArgs = 1
+		if len(rest) > 1 {
+			err = fmt.Errorf("--listen takes NAME alone, no command: %q", rest[1:])
+		}
+	}
 	if err == nil && len(rest) < minArgs {
-		err = fmt.Errorf("%s needs %d arguments", command, minArgs)
+		err = fmt.Errorf("%s needs %s", command, argumentCount(minArgs))
 	}
 	if maxArgs := minArgs + optionalArgs[command]; err == nil && !takesCommand(command) && len(rest) > maxArgs {
 		err = fmt.Errorf("unexpected arguments: %q", rest[maxArgs:])
@@ -189,6 +198,9 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	}
 	switch command {
 	case "acquire":
+		if o.hold {
+			return runHold(ctx, o, rest[0], p)
+		}
 		return runAcquire(ctx, o, rest[0], p)
 	case "release":
 		return runRelease(ctx, o, rest[0], rest[1], p)
@@ -202,6 +214,9 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		return runList(ctx, o, prefix, p)
 	case "cluster":
 		return runCluster(ctx, o, rest, p)
+	}
+	if listen {
+		return runListen(ctx, o, rest[0], p)
 	}
 	if command == "elect" {
 		return runElect(ctx, o, rest[0], rest[1:], p)
@@ -227,6 +242,10 @@ var commandHelp = map[string]string{
 Takes KEY and prints its fencing token. The lock stays held until
 lockctl release KEY TOKEN, or until its --lease runs out. Exit status 0
 when held, 75 when not acquired (KEY is held, the server is busy).
+
+With --hold, like etcdctl lock NAME, lockctl keeps the lock, renewing
+its lease every third of --lease, until SIGINT or SIGTERM, then releases
+it and exits 0; 3 when the lock was lost first.
 `,
 	"release": `usage: lockctl release [flags] KEY TOKEN
 
@@ -252,11 +271,19 @@ leadership can no longer be confirmed, CMD's process group gets SIGTERM,
 and SIGKILL --grace later, before the lease could lapse. When CMD exits,
 lockctl resigns so that the next candidate wins at once. Exit status:
 CMD's, 75 when not elected within --wait, 124 when leadership was lost.
+
+       lockctl elect --listen [flags] NAME
+
+Like etcdctl elect --listen: campaigns for nothing, and prints the
+leader's term at the start and at every change ("term N", or "no
+leader"), from lockd's admin endpoint (--admin, --tenant), until SIGINT
+or SIGTERM; exit status 0.
 `,
 	"status": `usage: lockctl status [flags] KEY
 
-Shows KEY from lockd's admin endpoint (--admin): held, token, lease left,
-waiters. Needs no secret.
+Shows KEY from lockd's admin endpoint (--admin): held, token, how long
+the token has been held (single mode), lease left, waiters. Needs no
+secret.
 `,
 	"list": `usage: lockctl list [flags] [PREFIX]
 
@@ -278,210 +305,20 @@ node, remove it and add a new one with a new id.
 
 // printHelp is lockctl --help: the usage, then every flag, once.
 func printHelp(w io.Writer) {
-	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant, --secret-file and the --tls ones; --grace is exec's and elect's, --keepalive and --budget exec's, and elect's --lease and --wait mean its own; status and list take only --admin, --admin-token-file, the --admin-ca, --admin-cert and --admin-key ones, --tenant and --json, and list --limit; cluster only the --admin ones and --json):\n", usage)
+	fmt.Fprintf(w, "%s\nFlags (release takes only --addr, --tenant, --secret-file and the --tls ones; --grace is exec's and elect's, --keepalive and --budget exec's, --hold acquire's, --listen elect's (with the --admin ones), and elect's --lease and --wait mean its own; status and list take only --admin, --admin-token-file, the --admin-ca, --admin-cert and --admin-key ones, --tenant and --json, and list --limit; cluster only the --admin ones and --json):\n", usage)
 	exec := newFlagSet("exec", &options{})
 	envflag.PrintFlags(w, exec)
-	inspection := flag.NewFlagSet("inspection", flag.ContinueOnError)
-	newFlagSet("list", &options{}).VisitAll(func(f *flag.Flag) {
-		if exec.Lookup(f.Name) == nil {
-			inspection.Var(f.Value, f.Name, f.Usage)
-		}
-	})
-	envflag.PrintFlags(w, inspection)
-}
-
-type options struct {
-	addrs       addrList
-	tenant      string
-	secretFile  string
-	envSecret   string
-	lease, wait time.Duration
-	budget      time.Duration
-	grace       time.Duration
-	keepalive   bool
-	verbose     bool
-	tls         tlsflags.Flags
-	// status and list:
-	admin          string
-	adminTokenFile string
-	// adminCA, adminCert and adminKey: any of them speaks HTTPS to the
-	// admin endpoint.
-	adminCA, adminCert, adminKey string
-	asJSON                       bool
-	limit                        int
-}
-
-// newFlagSet defines the flags of command over o.
-func newFlagSet(command string, o *options) *flag.FlagSet {
-	o.addrs = addrList{addrs: []string{"127.0.0.1:7420"}, replace: true}
-	fs := flag.NewFlagSet("lockctl "+command, flag.ContinueOnError)
-	fs.SetOutput(io.Discard) // errors are returned, help is printed by run
-	if usesAdmin(command) {
-		defineAdminFlags(fs, command, o)
-		return fs
+	// Then every other command's flags exec has not: --hold, --listen,
+	// the admin endpoint's.
+	others := flag.NewFlagSet("others", flag.ContinueOnError)
+	for _, command := range []string{"acquire", "elect", "list"} {
+		newFlagSet(command, &options{}).VisitAll(func(f *flag.Flag) {
+			if exec.Lookup(f.Name) == nil && others.Lookup(f.Name) == nil {
+				others.Var(f.Value, f.Name, f.Usage)
+			}
+		})
 	}
-	fs.Var(&o.addrs, "addr", "server address `HOST:PORT`; repeat or separate with commas for several")
-	fs.StringVar(&o.tenant, "tenant", "", "tenant `name`; required with a secret")
-	fs.StringVar(&o.secretFile, "secret-file", "", "`file` holding the tenant's secret in hex")
-	o.tls.Register(fs)
-	switch command {
-	case "acquire", "exec":
-		envflag.DurationVar(fs, &o.lease, "lease", client.DefaultLease, "lease, rounded up to seconds, 1s..1h")
-		envflag.DurationVar(fs, &o.wait, "wait", 0, "how long to wait for the lock, 0s..255s; 0 tries once")
-		envflag.DurationVar(fs, &o.budget, "budget", 0, "validity the lock must have left when granted, else it is released again; 0s..250s")
-	case "elect":
-		envflag.DurationVar(fs, &o.lease, "lease", client.DefaultElectionLease, "lease of the leadership, renewed every third of it; a dead leader is replaced within it; 2s..1h")
-		envflag.DurationVar(fs, &o.wait, "wait", 0, "how long to campaign before giving up; 0 campaigns until a signal")
-	}
-	if takesCommand(command) {
-		envflag.DurationVar(fs, &o.grace, "grace", 0, fmt.Sprintf("SIGTERM the command this long before the lease may lapse, SIGKILL when it may have (default a tenth of --lease, at most %v)", maxDefaultGrace))
-	}
-	if command == "exec" {
-		fs.BoolVar(&o.keepalive, "keepalive", true, "renew the lease every third of --lease while the command runs; false stops the command at the lease")
-	}
-	if command != "release" {
-		fs.BoolVar(&o.verbose, "verbose", false, "when the lock is not acquired, print the client's full answer too")
-	}
-	return fs
-}
-
-// parseFlags reads the flags of command, with LOCKD_<NAME> environment
-// variables as their defaults, and returns the options, the flag set and
-// the arguments after the flags. It returns flag.ErrHelp for --help.
-func parseFlags(command string, args []string, lookupEnv func(string) (string, bool)) (*options, *flag.FlagSet, []string, error) {
-	o := &options{}
-	fs := newFlagSet(command, o)
-	if err := envflag.Apply(fs, lookupEnv); err != nil {
-		return nil, fs, nil, err
-	}
-	o.addrs.replace = true
-	o.envSecret, _ = lookupEnv("LOCKD_SECRET")
-	positional, err := parseInterleaved(fs, args, takesCommand(command))
-	if err != nil {
-		return nil, fs, nil, err
-	}
-	graceSet := false
-	fs.Visit(func(f *flag.Flag) { graceSet = graceSet || f.Name == "grace" })
-	if takesCommand(command) && !graceSet {
-		o.grace = min(o.lease/10, maxDefaultGrace)
-	}
-	if err := o.check(command); err != nil {
-		return nil, fs, nil, err
-	}
-	return o, fs, positional, nil
-}
-
-// maxDefaultGrace caps the default --grace of a long lease.
-const maxDefaultGrace = 2 * time.Second
-
-// parseInterleaved parses args with flags anywhere among the positional
-// arguments, which it returns in order. "--" ends the flags; with
-// command, so does the first argument after the key, which starts the
-// command to run: everything from there on is the command's.
-func parseInterleaved(fs *flag.FlagSet, args []string, command bool) ([]string, error) {
-	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		rest := fs.Args()
-		ended := len(rest) < len(args) && args[len(args)-len(rest)-1] == "--"
-		if ended || len(rest) == 0 || (command && len(positional) == 1) {
-			return append(positional, rest...), nil
-		}
-		positional = append(positional, rest[0])
-		args = rest[1:]
-	}
-}
-
-// check refuses, before anything is sent, the flag values the client or
-// the server would refuse, naming the flag.
-func (o *options) check(command string) error {
-	if o.tenant != "" && !codec.ValidTenant([]byte(o.tenant)) {
-		return fmt.Errorf("--tenant %q: want 1..32 bytes of [A-Za-z0-9._-]", o.tenant)
-	}
-	if usesAdmin(command) {
-		return o.checkAdmin(command)
-	}
-	if len(o.addrs.addrs) == 0 {
-		return errors.New("--addr: no address")
-	}
-	if o.tenant == "" && (o.secretFile != "" || o.envSecret != "") {
-		return errors.New("a secret (--secret-file or LOCKD_SECRET) needs --tenant (LOCKD_TENANT)")
-	}
-	switch command {
-	case "release":
-		return nil
-	case "elect":
-		return o.checkElect()
-	}
-	lease, err := wholeSeconds("--lease", o.lease, 1, codec.MaxLeaseSeconds)
-	if err != nil {
-		return err
-	}
-	if _, err := wholeSeconds("--wait", o.wait, 0, codec.MaxWaitSeconds); err != nil {
-		return err
-	}
-	budget, err := wholeSeconds("--budget", o.budget, 0, int64(client.MaxWorkBudget/time.Second))
-	if err != nil {
-		return err
-	}
-	if budget > lease {
-		return fmt.Errorf("--budget %v exceeds --lease %v", o.budget, o.lease)
-	}
-	if command == "exec" && (o.grace < 0 || o.grace >= o.lease) {
-		return fmt.Errorf("--grace %v must be at least 0 and shorter than --lease %v", o.grace, o.lease)
-	}
-	return nil
-}
-
-// checkElect checks elect's durations as client.Campaign would, naming
-// the flags.
-func (o *options) checkElect() error {
-	lease, err := wholeSeconds("--lease", o.lease, 2, codec.MaxLeaseSeconds)
-	if err != nil {
-		return err
-	}
-	if o.wait < 0 {
-		return fmt.Errorf("--wait %v: want 0 (until a signal) or more", o.wait)
-	}
-	leaseRounded := time.Duration(lease) * time.Second
-	if o.grace < 0 || o.grace+leaseRounded/3 > leaseRounded-time.Second {
-		return fmt.Errorf("--grace %v must be at least 0 and leave a renewal room: at most --lease %v less a third of it less 1s", o.grace, o.lease)
-	}
-	return nil
-}
-
-// wholeSeconds rounds d up to whole seconds, as the client does, and
-// checks that the result is within lo..hi seconds.
-func wholeSeconds(flagName string, d time.Duration, lo, hi int64) (int64, error) {
-	s := int64((d + time.Second - 1) / time.Second)
-	if d < 0 || s < lo || s > hi {
-		return 0, fmt.Errorf("%s %v: want %v..%v, rounded up to whole seconds", flagName, d, time.Duration(lo)*time.Second, time.Duration(hi)*time.Second)
-	}
-	return s, nil
-}
-
-// addrList is a repeatable, comma-separated flag. Its defaults — the
-// built-in one, or LOCKD_ADDR — are replaced by the first --addr given,
-// not added to.
-type addrList struct {
-	addrs   []string
-	replace bool
-}
-
-func (a *addrList) String() string { return strings.Join(a.addrs, ",") }
-
-func (a *addrList) Set(v string) error {
-	if a.replace {
-		a.addrs, a.replace = nil, false
-	}
-	for _, addr := range strings.Split(v, ",") {
-		if addr = strings.TrimSpace(addr); addr != "" {
-			a.addrs = append(a.addrs, addr)
-		}
-	}
-	return nil
+	envflag.PrintFlags(w, others)
 }
 
 func (o *options) secret() ([]byte, error) {
@@ -629,7 +466,7 @@ func takeLock(ctx context.Context, o *options, key, command string, p proc) (*cl
 	switch {
 	case sig != nil:
 		if err == nil {
-			release(c, ticket, command, p)
+			release(c, ticket, command, leaseBound(time.Now(), o.lease), p)
 		}
 		if c != nil {
 			c.Close()
@@ -658,8 +495,8 @@ func runAcquire(ctx context.Context, o *options, key string, p proc) int {
 
 func runRelease(ctx context.Context, o *options, key, tokenText string, p proc) int {
 	token, err := strconv.ParseUint(tokenText, 10, 64)
-	if err != nil {
-		fmt.Fprintf(p.err, "lockctl release: token %q: %v\n", tokenText, err)
+	if err != nil || token == 0 {
+		fmt.Fprintf(p.err, "lockctl release: token %q: want the number lockctl acquire printed (1..%d)\n", tokenText, uint64(math.MaxUint64))
 		return exitUsage
 	}
 	ctx, interrupted := untilSignal(ctx, p.signals)

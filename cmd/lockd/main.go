@@ -25,6 +25,7 @@ import (
 )
 
 const usage = `usage: lockd serve [flags]
+       lockd serve --check-config [flags]
        lockd serve --cluster --node-id N --raft-addr HOST:PORT --peers 1=HOST:PORT,2=...,3=... --data-dir DIR [--groups G] [flags]
        lockd --version
 
@@ -80,6 +81,9 @@ func run(args []string, lookupEnv func(string) (string, bool), stdout, stderr io
 		fmt.Fprintf(stderr, "lockd serve: %v\nRun 'lockd serve --help' for the flags.\n", err)
 		return exitUsage
 	}
+	if opts.checkOnly {
+		return checkConfig(opts, stdout, stderr)
+	}
 	if err := serve(opts, level); err != nil {
 		fmt.Fprintln(stderr, "lockd:", err)
 		return exitFailure
@@ -89,35 +93,11 @@ func run(args []string, lookupEnv func(string) (string, bool), stdout, stderr io
 
 // serve runs the server until SIGTERM or SIGINT.
 func serve(opts serveOptions, level zerolog.Level) error {
-	cfg, authFile := opts.server, opts.authFile
+	if problems := loadFiles(&opts); len(problems) > 0 {
+		return problems[0]
+	}
+	cfg := opts.server
 	cfg.Logger = zerolog.New(os.Stderr).Level(level).With().Timestamp().Logger()
-	if authFile != "" {
-		auth, err := server.LoadAuthFile(authFile)
-		if err != nil {
-			return fmt.Errorf("--auth-file: %w", err)
-		}
-		cfg.Auth = auth.Secrets
-		cfg.TenantConns = auth.TenantConns
-		cfg.Engine.TenantLimits = auth.TenantLimits(cfg.Engine.MaxKeys, cfg.Engine.MaxWaiters, cfg.Engine.MaxInflight)
-	}
-	if opts.adminTokenFile != "" {
-		var err error
-		if cfg.AdminToken, err = server.LoadAdminToken(opts.adminTokenFile); err != nil {
-			return fmt.Errorf("--admin-token-file: %w", err)
-		}
-	}
-	if opts.tlsCert != "" {
-		var err error
-		if cfg.TLS, err = server.LoadTLSConfig(opts.tlsCert, opts.tlsKey, opts.tlsClientCA); err != nil {
-			return fmt.Errorf("--tls-cert, --tls-key, --tls-client-ca: %w", err)
-		}
-	}
-	if opts.adminTLS[0] != "" {
-		var err error
-		if cfg.AdminTLS, err = server.LoadAdminTLSConfig(opts.adminTLS[0], opts.adminTLS[1], opts.adminTLS[2]); err != nil {
-			return fmt.Errorf("--admin-tls-cert, --admin-tls-key, --admin-tls-client-ca: %w", err)
-		}
-	}
 
 	_, gomaxprocsSet := os.LookupEnv("GOMAXPROCS")
 	var procs int
@@ -138,17 +118,14 @@ func serve(opts serveOptions, level zerolog.Level) error {
 		cc.Logger = cfg.Logger
 		cc.Build = strings.ReplaceAll(strings.TrimSpace(version.String("lockd")), "\n", ", ")
 		var err error
-		if opts.raftTLS[0] != "" {
-			if cc.RaftTLS, err = cluster.LoadRaftTLS(opts.raftTLS[0], opts.raftTLS[1], opts.raftTLS[2]); err != nil {
-				return fmt.Errorf("--raft-tls-cert, --raft-tls-key, --raft-tls-ca: %w", err)
-			}
-		}
 		if node, err = cluster.Start(cc); err != nil {
 			return err
 		}
 		defer node.Close()
 		cfg.Backend = node
 		cfg.AdminRoutes = map[string]http.Handler{cluster.AdminPrefix: node.MembersHandler()}
+	} else {
+		cfg.AdminRoutes = map[string]http.Handler{cluster.AdminPrefix: cluster.SingleModeHandler()}
 	}
 	srv, err := server.Start(cfg)
 	if err != nil {
@@ -162,6 +139,45 @@ func serve(opts serveOptions, level zerolog.Level) error {
 		// Already logged; exiting non-zero lets a supervisor restart it.
 		return srv.Close()
 	}
+}
+
+// loadFiles reads every file the flags name into opts: the auth file,
+// the admin token and the TLS files of each port. It returns one error
+// per flag group whose files cannot be used, each naming its flags.
+func loadFiles(opts *serveOptions) []error {
+	cfg := &opts.server
+	var problems []error
+	if opts.authFile != "" {
+		if auth, err := server.LoadAuthFile(opts.authFile); err != nil {
+			problems = append(problems, fmt.Errorf("--auth-file: %w", err))
+		} else {
+			cfg.Auth = auth.Secrets
+			cfg.TenantConns = auth.TenantConns
+			cfg.Engine.TenantLimits = auth.TenantLimits(cfg.Engine.MaxKeys, cfg.Engine.MaxWaiters, cfg.Engine.MaxInflight)
+		}
+	}
+	var err error
+	if opts.adminTokenFile != "" {
+		if cfg.AdminToken, err = server.LoadAdminToken(opts.adminTokenFile); err != nil {
+			problems = append(problems, fmt.Errorf("--admin-token-file: %w", err))
+		}
+	}
+	if opts.tlsCert != "" {
+		if cfg.TLS, err = server.LoadTLSConfig(opts.tlsCert, opts.tlsKey, opts.tlsClientCA); err != nil {
+			problems = append(problems, fmt.Errorf("--tls-cert, --tls-key, --tls-client-ca: %w", err))
+		}
+	}
+	if opts.adminTLS[0] != "" {
+		if cfg.AdminTLS, err = server.LoadAdminTLSConfig(opts.adminTLS[0], opts.adminTLS[1], opts.adminTLS[2]); err != nil {
+			problems = append(problems, fmt.Errorf("--admin-tls-cert, --admin-tls-key, --admin-tls-client-ca: %w", err))
+		}
+	}
+	if opts.raftTLS[0] != "" {
+		if opts.clusterCfg.RaftTLS, err = cluster.LoadRaftTLS(opts.raftTLS[0], opts.raftTLS[1], opts.raftTLS[2]); err != nil {
+			problems = append(problems, fmt.Errorf("--raft-tls-cert, --raft-tls-key, --raft-tls-ca: %w", err))
+		}
+	}
+	return problems
 }
 
 // processorsFor returns the event loops and the Go processors (P) a
@@ -218,7 +234,9 @@ type serveOptions struct {
 	raftTLS    [3]string
 	cluster    bool
 	clusterCfg cluster.Config
-	flags      *flag.FlagSet // what they were read from, for --help
+	// checkOnly is --check-config: check, start nothing.
+	checkOnly bool
+	flags     *flag.FlagSet // what they were read from, for --help
 }
 
 // parseServeOptions reads flags, with LOCKD_<NAME> environment variables
@@ -258,6 +276,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.IntVar(&cfg.MaxConnInflight, "max-conn-inflight", server.DefaultMaxConnInflight, "hard limit of in-flight requests per connection")
 	fs.IntVar(&cfg.MaxOpenTenants, "max-open-tenants", server.DefaultMaxOpenTenants, "with auth off, how many tenants besides \"default\" HELLO may name")
 	fs.IntVar(&cfg.Loops, "loops", 0, "event loops (0 = GOMAXPROCS − 1, at least 1); single mode without --tls-listen then runs as many Go processors as loops unless GOMAXPROCS is set")
+	fs.BoolVar(&o.checkOnly, "check-config", false, "check the flags, the files they name, the addresses and the data dir as serve would, print one line per problem, and exit (0: serve would start; 1: it would not) without starting anything; for an init container")
 	fs.StringVar(logLevel, "log-level", "info", "trace, debug, info, warn or error")
 	fs.BoolVar(&o.cluster, "cluster", false, "run as a node of a Raft-replicated cluster")
 	fs.Uint64Var(&cc.NodeID, "node-id", 0, "cluster: this node's id, a key of --peers")

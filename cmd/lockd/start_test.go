@@ -82,3 +82,20 @@ func TestDurationFlagsHintAtUnits(t *testing.T) {
 		t.Fatalf("--drain-grace 5: exit %d, %q", code, errs)
 	}
 }
+
+// The data dir's log line says what happened: a new data dir starts
+// tokens at 1; a restart continues above the mark the first run left.
+func TestTokenMarkLogLine(t *testing.T) {
+	bin := buildLockd(t)
+	dataDir := t.TempDir() + "/data"
+	first := startLockd(t, bin, t.TempDir(), "--data-dir", dataDir)
+	if !strings.Contains(first.startLog, `"first_token":1,`) || !strings.Contains(first.startLog, "fencing tokens start in a new data dir") ||
+		strings.Contains(first.startLog, "continue above") {
+		t.Fatalf("a fresh data dir's start log:\n%s", first.startLog)
+	}
+	first.kill9(t)
+	again := startLockd(t, bin, t.TempDir(), "--data-dir", dataDir)
+	if !strings.Contains(again.startLog, "fencing tokens continue above the data dir's mark") || strings.Contains(again.startLog, `"first_token":1,`) {
+		t.Fatalf("a restart's start log:\n%s", again.startLog)
+	}
+}

@@ -3,8 +3,8 @@
 // or kill it, and another takes over — at once after a clean stop, within
 // the lease after a crash — with a higher term.
 //
-//	go run ./cmd/lockd serve &
-//	go run ./examples/elect                # LOCKD_ADDR, default 127.0.0.1:7420
+//	bin/lockd serve &                      # built by make build
+//	go run ./examples/elect                # --addr or LOCKD_ADDR: one HOST:PORT or a comma-separated list, default 127.0.0.1:7420
 //
 // The term is the leadership's fencing token: pass it with everything the
 // leader writes, so that writes of a deposed leader can be refused.
@@ -12,24 +12,31 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log"
 	"os"
 	"os/signal"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/lockd/lockd/client"
 )
 
 func main() {
-	addr := os.Getenv("LOCKD_ADDR")
-	if addr == "" {
-		addr = "127.0.0.1:7420"
+	// Like lockctl: --addr or LOCKD_ADDR, one address or several,
+	// comma-separated; the client moves on to the next when one fails.
+	addrs := os.Getenv("LOCKD_ADDR")
+	if addrs == "" {
+		addrs = "127.0.0.1:7420"
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	flag.StringVar(&addrs, "addr", addrs, "lockd's `HOST:PORT`, or several, comma-separated (LOCKD_ADDR)")
+	flag.Parse()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, addr, os.Stdout); err != nil {
+	if err := run(ctx, strings.Split(addrs, ","), os.Stdout); err != nil {
 		log.Fatal(err)
 	}
 }
@@ -37,10 +44,10 @@ func main() {
 // run campaigns for examples/leader until ctx ends, and while leader does
 // its work every second, until ctx ends (it then resigns) or leadership
 // is lost (it then campaigns again).
-func run(ctx context.Context, addr string, out io.Writer) error {
-	c, err := client.Dial(ctx, client.Config{Addrs: []string{addr}})
+func run(ctx context.Context, addrs []string, out io.Writer) error {
+	c, err := client.Dial(ctx, client.Config{Addrs: addrs})
 	if err != nil {
-		return fmt.Errorf("is lockd running on %s? %w", addr, err)
+		return fmt.Errorf("is lockd running on %s? %w", strings.Join(addrs, ","), err)
 	}
 	defer c.Close()
 	for {

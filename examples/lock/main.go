@@ -1,8 +1,8 @@
 // Command lock is the smallest complete lockd program: it takes a lock,
 // does its work while the lock is surely held, and releases it. It needs
-// only a running server (go run ./cmd/lockd serve) and no database:
+// only a running server (make build && bin/lockd serve) and no database:
 //
-//	go run ./examples/lock                 # LOCKD_ADDR, default 127.0.0.1:7420
+//	go run ./examples/lock                 # --addr or LOCKD_ADDR: one HOST:PORT or a comma-separated list, default 127.0.0.1:7420
 //
 // Run two at once and the second waits its turn.
 package main
@@ -10,31 +10,37 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/lockd/lockd/client"
 )
 
 func main() {
-	addr := os.Getenv("LOCKD_ADDR")
-	if addr == "" {
-		addr = "127.0.0.1:7420"
+	// Like lockctl: --addr or LOCKD_ADDR, one address or several,
+	// comma-separated; the client moves on to the next when one fails.
+	addrs := os.Getenv("LOCKD_ADDR")
+	if addrs == "" {
+		addrs = "127.0.0.1:7420"
 	}
-	if err := run(context.Background(), addr, 2*time.Second, os.Stdout); err != nil {
+	flag.StringVar(&addrs, "addr", addrs, "lockd's `HOST:PORT`, or several, comma-separated (LOCKD_ADDR)")
+	flag.Parse()
+	if err := run(context.Background(), strings.Split(addrs, ","), 2*time.Second, os.Stdout); err != nil {
 		log.Fatal(err)
 	}
 }
 
 // run takes examples/report on the server at addr, works for work while
 // holding it, and releases it.
-func run(ctx context.Context, addr string, work time.Duration, out io.Writer) error {
-	c, err := client.Dial(ctx, client.Config{Addrs: []string{addr}})
+func run(ctx context.Context, addrs []string, work time.Duration, out io.Writer) error {
+	c, err := client.Dial(ctx, client.Config{Addrs: addrs})
 	if err != nil {
-		return fmt.Errorf("is lockd running on %s? %w", addr, err)
+		return fmt.Errorf("is lockd running on %s? %w", strings.Join(addrs, ","), err)
 	}
 	defer c.Close()
 

@@ -75,7 +75,17 @@ func DurationVar(fs *flag.FlagSet, p *time.Duration, name string, value time.Dur
 
 type duration time.Duration
 
-func (d *duration) String() string { return time.Duration(*d).String() }
+func (d *duration) String() string { return Seconds(time.Duration(*d)) }
+
+// Seconds writes a whole number of seconds as seconds ("255s", not
+// "4m15s"), the unit the commands state their ranges in; any other
+// duration as time.Duration does.
+func Seconds(d time.Duration) string {
+	if d%time.Second == 0 {
+		return strconv.FormatInt(int64(d/time.Second), 10) + "s"
+	}
+	return d.String()
+}
 
 func (d *duration) Set(s string) error {
 	v, err := time.ParseDuration(s)
