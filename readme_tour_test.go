@@ -104,7 +104,7 @@ func TestREADMETour(t *testing.T) {
 		}
 		reader := codec.NewResponseReader(conn, 512)
 		var greeting, resp codec.Response
-		if err := reader.Next(&greeting); err != nil || greeting.Op != codec.OpGreeting || greeting.Flags != 0 {
+		if err := reader.Next(&greeting); err != nil || greeting.Op != codec.OpGreeting || greeting.Flags != codec.GreetingAbandon {
 			t.Fatalf("step %d: greeting %+v, %v", i+1, greeting, err)
 		}
 		if err := reader.Next(&resp); err != nil && err != io.EOF {
