@@ -12,9 +12,9 @@ import (
 	"strings"
 	"time"
 
+	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 	"github.com/lockd/lockd/client"
 	"github.com/lockd/lockd/client/fence"
-	_ "github.com/jackc/pgx/v5/stdlib" // the "pgx" database/sql driver
 )
 
 // The test binary runs as a lock holder when FENCETEST_ROLE=holder; the
