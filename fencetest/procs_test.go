@@ -87,6 +87,8 @@ func startLockd(t *testing.T, id int, listen, admin, logPath string, args ...str
 	}
 	cmd := exec.Command(filepath.Join(binaries(t), "lockd"), append([]string{"serve", "--listen", listen, "--admin", admin, "--log-level", "warn"}, args...)...)
 	cmd.Stdout, cmd.Stderr = f, f
+	// Killed with the test process, even by a test timeout.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -229,6 +231,7 @@ func startHolder(t *testing.T, name string, addrs []string, key string, lease ti
 	h.cmd.Env = append(os.Environ(), roleEnv+"=holder", "FENCETEST_ADDRS="+strings.Join(addrs, ","),
 		"FENCETEST_KEY="+key, "FENCETEST_LEASE="+lease.String(), "FENCETEST_WRITE="+target, "FENCETEST_GATE="+gateValue)
 	h.cmd.Stderr = os.Stderr
+	h.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, err := h.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -39,6 +40,7 @@ func startPythonBackend(t *testing.T, pg *pgtest.Server) string {
 	}
 	cmd := exec.Command(python(t), "testdata/wsgi_backend.py", pythonDir, pg.DSN())
 	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -92,7 +92,9 @@ func Start(t testing.TB) *Server {
 	srv := exec.Command(filepath.Join(bin, "postgres"), "-D", data, "-h", "127.0.0.1", "-p", strconv.Itoa(port),
 		"-k", dir, "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
 		"-c", "max_connections=50", "-c", "shared_buffers=16MB")
-	srv.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
+	// SIGQUIT, PostgreSQL's immediate shutdown, if the test process dies
+	// without its cleanup (a test timeout): no server outlives its test.
+	srv.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGQUIT}
 	srv.Stdout, srv.Stderr = logFile, logFile
 	if err := srv.Start(); err != nil {
 		t.Fatalf("pgtest: start postgres: %v", err)
