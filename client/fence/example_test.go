@@ -165,12 +165,14 @@ func ExampleMemory_Fence() {
 	fmt.Println(marks.Fence(ctx, "cache/users", 1))
 	fmt.Println(marks.Fence(ctx, "cache/users", 2))
 	fmt.Println(errors.Is(marks.Fence(ctx, "cache/users", 1), fence.ErrStale))
-	fmt.Println(marks.Fence(ctx, "cache/users", 0))
+	fmt.Println(errors.Is(marks.Fence(ctx, "cache/users", 0), fence.ErrBadToken))
+	fmt.Println(errors.Is(marks.Fence(ctx, "cache users", 3), fence.ErrBadKey))
 	// Output:
 	// <nil>
 	// <nil>
 	// true
-	// fence: bad token (1..2^63-1)
+	// true
+	// true
 }
 
 // logged is a Store that logs every refusal of the Store it wraps.
