@@ -2,6 +2,7 @@ package fence_test
 
 import (
 	"context"
+	"database/sql"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -42,24 +43,23 @@ func BenchmarkHandlerMemory(b *testing.B) {
 	}
 }
 
-// The transaction of a guarded write on a real PostgreSQL, with the fence
-// check and without it: the check is one more statement, one more round
-// trip, in the same transaction.
+// The transaction of a guarded write on a real PostgreSQL (BEGIN, UPDATE,
+// COMMIT), without the fence check, with it, and with a bare round trip
+// (SELECT 1) in its place for scale: the check is one more statement, one
+// more round trip, in the same transaction.
 func BenchmarkPostgresUpdate(b *testing.B) {
 	d := openPostgres(b)
 	ctx := context.Background()
 	const update = `UPDATE account SET balance = balance + 1, writer = $1 WHERE id = 1`
-	run := func(b *testing.B, fenced bool) {
+	run := func(b *testing.B, before func(*sql.Tx) error) {
 		b.ReportAllocs()
 		for range b.N {
 			tx, err := d.db.BeginTx(ctx, nil)
 			if err != nil {
 				b.Fatal(err)
 			}
-			if fenced {
-				if err := d.fences.Check(ctx, tx, "invoice/42", 7); err != nil {
-					b.Fatal(err)
-				}
+			if err := before(tx); err != nil {
+				b.Fatal(err)
 			}
 			if _, err := tx.ExecContext(ctx, update, 7); err != nil {
 				b.Fatal(err)
@@ -69,6 +69,14 @@ func BenchmarkPostgresUpdate(b *testing.B) {
 			}
 		}
 	}
-	b.Run("update", func(b *testing.B) { run(b, false) })
-	b.Run("check+update", func(b *testing.B) { run(b, true) })
+	b.Run("update", func(b *testing.B) { run(b, func(*sql.Tx) error { return nil }) })
+	b.Run("select1+update", func(b *testing.B) {
+		run(b, func(tx *sql.Tx) error {
+			var one int
+			return tx.QueryRowContext(ctx, `SELECT 1`).Scan(&one)
+		})
+	})
+	b.Run("check+update", func(b *testing.B) {
+		run(b, func(tx *sql.Tx) error { return d.fences.Check(ctx, tx, "invoice/42", 7) })
+	})
 }
