@@ -18,7 +18,7 @@ require (
 	go.uber.org/zap v1.27.0
 	go.yaml.in/yaml/v3 v3.0.6
 	golang.org/x/sys v0.50.0
-	modernc.org/sqlite v1.63.0
+	modernc.org/sqlite v1.62.0
 )
 
 require (

@@ -17,13 +17,16 @@ import signal
 import socket
 import sqlite3
 import subprocess
+import sys
 import tempfile
 import threading
 import time
 
 import pytest
 
-from lockd import fence
+# The python/ directory, for lockd.fence, whichever conftest runs beside.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from lockd import fence  # noqa: E402
 
 
 def _missing(what):
