@@ -78,9 +78,12 @@ func (s *SQL) Init(ctx context.Context) error {
 }
 
 // Check raises key's mark to token inside tx, the transaction that makes
-// the guarded writes, or returns a *StaleError (errors.Is(err, ErrStale))
-// when the mark is above token; then the caller must roll tx back. The
-// mark moves only if tx commits. It costs one statement, one round trip.
+// the guarded writes (call it before them), or returns a *StaleError
+// (errors.Is(err, ErrStale)) when the mark is above token; then the
+// caller must roll tx back. The mark moves only if tx commits. It costs
+// one statement, one round trip. Under PostgreSQL's REPEATABLE READ or
+// SERIALIZABLE, a newer holder's concurrent commit ends tx with a
+// serialization failure instead, retried like any other.
 func (s *SQL) Check(ctx context.Context, tx *sql.Tx, key string, token uint64) error {
 	if err := validate(key, token); err != nil {
 		return err
