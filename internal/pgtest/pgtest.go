@@ -66,7 +66,7 @@ func (s *Server) Open(t testing.TB) *sql.DB {
 // synchronous_commit): the tests measure round trips, not disks.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	bin := binDir(t)
+	bin := binDir(t, installed)
 	dir, err := os.MkdirTemp("", "lockd-pgtest-")
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
@@ -146,11 +146,15 @@ func (s *Server) waitReady(exited <-chan struct{}) error {
 	}
 }
 
-// binDir finds the newest /usr/lib/postgresql/*/bin with initdb and
-// postgres, or ends the test: failed in CI, skipped elsewhere.
-func binDir(t testing.TB) string {
+// installed is where Debian's postgresql packages put initdb.
+const installed = "/usr/lib/postgresql/*/bin/initdb"
+
+// binDir finds the directory of the newest initdb matching pattern that
+// has postgres beside it, or ends the test: failed in CI, skipped
+// elsewhere.
+func binDir(t testing.TB, pattern string) string {
 	t.Helper()
-	found, _ := filepath.Glob("/usr/lib/postgresql/*/bin/initdb")
+	found, _ := filepath.Glob(pattern)
 	slices.SortFunc(found, func(a, b string) int { return version(b) - version(a) })
 	for _, initdb := range found {
 		dir := filepath.Dir(initdb)
@@ -158,7 +162,7 @@ func binDir(t testing.TB) string {
 			return dir
 		}
 	}
-	const msg = "PostgreSQL is not installed (no /usr/lib/postgresql/*/bin/initdb): apt-get install postgresql"
+	msg := "PostgreSQL is not installed (no " + pattern + "): apt-get install postgresql"
 	if os.Getenv("CI") != "" {
 		t.Fatal(msg + " — CI is set, so this test fails instead of skipping")
 	}
