@@ -77,7 +77,7 @@ image:
 # own, so those checks (files tagged !race) run in a race-free pass first.
 # So does the server's memory check: the detector's shadow memory is
 # resident and never returned.
-ALLOC_CHECKED := ./engine ./client ./cluster ./internal/histogram ./server
+ALLOC_CHECKED := ./engine ./client ./client/fence ./cluster ./internal/histogram ./server
 MEMORY_CHECKED := ./server
 
 test:
