@@ -8,7 +8,7 @@ import (
 
 // A proposal is one batch of commands for one group (group commit):
 //
-//	version u8 (=1) | now i64 (proposer's wall clock, Unix ns) | count u32 | count × command
+//	version u8 (=2) | now i64 (proposer's wall clock, Unix ns) | count u32 | count × command
 //
 // and a command is
 //
@@ -28,11 +28,6 @@ import (
 //	             fell due on its heap: the key is settled on the
 //	             replicated clock like before any command, which frees it
 //	             only if its lease has ended there
-//	cmdLeaseEndV1: token u64 | renewals u32, and
-//	cmdExpire:   token u64: the lease ends of earlier builds, still applied
-//	             from their logs, alike (their fields were never needed:
-//	             a lease a KEEP renewed since has not ended, and a later
-//	             token's neither)
 //	cmdForget:   node u64 | keep_first u64 | keep_last u64 (tenant and key empty):
 //	             drop node's queued waiters except those whose request id
 //	             (without its top bit) is within [keep_first, keep_last] —
@@ -40,16 +35,6 @@ import (
 //	             by a group leader for a node it has not heard from
 //	cmdCancel:   node u64 | id u64: node's queued waiter id left (its
 //	             connection closed); no answer, a lock is not touched
-//	cmdEpoch:    term u64 | node u64 (tenant and key empty): node leads the
-//	             group from Raft term on; grants applied from here carry
-//	             the term as their epoch (claims.go)
-//	cmdRevoke:   node u64 | token u64 | term u64: the leader of epoch term
-//	             takes back the grant token, made in that epoch to a request
-//	             of node, which node never claimed (node fell silent)
-//	cmdRevokeUnwitnessed: node u64 | token u64 | term u64: a later epoch's
-//	             leader takes back the grant token that node, the leader of
-//	             epoch term, made to its own request and no member witnessed
-//	             (witness.go); written only from log format 2 on
 //	cmdFormat:   format u32 (tenant and key empty): the group's log format
 //	             rises to format (version.go); written only by a leader
 //	             whose every member stated it reads it
@@ -60,23 +45,21 @@ import (
 //
 // All integers big-endian. Time only enters the state machine through
 // these fields; Update never reads a clock.
+//
+// The batch version is 2 from log format 3 on (version.go): the batches
+// of the formats before it are refused whole, and a build of those
+// formats halts at this build's first batch.
 const (
-	batchVersion = 1
+	batchVersion = 2
 	headerLen    = 1 + 8 + 4
 
-	cmdAcquire    = 'A'
-	cmdRelease    = 'R'
-	cmdKeep       = 'K'
-	cmdLeaseEnd   = 'D'
-	cmdLeaseEndV1 = 'L'
-	cmdExpire     = 'E'
-	cmdForget     = 'F'
-	cmdCancel     = 'C'
-	cmdEpoch      = 'P'
-	cmdRevoke     = 'V'
-	// log format 2 on (version.go):
-	cmdFormat            = 'N'
-	cmdRevokeUnwitnessed = 'W'
+	cmdAcquire  = 'A'
+	cmdRelease  = 'R'
+	cmdKeep     = 'K'
+	cmdLeaseEnd = 'D'
+	cmdForget   = 'F'
+	cmdCancel   = 'C'
+	cmdFormat   = 'N'
 )
 
 var errBadBatch = errors.New("cluster: malformed proposal")
@@ -96,7 +79,6 @@ type command struct {
 	keyLimit uint32
 	// keepFirst and keepLast are cmdForget's range of ids to keep.
 	keepFirst, keepLast uint64
-	term                uint64 // cmdEpoch, cmdRevoke, cmdRevokeUnwitnessed
 	format              uint32 // cmdFormat
 	tenant              []byte
 	key                 []byte
@@ -152,22 +134,6 @@ func appendCancel(dst []byte, node, id uint64, tenant string, key []byte) []byte
 	return appendText(dst, tenant, key)
 }
 
-func appendEpoch(dst []byte, term, node uint64) []byte {
-	dst = append(dst, cmdEpoch)
-	dst = binary.BigEndian.AppendUint64(dst, term)
-	dst = binary.BigEndian.AppendUint64(dst, node)
-	return appendText(dst, "", nil)
-}
-
-// appendRevoke appends a revoke of kind cmdRevoke or cmdRevokeUnwitnessed.
-func appendRevoke(dst []byte, kind byte, node, token, term uint64, tenant string, key []byte) []byte {
-	dst = append(dst, kind)
-	dst = binary.BigEndian.AppendUint64(dst, node)
-	dst = binary.BigEndian.AppendUint64(dst, token)
-	dst = binary.BigEndian.AppendUint64(dst, term)
-	return appendText(dst, tenant, key)
-}
-
 func appendFormat(dst []byte, format uint32) []byte {
 	dst = append(dst, cmdFormat)
 	dst = binary.BigEndian.AppendUint32(dst, format)
@@ -208,18 +174,10 @@ func fieldsLen(kind byte) (int, error) {
 		return 8 + 8 + 8 + 4 + 2, nil
 	case cmdLeaseEnd:
 		return 0, nil
-	case cmdLeaseEndV1:
-		return 8 + 4, nil
-	case cmdExpire:
-		return 8, nil
 	case cmdForget:
 		return 8 + 8 + 8, nil
 	case cmdCancel:
 		return 8 + 8, nil
-	case cmdEpoch:
-		return 8 + 8, nil
-	case cmdRevoke, cmdRevokeUnwitnessed:
-		return 8 + 8 + 8, nil
 	case cmdFormat:
 		return 4, nil
 	}
@@ -257,11 +215,6 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 		c.token = binary.BigEndian.Uint64(b[16:])
 		c.renewals = binary.BigEndian.Uint32(b[24:])
 		c.lease = binary.BigEndian.Uint16(b[28:])
-	case cmdLeaseEndV1:
-		c.token = binary.BigEndian.Uint64(b)
-		c.renewals = binary.BigEndian.Uint32(b[8:])
-	case cmdExpire:
-		c.token = binary.BigEndian.Uint64(b)
 	case cmdForget:
 		c.node = binary.BigEndian.Uint64(b)
 		c.keepFirst = binary.BigEndian.Uint64(b[8:])
@@ -269,13 +222,6 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 	case cmdCancel:
 		c.node = binary.BigEndian.Uint64(b)
 		c.id = binary.BigEndian.Uint64(b[8:])
-	case cmdEpoch:
-		c.term = binary.BigEndian.Uint64(b)
-		c.node = binary.BigEndian.Uint64(b[8:])
-	case cmdRevoke, cmdRevokeUnwitnessed:
-		c.node = binary.BigEndian.Uint64(b)
-		c.token = binary.BigEndian.Uint64(b[8:])
-		c.term = binary.BigEndian.Uint64(b[16:])
 	case cmdFormat:
 		c.format = binary.BigEndian.Uint32(b)
 	}

@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -52,8 +51,7 @@ func stateOf(f *fsm) fsmState {
 
 // randomBatches makes proposals as several nodes would: acquires with and
 // without waits, releases and keeps of current and stale tokens, lease
-// ends of current and stale renewals, cancels of earlier acquires, and
-// lease ends in the format of builds before KEEP.
+// ends of current and stale renewals, and cancels of earlier acquires.
 func randomBatches(seed uint64, n int) [][]byte {
 	rng := rand.New(rand.NewPCG(seed, 1))
 	var out [][]byte
@@ -94,13 +92,9 @@ func randomBatches(seed uint64, n int) [][]byte {
 					b = appendCancel(b, r.node, r.id, "t", r.key)
 					break
 				}
-				if rng.IntN(2) == 0 {
-					b = appendLeaseEnd(b, "t", key)
-					break
-				}
-				b = appendOldLeaseEnd(b, uint64(rng.IntN(int(tok)+2)), uint32(rng.IntN(3)), "t", key)
+				fallthrough
 			default:
-				b = appendOldExpire(b, uint64(rng.IntN(int(tok)+2)), "t", key)
+				b = appendLeaseEnd(b, "t", key)
 			}
 		}
 		// Proposers' clocks disagree a little: the state machine keeps the max.
@@ -109,21 +103,6 @@ func randomBatches(seed uint64, n int) [][]byte {
 		out = append(out, b)
 	}
 	return out
-}
-
-// appendOldLeaseEnd is the lease end of builds before the fieldless one.
-func appendOldLeaseEnd(dst []byte, token uint64, renewals uint32, tenant string, key []byte) []byte {
-	dst = append(dst, cmdLeaseEndV1)
-	dst = binary.BigEndian.AppendUint64(dst, token)
-	dst = binary.BigEndian.AppendUint32(dst, renewals)
-	return appendText(dst, tenant, key)
-}
-
-// appendOldExpire is the lease end of builds before KEEP: token only.
-func appendOldExpire(dst []byte, token uint64, tenant string, key []byte) []byte {
-	dst = append(dst, cmdExpire)
-	dst = binary.BigEndian.AppendUint64(dst, token)
-	return appendText(dst, tenant, key)
 }
 
 // Two replicas applying the same log end in the same state, and a
@@ -299,12 +278,12 @@ func TestStatsReadTheKeysGate(t *testing.T) {
 
 // Hold times are measured on the group's clock, from the grant to the
 // release, or to the lease's end for a lease that ran out (the holder had
-// all of it, KEEPs included), and counted by the epoch leader's replica
+// all of it, KEEPs included), and counted by the group leader's replica
 // only, so that the nodes' /metrics sum to one count per lease.
 func TestHoldTimesOnTheGroupsClock(t *testing.T) {
 	leader, follower := newReplica(t, 1), newReplica(t, 2)
+	leader.f.g.leading.Store(true)
 	for _, r := range []*replica{leader, follower} {
-		r.apply(1, epoch(5, 1))
 		r.apply(1, acquireBy(3, 100, "released", 0))
 		r.apply(4, releaseOf(r.lock("released").Token, "released"))
 		r.apply(10, acquireBy(3, 101, "expired", 0))

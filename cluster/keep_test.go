@@ -44,10 +44,9 @@ func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 	if due := f.due(100+10e9, 5e8, nil); len(due) != 0 {
 		t.Fatalf("the replaced lease's end reported due: %+v", due)
 	}
-	// A lease end the leader proposed before the KEEP applied, and one
-	// logged by a build before KEEP, name the replaced lease.
+	// A lease end the leader proposed before the KEEP applied names the
+	// replaced lease.
 	applyOne(t, f, 3, func(b []byte) []byte { return appendLeaseEnd(b, "t", key) })
-	applyOne(t, f, 4, func(b []byte) []byte { return appendOldExpire(b, token, "t", key) })
 	if l := f.state.locks[k]; l == nil || l.Token != token {
 		t.Fatal("the replaced lease's end freed the renewed lock")
 	}

@@ -42,9 +42,6 @@ type lockState struct {
 	// names the renewal it extends, so that applied twice it renews once.
 	renewals uint32
 	node, id uint64
-	// epoch is the group's epoch when the token was issued: only that
-	// epoch's leader may take the grant back (cmdRevoke, claims.go).
-	epoch uint64
 	// granted is the group's clock when the token was issued, for the
 	// hold time when its lease ends.
 	granted time.Duration
@@ -59,19 +56,12 @@ type replicated struct {
 	tokens     engine.TokenCounter
 	keysClosed bool
 	queued     int // waitEntries in all queues
-	// epoch is the Raft term of the latest leader that announced itself
-	// (cmdEpoch), and epochLeader that leader: the one node that judges
-	// claims on this epoch's grants and may revoke them.
-	epoch, epochLeader uint64
-	// witnessing says which of the epoch leader's grants to its own
-	// requests wait for a witness (witness.go).
-	witnessing witnessRule
 	// tenantKeys counts each tenant's keys (derived from locks), for the
 	// tenants' keys quotas.
 	tenantKeys map[string]int
-	// format is the group's log format (version.go): the newest every
-	// member read when its leader raised it (cmdFormat); 0 is format 1.
-	// A writer of a command kind or snapshot form newer than format 1
+	// format is the group's log format (version.go): logFormatBase, or
+	// the newest every member read when its leader raised it (cmdFormat).
+	// A writer of a command kind or snapshot form newer than the base
 	// checks it first.
 	format uint32
 }
@@ -81,6 +71,7 @@ func newReplicated(firstToken uint64) replicated {
 		locks:      make(map[string]*lockState),
 		tokens:     engine.TokenCounter{Last: max(firstToken, 1) - 1},
 		tenantKeys: make(map[string]int),
+		format:     logFormatBase,
 	}
 }
 
@@ -99,7 +90,6 @@ const (
 	answerStaleKeep                       // a KEEP named an older renewal; its request may need it again
 	answerRestored                        // a grant or queue entry of this node's, found in a snapshot
 	answerForgotten                       // a forget applied: node, and id its keep_first
-	answerRevoked                         // a grant to node's request id was taken back (cmdRevoke)
 )
 
 // answer is one outcome of applying commands, for the node that owns id.
@@ -171,21 +161,9 @@ func (s *replicated) apply(c *command, out *applied) {
 		s.forget(c.node, c.keepFirst, c.keepLast, out)
 	case cmdCancel:
 		s.cancel(k, c.node, c.id)
-	case cmdEpoch:
-		if c.term > s.epoch {
-			s.epoch, s.epochLeader = c.term, c.node
-			s.witnessing = witnessRule{on: s.format >= logFormat2, after: s.now - 1}
-		}
-	case cmdRevoke:
-		s.revoke(k, c, out, c.term == s.epoch)
-	case cmdRevokeUnwitnessed:
-		s.revoke(k, c, out, c.term < s.epoch)
 	case cmdFormat:
 		s.format = max(s.format, c.format)
-		if s.format >= logFormat2 && !s.witnessing.on {
-			s.witnessing = witnessRule{on: true, after: s.now} // from the epoch's next grant on
-		}
-	case cmdLeaseEnd, cmdLeaseEndV1, cmdExpire:
+	case cmdLeaseEnd:
 		// The leader's timer saw the lease fall due; whether it has is the
 		// replicated clock's to say, so a renewed lease or a later token
 		// is left alone.
@@ -248,7 +226,6 @@ func (s *replicated) granted(k string, l *lockState, node, id uint64, lease uint
 	l.lease = lease
 	l.renewals = 0
 	l.node, l.id = node, id
-	l.epoch = s.epoch
 	l.granted = s.now
 	out.leases = append(out.leases, expiry{key: k, token: l.Token, lease: seconds(lease)})
 }
@@ -286,23 +263,6 @@ func (s *replicated) free(k string, l *lockState, out *applied) *lockState {
 		delete(s.tenantKeys, tenant)
 	}
 	return nil
-}
-
-// revoke takes back a grant nobody was given: only the grant the command
-// names, of the node and epoch it names, and only while inEpoch holds.
-// cmdRevoke is proposed by an epoch's leader, for grants of its epoch it
-// refused claims on from then (claims.go), and applies while that epoch
-// lasts; cmdRevokeUnwitnessed by a later epoch's leader, for the earlier
-// epoch leader's own grants that no member witnessed (witness.go), and
-// applies once that epoch has ended. No client holds the token, which is
-// never issued again; the lock goes to the next waiter as at a release.
-func (s *replicated) revoke(k string, c *command, out *applied, inEpoch bool) {
-	l := s.settle(k, out)
-	if !inEpoch || l == nil || l.Token != c.token || l.node != c.node || l.epoch != c.term {
-		return
-	}
-	out.answer(answerRevoked, k, l.node, l.id, engine.Result{Outcome: engine.Unavailable, Token: l.Token})
-	s.free(k, l, out)
 }
 
 // forget drops node's queued waiters whose request id is outside [keepFirst,
@@ -365,22 +325,20 @@ func boolByte(v bool) byte {
 	return 0
 }
 
-// snapshotVersion 2 added each lock's holder (node, id), version 3 its
-// renewals, version 4 its lease end on the replicated clock (in place of
-// the grant instant), version 5 the group's epoch and each lock's (a
-// lock of an older snapshot has epoch 0: no leader may revoke it) and
-// grant instant, version 6 the group's log format and its epoch's
-// witnessing (witness.go). Older snapshots,
-// written by earlier builds, still restore with no holder known, no
-// renewals, and a lease ending a full lease after the snapshot's time:
-// never sooner than the lease it describes. A group writes version 6 only
-// once its format is 2 (version.go), so that every member can read what
-// it writes; before, version 5. A newer version than this build reads
-// halts the replica (errUnknownSnapshot).
-const (
-	snapshotVersion5 = 5
-	snapshotVersion  = 6
-)
+// snapshotVersion is the form save writes and restore reads: log format
+// 3's (version.go). The forms of the formats before it are refused:
+// nothing of them was released. A version this build does not read halts
+// the replica (errUnknownSnapshot).
+//
+//	version u8 | now i64 | tokens last u64 | tokens issued u64 | keys closed u8 |
+//	locks u64 | format u32 | locks × lock
+//
+// and a lock is
+//
+//	key len u16 + key | token u64 | lease_s u16 | end i64 | node u64 | id u64 |
+//	renewals u32 | granted i64 | waiters u32 |
+//	waiters × (node u64 | id u64 | deadline i64 | arrived i64 | lease_s u16)
+const snapshotVersion = 7
 
 // errUnknownSnapshot is a snapshot version this build does not read.
 var errUnknownSnapshot = errors.New("cluster: unknown snapshot")
@@ -389,23 +347,13 @@ var errUnknownSnapshot = errors.New("cluster: unknown snapshot")
 func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
 	bw := bufio.NewWriterSize(w, 64<<10)
 	var b []byte
-	version := byte(snapshotVersion5)
-	if s.format >= logFormat2 {
-		version = snapshotVersion
-	}
-	b = append(b, version)
+	b = append(b, snapshotVersion)
 	b = binary.BigEndian.AppendUint64(b, uint64(s.now))
 	b = binary.BigEndian.AppendUint64(b, s.tokens.Last)
 	b = binary.BigEndian.AppendUint64(b, s.tokens.Issued)
 	b = append(b, boolByte(s.keysClosed))
 	b = binary.BigEndian.AppendUint64(b, uint64(len(s.locks)))
-	b = binary.BigEndian.AppendUint64(b, s.epoch)
-	b = binary.BigEndian.AppendUint64(b, s.epochLeader)
-	if version >= 6 {
-		b = binary.BigEndian.AppendUint32(b, s.format)
-		b = append(b, boolByte(s.witnessing.on))
-		b = binary.BigEndian.AppendUint64(b, uint64(s.witnessing.after))
-	}
+	b = binary.BigEndian.AppendUint32(b, s.format)
 	if _, err := bw.Write(b); err != nil {
 		return err
 	}
@@ -427,7 +375,6 @@ func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
 		b = binary.BigEndian.AppendUint64(b, l.node)
 		b = binary.BigEndian.AppendUint64(b, l.id)
 		b = binary.BigEndian.AppendUint32(b, l.renewals)
-		b = binary.BigEndian.AppendUint64(b, l.epoch)
 		b = binary.BigEndian.AppendUint64(b, uint64(l.granted))
 		b = binary.BigEndian.AppendUint32(b, uint32(len(l.queue)))
 		for _, q := range l.queue {
@@ -444,16 +391,18 @@ func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
 	return bw.Flush()
 }
 
-// restore reads a state written by save (of this build or an older one).
+// restore reads a state written by save.
 func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 	br := bufio.NewReaderSize(r, 64<<10)
-	var hdr [1 + 8 + 8 + 8 + 1 + 8]byte
-	if _, err := io.ReadFull(br, hdr[:]); err != nil {
+	var hdr [1 + 8 + 8 + 8 + 1 + 8 + 4]byte
+	if _, err := io.ReadFull(br, hdr[:1]); err != nil {
 		return replicated{}, err
 	}
-	version := hdr[0]
-	if version < 1 || version > snapshotVersion {
-		return replicated{}, fmt.Errorf("%w version %d (this build reads 1 to %d)", errUnknownSnapshot, version, snapshotVersion)
+	if version := hdr[0]; version != snapshotVersion {
+		return replicated{}, fmt.Errorf("%w version %d (this build reads %d)", errUnknownSnapshot, version, snapshotVersion)
+	}
+	if _, err := io.ReadFull(br, hdr[1:]); err != nil {
+		return replicated{}, err
 	}
 	be := binary.BigEndian
 	s := replicated{
@@ -462,34 +411,12 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 		tokens:     engine.TokenCounter{Last: be.Uint64(hdr[9:]), Issued: be.Uint64(hdr[17:])},
 		keysClosed: hdr[25] == 1,
 		tenantKeys: make(map[string]int),
+		format:     be.Uint32(hdr[34:]),
 	}
 	nLocks := be.Uint64(hdr[26:])
+	const lockLen = 8 + 2 + 8 + 8 + 8 + 4 + 8 + 4
 	const waitEntryLen = 8 + 8 + 8 + 8 + 2
-	holderLen, renewalsLen, epochLen := 8+8, 4, 8+8
-	if version == 1 {
-		holderLen = 0
-	}
-	if version < 3 {
-		renewalsLen = 0
-	}
-	if version < 5 {
-		epochLen = 0
-	} else {
-		var epoch [16]byte
-		if _, err := io.ReadFull(br, epoch[:]); err != nil {
-			return replicated{}, err
-		}
-		s.epoch, s.epochLeader = be.Uint64(epoch[:]), be.Uint64(epoch[8:])
-	}
-	if version >= 6 {
-		var format [4 + 1 + 8]byte
-		if _, err := io.ReadFull(br, format[:]); err != nil {
-			return replicated{}, err
-		}
-		s.format = be.Uint32(format[:])
-		s.witnessing = witnessRule{on: format[4] == 1, after: time.Duration(be.Uint64(format[5:]))}
-	}
-	var buf [8 + 2 + 8 + 16 + 4 + 16 + 4]byte
+	var buf [lockLen]byte
 	for i := uint64(0); i < nLocks; i++ {
 		if i%4096 == 4095 {
 			select {
@@ -505,28 +432,18 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 		if _, err := io.ReadFull(br, kb); err != nil {
 			return replicated{}, err
 		}
-		if _, err := io.ReadFull(br, buf[:8+2+8+holderLen+renewalsLen+epochLen+4]); err != nil {
+		if _, err := io.ReadFull(br, buf[:]); err != nil {
 			return replicated{}, err
 		}
-		l := &lockState{Lease: engine.Lease{Token: be.Uint64(buf[:])}, lease: be.Uint16(buf[8:])}
-		if version >= 4 {
-			l.End = time.Duration(be.Uint64(buf[10:]))
-		} else {
-			l.End = s.now + seconds(l.lease)
+		l := &lockState{
+			Lease:    engine.Lease{Token: be.Uint64(buf[:]), End: time.Duration(be.Uint64(buf[10:]))},
+			lease:    be.Uint16(buf[8:]),
+			node:     be.Uint64(buf[18:]),
+			id:       be.Uint64(buf[26:]),
+			renewals: be.Uint32(buf[34:]),
+			granted:  time.Duration(be.Uint64(buf[38:])),
 		}
-		if holderLen > 0 {
-			l.node, l.id = be.Uint64(buf[18:]), be.Uint64(buf[26:])
-		}
-		if renewalsLen > 0 {
-			l.renewals = be.Uint32(buf[18+holderLen:])
-		}
-		if epochLen > 0 {
-			l.epoch = be.Uint64(buf[18+holderLen+renewalsLen:])
-			l.granted = time.Duration(be.Uint64(buf[26+holderLen+renewalsLen:]))
-		} else {
-			l.granted = l.End - seconds(l.lease) // as early as the snapshot tells
-		}
-		nq := int(be.Uint32(buf[18+holderLen+renewalsLen+epochLen:]))
+		nq := int(be.Uint32(buf[46:]))
 		for range nq {
 			if _, err := io.ReadFull(br, buf[:waitEntryLen]); err != nil {
 				return replicated{}, err

@@ -5,7 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"net"
+	"fmt"
 	"reflect"
 	"strconv"
 	"strings"
@@ -20,11 +20,25 @@ import (
 const testBuild = "lockd v9.9.9-test"
 
 // A replica that meets what its build cannot read — a command kind in the
-// middle of a batch, a batch version, a log format above its newest —
-// halts at that entry: nothing of it or after it applies (not even the
+// middle of a batch, a batch version, a log format above its newest, the
+// batches and the revokes of the unreleased formats before logFormatBase
+// — halts at that entry: nothing of it or after it applies (not even the
 // commands before the unknown one in its batch), it refuses to snapshot,
 // and it says which build met what.
 func TestReplicaHaltsOnWhatItCannotRead(t *testing.T) {
+	withVersion := func(v byte) []byte {
+		b := logBatch(2e9, acquireCmd(1, 2, 0, 1<<20, "b"))
+		b[0] = v
+		return b
+	}
+	// oldKind is a command of the formats before logFormatBase: its kind
+	// and 24 bytes of fields (cmdRevoke and cmdRevokeUnwitnessed took back
+	// a grant by node, token and epoch).
+	oldKind := func(kind byte) func([]byte) []byte {
+		return func(b []byte) []byte {
+			return appendText(append(append(b, kind), make([]byte, 24)...), "t", []byte("a"))
+		}
+	}
 	for _, tc := range []struct {
 		name string
 		bad  []byte
@@ -33,13 +47,13 @@ func TestReplicaHaltsOnWhatItCannotRead(t *testing.T) {
 		{"unknown command kind mid-batch", logBatch(2e9, acquireCmd(1, 2, 0, 1<<20, "b"),
 			func(b []byte) []byte { return appendText(append(b, 'Z'), "", nil) },
 			acquireCmd(1, 3, 0, 1<<20, "c")), `command kind 'Z'`},
-		{"unknown batch version", func() []byte {
-			b := logBatch(2e9, acquireCmd(1, 2, 0, 1<<20, "b"))
-			b[0] = batchVersion + 1
-			return b
-		}(), "batch version 2"},
+		{"unknown batch version", withVersion(batchVersion + 1), fmt.Sprintf("batch version %d", batchVersion+1)},
+		{"a batch of the formats before the base", withVersion(1), "batch version 1"},
 		{"log format above this build's", logBatch(2e9, acquireCmd(1, 2, 0, 1<<20, "b"),
-			func(b []byte) []byte { return appendFormat(b, logFormatNewest+1) }), "log format 3"},
+			func(b []byte) []byte { return appendFormat(b, logFormatNewest+1) }), fmt.Sprintf("log format %d", logFormatNewest+1)},
+		{"a revoke of the formats before the base", logBatch(2e9, oldKind('V')), `command kind 'V'`},
+		{"an unwitnessed revoke of the formats before the base", logBatch(2e9, oldKind('W')), `command kind 'W'`},
+		{"an epoch of the formats before the base", logBatch(2e9, oldKind('P')), `command kind 'P'`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := detachedFSM()
@@ -83,40 +97,42 @@ func TestReplicaHaltsOnWhatItCannotRead(t *testing.T) {
 	}
 }
 
-// A group writes snapshot version 5 until its format is 2, then version
-// 6 with the format in it; a snapshot of a version or format this build
-// does not read halts the replica instead of failing (which stops the
-// process) or being skipped, and a readable one resumes it.
-func TestSnapshotVersionFollowsFormat(t *testing.T) {
+// A group writes snapshot version 7, which restores exactly; a snapshot
+// of a version or format this build does not read — a newer one, or one
+// of the unreleased formats before logFormatBase — halts the replica
+// instead of failing (which stops the process) or being skipped, and a
+// readable one resumes it.
+func TestSnapshotVersions(t *testing.T) {
 	f := detachedFSM()
 	f.g.n.cfg.Build = testBuild
 	f.Update(sm.Entry{Index: 1, Cmd: logBatch(1e9, acquireCmd(1, 1, 0, 1<<20, "a"))})
-	var v5 bytes.Buffer
-	if err := f.SaveSnapshot(&v5, nil, nil); err != nil || v5.Bytes()[0] != 5 {
-		t.Fatalf("format 1: snapshot version %d (%v), want 5", v5.Bytes()[0], err)
-	}
-	f.Update(sm.Entry{Index: 2, Cmd: logBatch(1e9, func(b []byte) []byte { return appendFormat(b, logFormat2) })})
-	if f.format() != logFormat2 {
-		t.Fatalf("format %d after cmdFormat 2", f.format())
-	}
-	var v6 bytes.Buffer
-	if err := f.SaveSnapshot(&v6, nil, nil); err != nil || v6.Bytes()[0] != 6 {
-		t.Fatalf("format 2: snapshot version %d (%v), want 6", v6.Bytes()[0], err)
+	var v7 bytes.Buffer
+	if err := f.SaveSnapshot(&v7, nil, nil); err != nil || v7.Bytes()[0] != 7 {
+		t.Fatalf("snapshot version %d (%v), want 7", v7.Bytes()[0], err)
 	}
 	g := detachedFSM()
-	if err := g.RecoverFromSnapshot(bytes.NewReader(v6.Bytes()), nil, nil); err != nil || g.format() != logFormat2 || g.tokenOf(lockKey([]byte("t"), []byte("a"))) != 1 {
-		t.Fatalf("restore of version 6: %v, format %d", err, g.format())
+	if err := g.RecoverFromSnapshot(bytes.NewReader(v7.Bytes()), nil, nil); err != nil || g.format() != logFormatBase ||
+		!reflect.DeepEqual(stateOf(g), stateOf(f)) {
+		t.Fatalf("restore of version 7: %v, format %d, state %+v, want %+v", err, g.format(), stateOf(g), stateOf(f))
 	}
 
-	newer := bytes.Clone(v6.Bytes())
-	newer[0] = snapshotVersion + 1
-	formatAbove := bytes.Clone(v6.Bytes())
-	binary.BigEndian.PutUint32(formatAbove[1+8+8+8+1+8+16:], logFormatNewest+1)
+	withVersion := func(v byte) []byte {
+		b := bytes.Clone(v7.Bytes())
+		b[0] = v
+		return b
+	}
+	formatAbove := bytes.Clone(v7.Bytes())
+	binary.BigEndian.PutUint32(formatAbove[1+8+8+8+1+8:], logFormatNewest+1)
 	for _, tc := range []struct {
 		name string
 		snap []byte
 		says string
-	}{{"newer version", newer, "snapshot version 7"}, {"newer format", formatAbove, "log format 3"}} {
+	}{
+		{"newer version", withVersion(snapshotVersion + 1), fmt.Sprintf("snapshot version %d", snapshotVersion+1)},
+		{"the version of format 2", withVersion(6), "snapshot version 6"},
+		{"the version of format 1", withVersion(5), "snapshot version 5"},
+		{"newer format", formatAbove, fmt.Sprintf("log format %d", logFormatNewest+1)},
+	} {
 		h := detachedFSM()
 		h.g.n.cfg.Build = testBuild
 		if err := h.RecoverFromSnapshot(bytes.NewReader(tc.snap), nil, nil); err != nil {
@@ -129,7 +145,7 @@ func TestSnapshotVersionFollowsFormat(t *testing.T) {
 		if h.tokenOf(lockKey([]byte("t"), []byte("a"))) != 0 {
 			t.Errorf("%s: the unreadable snapshot's locks were taken in", tc.name)
 		}
-		if err := h.RecoverFromSnapshot(bytes.NewReader(v6.Bytes()), nil, nil); err != nil || h.halted.Load() != nil {
+		if err := h.RecoverFromSnapshot(bytes.NewReader(v7.Bytes()), nil, nil); err != nil || h.halted.Load() != nil {
 			t.Errorf("%s: a readable snapshot after it: %v, halted %v", tc.name, err, h.halted.Load())
 		}
 	}
@@ -188,90 +204,6 @@ func gaugeOf(t *testing.T, n *Node, name string) float64 {
 	}
 	t.Fatalf("no %s{group=\"1\"}", name)
 	return 0
-}
-
-// A group's format rises only once every member stated it reads the
-// newer one: not while a member is down (it states nothing, as a build of
-// format 1 does), and as soon as it is back. After the raise the replicas
-// snapshot in version 6.
-func TestFormatRisesWhenEveryMemberReadsIt(t *testing.T) {
-	tc := newTestCluster(t, 3, func(c *Config) { c.Groups = 2 })
-	tc.stop(3)
-	n1, n2 := tc.node(1), tc.node(2)
-	// Two passes of each live node's loop after both stated to each
-	// other: a pass that could raise a format has run on the leaders.
-	waitUntil(t, 10*time.Second, "nodes 1 and 2 to hear each other's statements", func() bool {
-		return n1.formats.of(2, n1.clock()) == logFormatNewest && n2.formats.of(1, n2.clock()) == logFormatNewest
-	})
-	p1, p2 := n1.formats.passes.Load(), n2.formats.passes.Load()
-	waitUntil(t, 10*time.Second, "two more format passes", func() bool {
-		return n1.formats.passes.Load() >= p1+2 && n2.formats.passes.Load() >= p2+2
-	})
-	for i := range 2 {
-		if f1, f2 := n1.LogFormat(i), n2.LogFormat(i); f1 != logFormat1 || f2 != logFormat1 {
-			t.Fatalf("group %d rose to format %d/%d with member 3 down", i+1, f1, f2)
-		}
-	}
-	n3 := tc.restart(3)
-	for _, n := range []*Node{n1, n2, n3} {
-		for i := range 2 {
-			waitUntil(t, 15*time.Second, "the format to rise on every replica", func() bool { return n.LogFormat(i) == logFormat2 })
-		}
-	}
-	var snap bytes.Buffer
-	f := n3.groups[0].fsm.Load()
-	if err := f.SaveSnapshot(&snap, nil, nil); err != nil || snap.Bytes()[0] != snapshotVersion {
-		t.Errorf("snapshot after the raise: version %d (%v), want %d", snap.Bytes()[0], err, snapshotVersion)
-	}
-}
-
-// A node that states no format (a build of format 1 does not answer the
-// statement) is not added to a group whose format is 2, with an error
-// that says why; a node of this build is.
-func TestAddMemberRefusesAnOlderFormat(t *testing.T) {
-	tc := newTestCluster(t, 1, func(c *Config) { c.Groups = 2 })
-	n := tc.node(1)
-	for i := range 2 {
-		waitUntil(t, 10*time.Second, "a one-node group's format to rise", func() bool { return n.LogFormat(i) == logFormat2 })
-	}
-	silent, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer silent.Close()
-	go func() {
-		for {
-			c, err := silent.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close() // reads nothing, answers nothing: a format-1 peer's silence
-		}
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	err = n.AddMember(ctx, 2, silent.Addr().String())
-	if !errors.Is(err, ErrMemberFormat) || !strings.Contains(err.Error(), "log format 2") || !strings.Contains(err.Error(), "format 1 only") {
-		t.Fatalf("AddMember of a silent node: %v, want ErrMemberFormat naming the formats", err)
-	}
-	m, err := n.Members(ctx)
-	if err != nil || len(m.Members) != 1 {
-		t.Fatalf("members after the refusal: %+v (%v)", m.Members, err)
-	}
-
-	ls := raftListeners(t, 1)
-	cfg := tc.cfgs[0]
-	cfg.NodeID, cfg.Join, cfg.RaftListener, cfg.DataDir = 2, true, ls[0], t.TempDir()
-	cfg.RaftAddr = ls[0].Addr().String()
-	cfg.Peers = map[uint64]string{2: cfg.RaftAddr}
-	joiner, err := Start(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer joiner.Close()
-	if err := n.AddMember(ctx, 2, cfg.RaftAddr); err != nil {
-		t.Fatalf("AddMember of a node of this build: %v", err)
-	}
 }
 
 // The readability check walks every batch once more before it applies:
