@@ -24,7 +24,7 @@ func (n *Node) tenant(ns engine.Namespace) string { return n.tenants.Name(ns) }
 // Acquire proposes the acquire to the key's group and answers Queued: the
 // outcome comes through w once the group applied it, or Unavailable when
 // it did not within ProposeTimeout (or the wait, if shorter).
-func (n *Node) Acquire(ns engine.Namespace, key []byte, owner uint64, lease, wait time.Duration, w engine.Waiter) (engine.Result, engine.Handle) {
+func (n *Node) Acquire(ns engine.Namespace, key []byte, owner uint64, _ engine.Requester, lease, wait time.Duration, w engine.Waiter) (engine.Result, engine.Handle) {
 	if n.shutting.Load() {
 		return engine.Result{Outcome: engine.ShuttingDown}, nil
 	}
@@ -155,11 +155,20 @@ func (g *group) enqueueRelease(id, token uint64, tenant string, key []byte) {
 	g.dirty.Store(true)
 }
 
-// Abandon releases the grant of an acquire whose waiter's connection
-// closed before the grant could be written: the same release, checked
-// against the current token first, as for a grant whose waiter is gone
-// from the registry.
-func (n *Node) Abandon(h engine.Handle, token uint64) {
+// Abandon is SPEC §6a ABANDON, which the cluster does not serve yet
+// (ServesAbandon is false, so the server never calls it): NotHeld.
+func (n *Node) Abandon(engine.Namespace, []byte, uint64, engine.Requester, engine.Waiter) engine.Result {
+	return engine.Result{Outcome: engine.NotHeld}
+}
+
+// ServesAbandon is false until the groups apply ABANDON.
+func (n *Node) ServesAbandon() bool { return false }
+
+// ReleaseUndelivered releases the grant of an acquire whose waiter's
+// connection closed before the grant could be written: the same release,
+// checked against the current token first, as for a grant whose waiter is
+// gone from the registry.
+func (n *Node) ReleaseUndelivered(h engine.Handle, token uint64) {
 	if p, ok := h.(*pending); ok && p.group != nil {
 		p.group.orphan(p.key, token)
 	}
@@ -237,7 +246,7 @@ func (n *Node) Stats() engine.Stats {
 	st.WaitersGate, st.InflightGate = n.waiters.Stats(), n.inflight.Stats()
 	st.Waiters, st.Inflight = st.WaitersGate.Count, st.InflightGate.Count
 	st.KeysGate = engine.GateStats{Open: !keysClosed, Limit: n.cfg.MaxKeys, Count: st.Keys, Refused: keysRefused}
-	st.AbandonedQueued = n.stats.abandoned.Load()
+	st.UndeliveredQueued = n.stats.abandoned.Load()
 	st.LeaseExpiries = n.stats.expires.Load()
 	st.Tenants = n.quotas.Stats(n.Namespace)
 	for i := range st.Tenants {

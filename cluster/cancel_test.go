@@ -57,7 +57,7 @@ func TestWaiterCancelledBeforeItsAcquireApplied(t *testing.T) {
 	}
 	n := tc.node(2)
 	// Not flushed yet: the acquire waits in its group's next batch.
-	r, h := n.Acquire(n.Namespace("default"), []byte(key), 2, 30*time.Second, 60*time.Second, rec)
+	r, h := n.Acquire(n.Namespace("default"), []byte(key), 2, 0, 30*time.Second, 60*time.Second, rec)
 	if r.Outcome != engine.Queued {
 		t.Fatalf("acquire: %+v", r)
 	}
@@ -137,7 +137,7 @@ func BenchmarkDroppedWaiters(b *testing.B) {
 		handles = handles[:0]
 		for range min(round, b.N-done) {
 			owner++
-			r, h := n.Acquire(ns, []byte(key), owner, 30*time.Second, 3600*time.Second, rec)
+			r, h := n.Acquire(ns, []byte(key), owner, 0, 30*time.Second, 3600*time.Second, rec)
 			if r.Outcome != engine.Queued {
 				b.Fatalf("acquire: %+v", r)
 			}

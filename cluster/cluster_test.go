@@ -35,7 +35,7 @@ func TestAcquireOnOneNodeReleaseOnAnother(t *testing.T) {
 		t.Fatalf("re-acquire on a third node: %+v (first token %d)", r, first)
 	}
 	// Tenants do not meet.
-	r2, _ := n1.Acquire(n1.Namespace("other"), []byte("orders/42"), 7, time.Second, 0, rec)
+	r2, _ := n1.Acquire(n1.Namespace("other"), []byte("orders/42"), 7, 0, time.Second, 0, rec)
 	n1.Flush()
 	if r2.Outcome != engine.Queued {
 		t.Fatalf("%+v", r2)
@@ -334,7 +334,7 @@ func TestShutdownAnswersQueuedWaiters(t *testing.T) {
 	if r := rec.wait(t, 2, time.Second); r.Outcome != engine.ShuttingDown {
 		t.Fatalf("queued waiter at shutdown: %+v", r)
 	}
-	if r, _ := n2.Acquire(n2.Namespace("default"), []byte("other"), 3, time.Second, 0, rec); r.Outcome != engine.ShuttingDown {
+	if r, _ := n2.Acquire(n2.Namespace("default"), []byte("other"), 3, 0, time.Second, 0, rec); r.Outcome != engine.ShuttingDown {
 		t.Fatalf("acquire after shutdown: %+v", r)
 	}
 	// Locks stay releasable, and the drained waiter's grant is released

@@ -234,7 +234,7 @@ func acquire(t testing.TB, n *Node, rec *recorder, owner uint64, key string, lea
 
 func startAcquire(t testing.TB, n *Node, rec *recorder, owner uint64, key string, lease, wait time.Duration) engine.Handle {
 	t.Helper()
-	r, h := n.Acquire(n.Namespace("default"), []byte(key), owner, lease, wait, rec)
+	r, h := n.Acquire(n.Namespace("default"), []byte(key), owner, 0, lease, wait, rec)
 	if r.Outcome != engine.Queued {
 		rec.Resolve(owner, r)
 	}

@@ -124,7 +124,7 @@ func TestFlushProposesFromTheLoopWhenNoProposalIsOut(t *testing.T) {
 	g := n.groups[n.GroupOf("default", []byte("k"))]
 	waitUntil(t, 10*time.Second, "no proposal of the group out", func() bool { return len(g.slots) == 0 })
 	before := n.stats.proposals.Load()
-	if r, _ := n.Acquire(n.Namespace("default"), []byte("k"), 2, 30*time.Second, 0, rec); r.Outcome != engine.Queued {
+	if r, _ := n.Acquire(n.Namespace("default"), []byte("k"), 2, 0, 30*time.Second, 0, rec); r.Outcome != engine.Queued {
 		t.Fatalf("acquire: %+v", r)
 	}
 	n.Flush()

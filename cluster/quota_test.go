@@ -37,7 +37,7 @@ func TestTenantQuotaInCluster(t *testing.T) {
 	other := n.Namespace("other")
 	for i := range 20 {
 		owner := uint64(100 + i)
-		if r, _ := n.Acquire(other, []byte(fmt.Sprint("k", i)), owner, 30*time.Second, 0, rec); r.Outcome != engine.Queued {
+		if r, _ := n.Acquire(other, []byte(fmt.Sprint("k", i)), owner, 0, 30*time.Second, 0, rec); r.Outcome != engine.Queued {
 			t.Fatalf("other tenant's acquire %d answered at once: %+v", i, r)
 		}
 		n.Flush()

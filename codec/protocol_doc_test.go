@@ -113,6 +113,34 @@ func TestProtocolDocFrameExamples(t *testing.T) {
 			}
 			sameBytes(t, frame, codec.AppendOwnerOnly(nil, codec.OpReleased, 8))
 		},
+		"greeting-abandon": func(t *testing.T, frame []byte) {
+			resp := decodeResponse(t, frame)
+			nonce := [codec.NonceLen]byte{0xa0, 0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, 0xa8, 0xa9, 0xaa, 0xab, 0xac, 0xad, 0xae, 0xaf}
+			if resp.Op != codec.OpGreeting || resp.Flags != codec.GreetingAbandon || resp.ServerNonce != nonce || string(resp.NodeName) != "n1" {
+				t.Fatalf("decoded %+v", resp)
+			}
+			sameBytes(t, frame, codec.AppendGreeting(nil, codec.GreetingAbandon, nonce, "n1"))
+		},
+		"session": func(t *testing.T, frame []byte) {
+			req := decodeRequest(t, frame)
+			id := [codec.ClientIDLen]byte{0x00, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77, 0x88, 0x99, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0xff}
+			if req.Op != codec.OpSession || req.Owner != 1 || req.ClientID != id {
+				t.Fatalf("decoded %+v", req)
+			}
+			sameBytes(t, frame, codec.AppendSession(nil, 1, id))
+		},
+		"abandon": func(t *testing.T, frame []byte) {
+			req := decodeRequest(t, frame)
+			if req.Op != codec.OpAbandon || req.Owner != 12 || req.Target != 7 || string(req.Key) != "orders/42" {
+				t.Fatalf("decoded %+v", req)
+			}
+			sameBytes(t, frame, codec.AppendAbandon(nil, 12, 7, "orders/42"))
+			// SPEC §6a: target 0 names no ACQUIRE, a field error.
+			var zero codec.Request
+			if _, err := codec.DecodeRequest(codec.AppendAbandon(nil, 12, 0, "orders/42"), &zero); err != codec.BadOwner || zero.Owner != 12 {
+				t.Fatalf("an ABANDON of target 0 decodes to %v for owner %d, want bad_owner for owner 12", err, zero.Owner)
+			}
+		},
 		"error": func(t *testing.T, frame []byte) {
 			resp := decodeResponse(t, frame)
 			if resp.Op != codec.OpError || resp.Owner != 9 || resp.Reason != codec.BadLease || resp.Reason.ClosesConnection() {

@@ -33,3 +33,18 @@ func TestAcquireReleaseUnderATokenMarkDoesNotAllocate(t *testing.T) {
 		t.Fatalf("acquire+release of an existing key under a token mark: %v allocs, want 0", n)
 	}
 }
+
+// With tombstones laid (SPEC §6a), an acquire of another request looks
+// them up under their lock: still no allocation.
+func TestAcquireReleaseBesideTombstonesDoesNotAllocate(t *testing.T) {
+	e := New(Config{Clock: NewFakeClock()})
+	ns := e.Namespace("t")
+	var buf [16]byte
+	key := benchKey(&buf, 7)
+	e.Abandon(ns, key, benchRequester+1)
+	e.Abandon(ns, []byte("other"), benchRequester)
+	acquireRelease(t, e, ns, key)
+	if n := testing.AllocsPerRun(1000, func() { acquireRelease(t, e, ns, key) }); n != 0 {
+		t.Fatalf("acquire+release beside tombstones: %v allocs, want 0", n)
+	}
+}

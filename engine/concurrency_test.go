@@ -49,7 +49,7 @@ func TestConcurrentMutualExclusion(t *testing.T) {
 				k := (w + i) % keys
 				key := fmt.Appendf(nil, "key%d", k)
 				owner := uint64(w*rounds + i + 1)
-				r, wait := e.Acquire(ns, key, owner, time.Hour, time.Minute, resolved)
+				r, wait := e.Acquire(ns, key, owner, 0, time.Hour, time.Minute, resolved)
 				if r.Outcome == Queued {
 					if i%5 == 0 && e.Cancel(wait) {
 						continue
@@ -103,9 +103,9 @@ func TestRun(t *testing.T) {
 		}()
 
 		// Run sleeps with nothing scheduled; a new wait deadline must wake it.
-		e.Acquire(ns, []byte("a"), 1, time.Hour, 0, nil)
+		e.Acquire(ns, []byte("a"), 1, 0, time.Hour, 0, nil)
 		timedOut := make(chanWaiter, 1)
-		if r, _ := e.Acquire(ns, []byte("a"), 2, time.Hour, 3*time.Second, timedOut); r.Outcome != Queued {
+		if r, _ := e.Acquire(ns, []byte("a"), 2, 0, time.Hour, 3*time.Second, timedOut); r.Outcome != Queued {
 			t.Fatalf("acquire: %v", r.Outcome)
 		}
 		time.Sleep(3 * time.Second)
@@ -113,12 +113,12 @@ func TestRun(t *testing.T) {
 		expectResolution(t, timedOut, Result{Outcome: TimedOut})
 
 		// A lease end with a waiter hands the lock over on time.
-		first, _ := e.Acquire(ns, []byte("b"), 3, 10*time.Second, 0, nil)
+		first, _ := e.Acquire(ns, []byte("b"), 3, 0, 10*time.Second, 0, nil)
 		if first.Outcome != Granted {
 			t.Fatalf("acquire: %v", first.Outcome)
 		}
 		handedOver := make(chanWaiter, 1)
-		e.Acquire(ns, []byte("b"), 4, time.Hour, time.Minute, handedOver)
+		e.Acquire(ns, []byte("b"), 4, 0, time.Hour, time.Minute, handedOver)
 		time.Sleep(10*time.Second - time.Nanosecond)
 		synctest.Wait()
 		expectResolution(t, handedOver, Result{})
@@ -127,7 +127,7 @@ func TestRun(t *testing.T) {
 		expectResolution(t, handedOver, Result{Outcome: Granted, Token: first.Token + 1, Waited: 10 * time.Second})
 
 		// Keys without waiters are swept within a SweepInterval of expiring.
-		e.Acquire(ns, []byte("c"), 5, time.Second, 0, nil)
+		e.Acquire(ns, []byte("c"), 5, 0, time.Second, 0, nil)
 		if st := e.Stats(); st.Keys != 3 {
 			t.Fatalf("%d keys, want a, b and c", st.Keys)
 		}
@@ -165,7 +165,7 @@ func TestRunStopsWithItsContext(t *testing.T) {
 		e.Run(ctx)
 		close(done)
 	}()
-	e.Acquire(e.Namespace("t"), []byte("a"), 1, time.Hour, 0, nil)
+	e.Acquire(e.Namespace("t"), []byte("a"), 1, 0, time.Hour, 0, nil)
 	stop()
 	select {
 	case <-done:

@@ -1,8 +1,11 @@
 // Package engine is the lock table of lockd: it knows locks, waiters, tokens
 // and time, and nothing of sockets, connections or bytes on the wire. Its
-// rule core (rules.go) states the lock rules and the admission hysteresis
-// as pure functions of a key's state and an instant; the Engine here and
-// the cluster's replicated state machine both decide through it. The Engine is a
+// rule core (rules.go, and abandon.go for SPEC §6a: requester tags, the
+// ABANDON rule, tombstones) states the lock rules and the admission
+// hysteresis as pure functions of a key's state and an instant; the
+// Engine here and the cluster's replicated state machine both decide
+// through it. Every grant and waiter records the Requester it was made
+// for, so that its client can abandon it (abandons.go). The Engine is a
 // sharded in-memory table keyed by (namespace, key) with one mutex per shard
 // and no global lock on the hot path; every decision is a function of the
 // calls it receives and of an injected monotonic Clock, so tests drive it with

@@ -36,6 +36,9 @@ type Config struct {
 	// (asked once, when the tenant is first named); nil, or a zero
 	// TenantLimits, leaves a tenant to the global gates alone.
 	TenantLimits func(tenant string) TenantLimits
+	// TombstonesPerTenant bounds each tenant's §6a tombstones; default
+	// DefaultTombstonesPerTenant.
+	TombstonesPerTenant int
 }
 
 // Defaults of the Config limits.
@@ -123,20 +126,36 @@ type Wait struct {
 	// waiter is dropped once w has left its queue: a stale timer can keep w
 	// alive for up to a full wait, and must not keep the connection behind
 	// the Waiter alive with it.
-	waiter Waiter
-	owner  uint64
+	waiter    Waiter
+	owner     uint64
+	requester Requester
 	// What the rule core knows of the queued acquire (Waiting), kept
-	// compact: a queued waiter is the engine's largest item per request.
-	arrived, deadline time.Duration
-	leaseMs           uint32
-	ns                Namespace // for the tenant's gates
+	// compact, the Wait being the engine's largest item per request: the
+	// arrival, and the lease and the wait packed in one word (spanOf).
+	arrived time.Duration
+	span    uint64
+}
+
+// A Wait's span holds its lease in milliseconds above its wait in
+// nanoseconds: the wait (at most 255 s) fits in waitBits, the lease (at
+// most 3600 s) in the 64 - waitBits = 25 bits of milliseconds above it.
+// Packing them keeps a Wait, requester included, in the 80-byte size
+// class.
+const waitBits = 39
+
+func spanOf(lease, wait time.Duration) uint64 {
+	return uint64(lease/time.Millisecond)<<waitBits | uint64(wait)
 }
 
 // queued reports whether w is still in its key's queue.
 func (w *Wait) queued() bool { return w.waiter != nil }
 
+func (w *Wait) deadline() time.Duration {
+	return w.arrived + time.Duration(w.span&(1<<waitBits-1))
+}
+
 func (w *Wait) waiting() Waiting {
-	return Waiting{Arrived: w.arrived, Deadline: w.deadline, Lease: time.Duration(w.leaseMs) * time.Millisecond}
+	return Waiting{Arrived: w.arrived, Deadline: w.deadline(), Lease: time.Duration(w.span>>waitBits) * time.Millisecond}
 }
 
 // Engine is the lock table. All methods are safe for concurrent use.
@@ -161,6 +180,8 @@ type Engine struct {
 	tenants Tenants
 	quotas  *TenantQuotas
 	tokens  tokenReserve
+
+	abandons abandonBook
 }
 
 // entry is one live key of the table: held, or with waiters. A retired
@@ -171,10 +192,13 @@ type entry struct {
 	lease Lease
 	head  *Wait
 	tail  *Wait
-	ns    Namespace
 	// granted is the instant the current token was granted, for the
 	// hold time /metrics reports.
 	granted time.Duration
+	// holder is the requester the current token was granted for (SPEC
+	// §6a), 0 when it had no session.
+	holder Requester
+	ns     Namespace
 	// leaseArmed: the lease end of the current token is in the timer
 	// heap; only a held key with waiters needs one.
 	leaseArmed bool
@@ -217,6 +241,7 @@ func New(cfg Config) *Engine {
 		waiters:      NewAdmissionGate(defaults.Or(cfg.MaxWaiters, DefaultMaxWaiters)),
 		wake:         make(chan struct{}, 1),
 		quotas:       NewTenantQuotas(cfg.TenantLimits),
+		abandons:     abandonBook{tombs: NewTombstones[Namespace](cfg.TombstonesPerTenant)},
 	}
 	e.nextTick.Store(int64(noDeadline))
 	lastToken := e.tokens.init(cfg) - 1
@@ -307,12 +332,14 @@ func fmix64(h uint64) uint64 {
 	return h ^ h>>33
 }
 
-// Acquire tries to take the lock on key in ns for owner. On a held key it
+// Acquire tries to take the lock on key in ns for owner, the request
+// tagged r (SPEC §6a; 0 when it has no session). On a held key it
 // queues for up to wait (never when wait is 0), answers Queued with a
 // non-nil *Wait, and later resolves w exactly once unless cancelled; w must
-// be non-nil whenever wait > 0. key is only borrowed during the call. Inputs
+// be non-nil whenever wait > 0. A request r abandoned on key (a tombstone)
+// is answered TimedOut. key is only borrowed during the call. Inputs
 // are assumed valid (key 1..128 bytes, lease 1..3600 s, wait 0..255 s).
-func (e *Engine) Acquire(ns Namespace, key []byte, owner uint64, lease, wait time.Duration, w Waiter) (Result, *Wait) {
+func (e *Engine) Acquire(ns Namespace, key []byte, owner uint64, r Requester, lease, wait time.Duration, w Waiter) (Result, *Wait) {
 	s, h := e.locate(ns, key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -320,6 +347,12 @@ func (e *Engine) Acquire(ns Namespace, key []byte, owner uint64, lease, wait tim
 	// lock after setting the flag, cannot miss a waiter queued here.
 	if e.shuttingDown.Load() {
 		return Result{Outcome: ShuttingDown}, nil
+	}
+	// Checked under the shard lock, which Abandon holds while it lays the
+	// tombstone: an acquire either comes before the abandon (which then
+	// finds its grant or its waiter) or is refused.
+	if r != 0 && e.abandons.any() && e.abandons.refuses(ns, r, key, e.clock.Now()) {
+		return Result{Outcome: TimedOut}, nil
 	}
 	quota := e.quotas.Of(ns)
 	if !e.inflight.Admit() {
@@ -331,14 +364,14 @@ func (e *Engine) Acquire(ns Namespace, key []byte, owner uint64, lease, wait tim
 	}
 	// Read under the lock so that events within a shard are ordered in time.
 	now := e.clock.Now()
-	r, wt := e.acquireLocked(s, h, ns, quota, key, owner, lease, wait, w, now)
+	res, wt := e.acquireLocked(s, h, ns, quota, key, owner, r, lease, wait, w, now)
 	if wt == nil {
 		e.leaveInflight(quota)
 	}
-	return r, wt
+	return res, wt
 }
 
-func (e *Engine) acquireLocked(s *shard, h uint64, ns Namespace, quota *TenantGates, key []byte, owner uint64, lease, wait time.Duration, w Waiter, now time.Duration) (Result, *Wait) {
+func (e *Engine) acquireLocked(s *shard, h uint64, ns Namespace, quota *TenantGates, key []byte, owner uint64, r Requester, lease, wait time.Duration, w Waiter, now time.Duration) (Result, *Wait) {
 	ent := s.table.get(h, ns, key)
 	if ent != nil {
 		// A due handoff goes first, or this acquire would jump the queue. An
@@ -366,7 +399,7 @@ func (e *Engine) acquireLocked(s *shard, h uint64, ns Namespace, quota *TenantGa
 		}
 		ent = s.newEntry(ns, key)
 		s.table.insert(h, ent)
-		e.grant(s, ent, now, lease)
+		e.grant(s, ent, r, now, lease)
 		return Result{Outcome: Granted, Token: ent.lease.Token}, nil
 	}
 	if !e.waiters.Admit() {
@@ -376,17 +409,15 @@ func (e *Engine) acquireLocked(s *shard, h uint64, ns Namespace, quota *TenantGa
 		e.waiters.Leave()
 		return Result{Outcome: Busy}, nil
 	}
-	q := QueueEntry(now, wait, lease)
 	wt := &Wait{
-		shard:    s,
-		entry:    ent,
-		prev:     ent.tail,
-		waiter:   w,
-		owner:    owner,
-		arrived:  q.Arrived,
-		deadline: q.Deadline,
-		leaseMs:  uint32(lease / time.Millisecond),
-		ns:       ns,
+		shard:     s,
+		entry:     ent,
+		prev:      ent.tail,
+		waiter:    w,
+		owner:     owner,
+		requester: r,
+		arrived:   now,
+		span:      spanOf(lease, wait),
 	}
 	if ent.tail != nil {
 		ent.tail.next = wt
@@ -395,7 +426,7 @@ func (e *Engine) acquireLocked(s *shard, h uint64, ns Namespace, quota *TenantGa
 	}
 	ent.tail = wt
 	s.waiting++
-	e.schedule(s, wt.deadline, timer{wait: wt})
+	e.schedule(s, wt.deadline(), timer{wait: wt})
 	e.armLease(s, ent)
 	return Result{Outcome: Queued}, wt
 }
@@ -413,9 +444,9 @@ func (e *Engine) Cancel(w *Wait) bool {
 	if !w.queued() {
 		return false
 	}
-	e.unqueue(s, w)
+	ns := e.unqueue(s, w)
 	w.waiter = nil
-	e.leaveInflight(e.quotas.Of(w.ns))
+	e.leaveInflight(e.quotas.Of(ns))
 	return true
 }
 
@@ -508,11 +539,20 @@ type Stats struct {
 	// expiry; LeaseExpiries counts those that ended by expiry.
 	HoldTimes     histogram.Snapshot
 	LeaseExpiries uint64
-	// AbandonedQueued counts grants whose waiter could no longer take them
-	// that the backend queued for release itself (Backend.Abandon; each is
-	// released if its token is still current then); AbandonedDropped
-	// those it left to their lease (its queue was full).
-	AbandonedQueued, AbandonedDropped   uint64
+	// UndeliveredQueued counts grants whose waiter could no longer take
+	// them that the backend queued for release itself
+	// (Backend.ReleaseUndelivered; each is released if its token is still
+	// current then); UndeliveredDropped those it left to their lease (its
+	// queue was full).
+	UndeliveredQueued, UndeliveredDropped uint64
+	// SPEC §6a: what the ABANDONs did — a grant released, a queued waiter
+	// dropped, nothing there — and the tombstones: kept now (expired ones
+	// not yet swept included), evicted past a tenant's bound, and the
+	// acquires they refused.
+	AbandonsReleased, AbandonsDroppedWaiter, AbandonsNothing uint64
+	Tombstones                                               int
+	TombstonesEvicted, TombstoneRefusals                     uint64
+
 	KeysGate, WaitersGate, InflightGate GateStats
 	// Tenants are the gates of the tenants with limits.
 	Tenants []TenantStats
@@ -532,7 +572,7 @@ func (e *Engine) Stats() Stats {
 		s.mu.Unlock()
 	}
 	keys, waiters, inflight := e.keys.Stats(), e.waiters.Stats(), e.inflight.Stats()
-	return Stats{
+	st := Stats{
 		Keys:         keys.Count,
 		Waiters:      waiters.Count,
 		Inflight:     inflight.Count,
@@ -552,13 +592,16 @@ func (e *Engine) Stats() Stats {
 
 		Tenants: e.quotas.Stats(e.Namespace),
 	}
+	e.abandons.stats(&st)
+	return st
 }
 
 // grant gives ent a fresh token; the caller has checked that the counter
 // is below the token limit. Half a block before the limit it asks for the
 // next block, which is recorded in the background.
-func (e *Engine) grant(s *shard, ent *entry, now, lease time.Duration) {
+func (e *Engine) grant(s *shard, ent *entry, r Requester, now, lease time.Duration) {
 	s.tokens.Grant(&ent.lease, now, lease)
+	ent.holder = r
 	ent.granted = now
 	ent.leaseArmed = false
 	e.granted(s)
@@ -611,17 +654,18 @@ func (e *Engine) handoff(s *shard, h uint64, ent *entry, now time.Duration) *ent
 		r := HandOff(&ent.lease, &s.tokens, limit, w.waiting(), now)
 		switch r.Outcome {
 		case Granted:
+			ent.holder = w.requester
 			ent.granted = now
 			ent.leaseArmed = false
 			e.granted(s)
 			w.entry = ent
-			e.resolve(w, r)
+			e.resolve(w, ent.ns, r)
 			e.armLease(s, ent)
 			return ent
 		case TokenExhausted:
 			r.Outcome = e.tokens.shortage(limit)
 		}
-		e.resolve(w, r)
+		e.resolve(w, ent.ns, r)
 	}
 	return e.retire(s, h, ent)
 }
@@ -639,7 +683,8 @@ func (e *Engine) retire(s *shard, h uint64, ent *entry) *entry {
 	return nil
 }
 
-func (e *Engine) unqueue(s *shard, w *Wait) {
+// unqueue takes w out of its key's queue and returns the key's namespace.
+func (e *Engine) unqueue(s *shard, w *Wait) Namespace {
 	ent := w.entry
 	if w.prev != nil {
 		w.prev.next = w.next
@@ -654,14 +699,15 @@ func (e *Engine) unqueue(s *shard, w *Wait) {
 	w.entry, w.prev, w.next = nil, nil, nil
 	s.waiting--
 	e.waiters.Leave()
-	e.quotas.Of(w.ns).LeaveWaiter()
+	e.quotas.Of(ent.ns).LeaveWaiter()
+	return ent.ns
 }
 
-// resolve answers a waiter that has left its queue.
-func (e *Engine) resolve(w *Wait, r Result) {
+// resolve answers a waiter of ns that has left its queue.
+func (e *Engine) resolve(w *Wait, ns Namespace, r Result) {
 	w.waiter.Resolve(w.owner, r)
 	w.waiter = nil
-	e.leaveInflight(e.quotas.Of(w.ns))
+	e.leaveInflight(e.quotas.Of(ns))
 }
 
 // leaveKey gives back the key units of a key of ns leaving the table.

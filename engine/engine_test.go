@@ -129,7 +129,7 @@ func (sc *script) do(where string, st step) {
 	ns := sc.e.Namespace(tenant)
 	switch st.op {
 	case opAcquire:
-		r, w := sc.e.Acquire(ns, []byte(st.key), st.owner, st.lease, st.wait, &sc.rec)
+		r, w := sc.e.Acquire(ns, []byte(st.key), st.owner, 0, st.lease, st.wait, &sc.rec)
 		if r != st.want {
 			sc.t.Fatalf("%s: acquire %q by %d = %+v, want %+v", where, st.key, st.owner, r, st.want)
 		}
@@ -457,17 +457,17 @@ func TestLeaseTimerSurvivesCompaction(t *testing.T) {
 	e := New(Config{Shards: 1, Clock: clock})
 	ns := e.Namespace("t")
 	rec := &recorder{}
-	if r, _ := e.Acquire(ns, []byte("K"), 1, 30*time.Second, 0, rec); r.Outcome != Granted {
+	if r, _ := e.Acquire(ns, []byte("K"), 1, 0, 30*time.Second, 0, rec); r.Outcome != Granted {
 		t.Fatalf("first acquire: %v", r.Outcome)
 	}
-	_, w := e.Acquire(ns, []byte("K"), 2, 30*time.Second, 255*time.Second, rec)
+	_, w := e.Acquire(ns, []byte("K"), 2, 0, 30*time.Second, 255*time.Second, rec)
 	e.Cancel(w) // its connection closed: K has no waiters, its lease timer is stale
-	e.Acquire(ns, []byte("X"), 3, time.Hour, 0, rec)
+	e.Acquire(ns, []byte("X"), 3, 0, time.Hour, 0, rec)
 	for owner := uint64(100); owner < 100+2*minCompact; owner++ {
-		_, w := e.Acquire(ns, []byte("X"), owner, time.Hour, 255*time.Second, rec)
+		_, w := e.Acquire(ns, []byte("X"), owner, 0, time.Hour, 255*time.Second, rec)
 		e.Cancel(w) // stale timers pile up until the shard compacts them
 	}
-	if _, w := e.Acquire(ns, []byte("K"), 4, 30*time.Second, 255*time.Second, rec); w == nil {
+	if _, w := e.Acquire(ns, []byte("K"), 4, 0, 30*time.Second, 255*time.Second, rec); w == nil {
 		t.Fatal("the acquire of a held key did not queue")
 	}
 	rec.take()

@@ -110,8 +110,7 @@ func (e *Engine) tick() time.Duration {
 				continue
 			}
 			if t.wait != nil {
-				e.unqueue(s, t.wait)
-				e.resolve(t.wait, Result{Outcome: TimedOut})
+				e.resolve(t.wait, e.unqueue(s, t.wait), Result{Outcome: TimedOut})
 			} else {
 				s.expired(t.entry)
 				e.handoff(s, e.hash(t.entry.ns, t.entry.key), t.entry, now)
@@ -126,7 +125,7 @@ func (e *Engine) tick() time.Duration {
 }
 
 // Sweep reclaims expired keys nobody waits for (SPEC §5: the single
-// expiry sweep), drops the free entries nobody needed since the previous
+// expiry sweep) and expired tombstones (SPEC §6a), drops the free entries nobody needed since the previous
 // Sweep, and shrinks tables a flood left mostly empty. Keys with waiters
 // are left to Tick.
 func (e *Engine) Sweep() {
@@ -148,6 +147,7 @@ func (e *Engine) Sweep() {
 		s.freeLow = len(s.free)
 		s.mu.Unlock()
 	}
+	e.abandons.expire(e.clock.Now())
 }
 
 // Run drives Tick in real time, waking early when an earlier deadline is
@@ -192,8 +192,7 @@ func (e *Engine) Shutdown() {
 		s.mu.Lock()
 		for _, d := range s.timers {
 			if t := d.Item; t.wait != nil && t.wait.queued() {
-				e.unqueue(s, t.wait)
-				e.resolve(t.wait, Result{Outcome: ShuttingDown})
+				e.resolve(t.wait, e.unqueue(s, t.wait), Result{Outcome: ShuttingDown})
 			}
 		}
 		// Every remaining timer is now stale: no key has waiters left.

@@ -16,9 +16,9 @@ func TestInspect(t *testing.T) {
 	b := NewLocal(e)
 	ns := e.Namespace("acme")
 	rec := &recorder{}
-	r, _ := e.Acquire(ns, []byte("k"), 1, 10*time.Second, 0, rec)
+	r, _ := e.Acquire(ns, []byte("k"), 1, 0, 10*time.Second, 0, rec)
 	for owner := uint64(2); owner <= 3; owner++ {
-		if q, _ := e.Acquire(ns, []byte("k"), owner, 10*time.Second, 30*time.Second, rec); q.Outcome != Queued {
+		if q, _ := e.Acquire(ns, []byte("k"), owner, 0, 10*time.Second, 30*time.Second, rec); q.Outcome != Queued {
 			t.Fatalf("owner %d: %v, want Queued", owner, q.Outcome)
 		}
 	}
@@ -64,13 +64,13 @@ func TestList(t *testing.T) {
 	for i := range 40 {
 		key := fmt.Sprintf("job/%02d", 39-i) // inserted out of order
 		jobs = append(jobs, key)
-		e.Acquire(ns, []byte(key), uint64(i+1), time.Duration(10+i)*time.Second, 0, rec)
+		e.Acquire(ns, []byte(key), uint64(i+1), 0, time.Duration(10+i)*time.Second, 0, rec)
 	}
 	slices.Sort(jobs)
-	e.Acquire(ns, []byte("cron/1"), 100, 10*time.Second, 0, rec)
-	e.Acquire(other, []byte("job/99"), 101, 10*time.Second, 0, rec)
+	e.Acquire(ns, []byte("cron/1"), 100, 0, 10*time.Second, 0, rec)
+	e.Acquire(other, []byte("job/99"), 101, 0, 10*time.Second, 0, rec)
 	// A key whose lease lapsed with nobody waiting is free: not listed.
-	e.Acquire(ns, []byte("job/zz"), 102, time.Second, 0, rec)
+	e.Acquire(ns, []byte("job/zz"), 102, 0, time.Second, 0, rec)
 	clock.Advance(2 * time.Second)
 
 	keys := func(infos []LockInfo) []string {

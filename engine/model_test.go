@@ -74,6 +74,7 @@ func TestModelCheckCatchesViolations(t *testing.T) {
 			return &ignoresCancel{Wrapper: w, queued: make(map[uint64]bool)}
 		}, "not pending"},
 		{"cancel of an answered wait succeeds", func(w *rulestest.EngineWrapper) rulestest.Wrapper { return cancelsAnything{w} }, "whose wait is over"},
+		{"acquires without their requester", func(w *rulestest.EngineWrapper) rulestest.Wrapper { return forgetsRequesters{w} }, "abandon"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// Seed 11 runs without limits, so the broken answers are not
@@ -98,12 +99,16 @@ type grantsHeldKeys struct {
 }
 
 func (w *grantsHeldKeys) Acquire(tenant, key string, owner uint64, lease, wait time.Duration) engine.Result {
-	r := w.EngineWrapper.Acquire(tenant, key, owner, lease, wait)
-	if r.Outcome == engine.TimedOut {
+	return w.AcquireFor(tenant, key, owner, 0, lease, wait)
+}
+
+func (w *grantsHeldKeys) AcquireFor(tenant, key string, owner uint64, r engine.Requester, lease, wait time.Duration) engine.Result {
+	res := w.EngineWrapper.AcquireFor(tenant, key, owner, r, lease, wait)
+	if res.Outcome == engine.TimedOut {
 		w.forged++
 		return engine.Result{Outcome: engine.Granted, Token: 1<<40 + w.forged}
 	}
-	return r
+	return res
 }
 
 // refusesReleases answers every release NotHeld.
@@ -117,7 +122,11 @@ func (w refusesReleases) Release(string, string, uint64) engine.Result {
 type shortensLeases struct{ *rulestest.EngineWrapper }
 
 func (w shortensLeases) Acquire(tenant, key string, owner uint64, lease, wait time.Duration) engine.Result {
-	return w.EngineWrapper.Acquire(tenant, key, owner, lease/2, wait)
+	return w.AcquireFor(tenant, key, owner, 0, lease, wait)
+}
+
+func (w shortensLeases) AcquireFor(tenant, key string, owner uint64, r engine.Requester, lease, wait time.Duration) engine.Result {
+	return w.EngineWrapper.AcquireFor(tenant, key, owner, r, lease/2, wait)
 }
 
 // ignoresCancel says it cancelled a queued acquire but leaves it queued.
@@ -156,4 +165,12 @@ type cancelsAnything struct{ *rulestest.EngineWrapper }
 func (w cancelsAnything) Cancel(owner uint64) bool {
 	w.EngineWrapper.Cancel(owner)
 	return true
+}
+
+// forgetsRequesters acquires without the requester (SPEC §6a): its grants
+// and waiters cannot be abandoned, and its tombstones refuse nothing.
+type forgetsRequesters struct{ *rulestest.EngineWrapper }
+
+func (w forgetsRequesters) AcquireFor(tenant, key string, owner uint64, _ engine.Requester, lease, wait time.Duration) engine.Result {
+	return w.EngineWrapper.AcquireFor(tenant, key, owner, 0, lease, wait)
 }

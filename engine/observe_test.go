@@ -17,7 +17,7 @@ func TestHoldTimeAndExpiriesAreObservedOnEveryEnd(t *testing.T) {
 	ns := e.Namespace("t")
 	mustGrant := func(key string, lease time.Duration) uint64 {
 		t.Helper()
-		r, _ := e.Acquire(ns, []byte(key), 1, lease, 0, nil)
+		r, _ := e.Acquire(ns, []byte(key), 1, 0, lease, 0, nil)
 		if r.Outcome != Granted {
 			t.Fatalf("acquire %s: %v", key, r.Outcome)
 		}
@@ -46,7 +46,7 @@ func TestHoldTimeAndExpiriesAreObservedOnEveryEnd(t *testing.T) {
 	// A lease with a waiter, ended by the timer that hands the lock over.
 	mustGrant("handed", time.Second)
 	var rec recorder
-	if r, _ := e.Acquire(ns, []byte("handed"), 2, time.Second, 10*time.Second, &rec); r.Outcome != Queued {
+	if r, _ := e.Acquire(ns, []byte("handed"), 2, 0, time.Second, 10*time.Second, &rec); r.Outcome != Queued {
 		t.Fatal(r.Outcome)
 	}
 	clock.Advance(time.Second)

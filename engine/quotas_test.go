@@ -21,13 +21,13 @@ func TestTenantQuotas(t *testing.T) {
 	noisy, quiet := e.Namespace("noisy"), e.Namespace("quiet")
 	var rec recorder
 	acquire := func(ns Namespace, key string, owner uint64, wait time.Duration) Outcome {
-		r, _ := e.Acquire(ns, []byte(key), owner, 30*time.Second, wait, &rec)
+		r, _ := e.Acquire(ns, []byte(key), owner, 0, 30*time.Second, wait, &rec)
 		return r.Outcome
 	}
 	tokens := map[string]uint64{}
 	for i := range 10 {
 		key := fmt.Sprint("k", i)
-		r, _ := e.Acquire(noisy, []byte(key), uint64(i), 30*time.Second, 0, &rec)
+		r, _ := e.Acquire(noisy, []byte(key), uint64(i), 0, 30*time.Second, 0, &rec)
 		want := Granted
 		if i >= 9 {
 			want = Busy // 9 keys is 90 % of 10

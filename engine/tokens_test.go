@@ -77,7 +77,7 @@ func runEngine(t *testing.T, e *Engine) {
 // cycle acquires key with no wait and, when granted, releases it.
 func cycle(t *testing.T, e *Engine, ns Namespace, key string) Result {
 	t.Helper()
-	r, _ := e.Acquire(ns, []byte(key), 1, time.Minute, 0, nil)
+	r, _ := e.Acquire(ns, []byte(key), 1, 0, time.Minute, 0, nil)
 	if r.Outcome == Granted {
 		if rr := e.Release(ns, []byte(key), r.Token); rr.Outcome != Released {
 			t.Fatalf("release of token %d: %v", r.Token, rr.Outcome)
@@ -152,7 +152,7 @@ func TestRestartStartsAboveEveryIssuedToken(t *testing.T) {
 		}
 		// The old engine is dropped with locks held, as by kill -9.
 		for _, key := range keys {
-			r, _ := e.Acquire(ns, []byte(key), 1, time.Hour, 0, nil)
+			r, _ := e.Acquire(ns, []byte(key), 1, 0, time.Hour, 0, nil)
 			if r.Outcome != Granted || r.Token <= highest {
 				t.Fatalf("restart %d, %s: %+v, want a token above %d", restart, key, r, highest)
 			}
@@ -283,12 +283,12 @@ func TestGrantsOutrunningTheDiskAreAnsweredBusy(t *testing.T) {
 	if got := <-attempts; got != 9 {
 		t.Fatalf("Run is reserving up to %d, want 9", got)
 	}
-	held, _ := e.Acquire(ns, []byte("k"), 1, time.Minute, 0, nil)
+	held, _ := e.Acquire(ns, []byte("k"), 1, 0, time.Minute, 0, nil)
 	if held.Outcome != Granted || held.Token != 4 {
 		t.Fatalf("the last reserved token: %+v", held)
 	}
 	var rc recorder
-	if r, w := e.Acquire(ns, []byte("k"), 2, time.Minute, time.Minute, &rc); r.Outcome != Queued || w == nil {
+	if r, w := e.Acquire(ns, []byte("k"), 2, 0, time.Minute, time.Minute, &rc); r.Outcome != Queued || w == nil {
 		t.Fatalf("waiter: %+v", r)
 	}
 	if r := cycle(t, e, ns, "other"); r.Outcome != Busy {

@@ -70,7 +70,7 @@ type grantingBackend struct{ tokens atomic.Uint64 }
 
 func (*grantingBackend) Namespace(string) engine.Namespace { return 0 }
 
-func (g *grantingBackend) Acquire(engine.Namespace, []byte, uint64, time.Duration, time.Duration, engine.Waiter) (engine.Result, engine.Handle) {
+func (g *grantingBackend) Acquire(engine.Namespace, []byte, uint64, engine.Requester, time.Duration, time.Duration, engine.Waiter) (engine.Result, engine.Handle) {
 	return engine.Result{Outcome: engine.Granted, Token: g.tokens.Add(1)}, nil
 }
 
@@ -82,13 +82,18 @@ func (*grantingBackend) Keep(_ engine.Namespace, _ []byte, _, token uint64, _ ti
 	return engine.Result{Outcome: engine.Renewed, Token: token}
 }
 
-func (*grantingBackend) AsyncAnswers() bool            { return false }
-func (*grantingBackend) Abandon(engine.Handle, uint64) {}
-func (*grantingBackend) Cancel(engine.Handle)          {}
-func (*grantingBackend) Flush()                        {}
-func (*grantingBackend) Stats() engine.Stats           { return engine.Stats{} }
-func (*grantingBackend) Shutdown()                     {}
-func (*grantingBackend) Run(ctx context.Context)       { <-ctx.Done() }
+func (*grantingBackend) Abandon(engine.Namespace, []byte, uint64, engine.Requester, engine.Waiter) engine.Result {
+	return engine.Result{Outcome: engine.NotHeld}
+}
+
+func (*grantingBackend) ServesAbandon() bool                      { return false }
+func (*grantingBackend) AsyncAnswers() bool                       { return false }
+func (*grantingBackend) ReleaseUndelivered(engine.Handle, uint64) {}
+func (*grantingBackend) Cancel(engine.Handle)                     {}
+func (*grantingBackend) Flush()                                   {}
+func (*grantingBackend) Stats() engine.Stats                      { return engine.Stats{} }
+func (*grantingBackend) Shutdown()                                {}
+func (*grantingBackend) Run(ctx context.Context)                  { <-ctx.Done() }
 
 // benchCycles drives cfg's server with conns connections, each with depth
 // lock cycles pipelined; with clientTLS, over the TLS port (cfg.TLS).

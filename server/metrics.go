@@ -25,10 +25,12 @@ const (
 	opRelease
 	opKeep
 	opPing
+	opSession
+	opAbandon
 	opCount
 )
 
-var opNames = [opCount]string{"unknown", "hello", "acquire", "release", "keep", "ping"}
+var opNames = [opCount]string{"unknown", "hello", "acquire", "release", "keep", "ping", "session", "abandon"}
 
 func opOf(op byte) opKind {
 	switch op {
@@ -42,6 +44,10 @@ func opOf(op byte) opKind {
 		return opKeep
 	case codec.OpPing:
 		return opPing
+	case codec.OpSession:
+		return opSession
+	case codec.OpAbandon:
+		return opAbandon
 	}
 	return opUnknown
 }
@@ -294,6 +300,10 @@ var (
 	orphansQueuedDesc        = desc("lockd_orphan_grants_queued_total", "Grants to closed connections the backend queued for release (each released if its token is still current).")
 	orphansDroppedDesc       = desc("lockd_orphan_grants_dropped_total", "Grants to closed connections left to lease expiry (release queue full).")
 	leaseExpiriesDesc        = desc("lockd_lease_expiries_total", "Leases that ended by expiry rather than release (cluster mode: the expiries this node proposed as a group's leader).")
+	abandonsDesc             = desc("lockd_abandons_total", "ABANDONs a session sent for its acquires that ended indeterminate, by what they found: a grant released, a queued waiter dropped, nothing.", "result")
+	tombstonesDesc           = desc("lockd_tombstones", "Tombstones of abandoned acquires kept to refuse them should they arrive late (expired ones until the next sweep).")
+	tombstonesEvictedDesc    = desc("lockd_tombstones_evicted_total", "Tombstones dropped before their time because their tenant reached its bound (each can cost a lease, never exclusion).")
+	tombstoneRefusalsDesc    = desc("lockd_tombstone_refusals_total", "Acquires answered T because their session had abandoned them.")
 
 	acquireDurationDesc = desc("lockd_acquire_duration_seconds", "Acquires from the arrival of the request to the write of its answer, by outcome (A acquired, T timeout, B busy, E error).", "outcome")
 	queueWaitDesc       = desc("lockd_acquire_queue_wait_seconds", "Time granted waiters spent queued, from the acquire to the grant.")
@@ -316,6 +326,7 @@ func (serverCollector) Describe(ch chan<- *prometheus.Desc) {
 		connsAcceptedDesc, connsRejectedDesc, slowDroppedDesc, progressTimeoutsDesc,
 		authFailuresDesc, connInflightBusyDesc, tlsHandshakeFailuresDesc, memoryReturnsDesc,
 		orphansQueuedDesc, orphansDroppedDesc, leaseExpiriesDesc,
+		abandonsDesc, tombstonesDesc, tombstonesEvictedDesc, tombstoneRefusalsDesc,
 		acquireDurationDesc, queueWaitDesc, holdDesc, buildInfoDesc,
 	} {
 		ch <- d
@@ -381,9 +392,15 @@ func (c serverCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(connInflightBusyDesc, m.connInflightBusy.Load())
 	counter(tlsHandshakeFailuresDesc, m.tlsHandshakeFailures.Load())
 	counter(memoryReturnsDesc, m.memoryReturns.Load())
-	counter(orphansQueuedDesc, st.AbandonedQueued)
-	counter(orphansDroppedDesc, st.AbandonedDropped)
+	counter(orphansQueuedDesc, st.UndeliveredQueued)
+	counter(orphansDroppedDesc, st.UndeliveredDropped)
 	counter(leaseExpiriesDesc, st.LeaseExpiries)
+	counter(abandonsDesc, st.AbandonsReleased, "released")
+	counter(abandonsDesc, st.AbandonsDroppedWaiter, "waiter_dropped")
+	counter(abandonsDesc, st.AbandonsNothing, "nothing")
+	gauge(tombstonesDesc, float64(st.Tombstones))
+	counter(tombstonesEvictedDesc, st.TombstonesEvicted)
+	counter(tombstoneRefusalsDesc, st.TombstoneRefusals)
 
 	var acquire [acquireOutcomes]histogram.Snapshot
 	var queueWait histogram.Snapshot

@@ -28,13 +28,13 @@ func newGatedBackend(owner uint64, before bool) *gatedBackend {
 	}
 }
 
-func (b *gatedBackend) Acquire(ns engine.Namespace, key []byte, owner uint64, lease, wait time.Duration, w engine.Waiter) (engine.Result, engine.Handle) {
+func (b *gatedBackend) Acquire(ns engine.Namespace, key []byte, owner uint64, req engine.Requester, lease, wait time.Duration, w engine.Waiter) (engine.Result, engine.Handle) {
 	gated := owner == b.gateOwner
 	if gated && b.before {
 		close(b.entered)
 		<-b.proceed
 	}
-	r, h := b.Local.Acquire(ns, key, owner, lease, wait, w)
+	r, h := b.Local.Acquire(ns, key, owner, req, lease, wait, w)
 	if gated && !b.before {
 		close(b.entered)
 		<-b.proceed

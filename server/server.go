@@ -186,14 +186,18 @@ type Server struct {
 	// Backend; closed once the engine's driver has stopped.
 	tokenMark *tokenfile.File
 	backend   engine.Backend
-	// asyncAnswers: RELEASE and KEEP answers come through the Waiter path.
+	// asyncAnswers: RELEASE, KEEP and ABANDON answers come through the
+	// Waiter path.
 	asyncAnswers bool
-	ager         acquireAger // nil when the backend cannot tell (metrics.go)
-	gnetEng      gnet.Engine
-	addr         string
-	metrics      metrics
-	admin        *adminServer
-	tlsPort      *tlsPort // nil without Config.TLSListen
+	// servesAbandon: the backend serves SPEC §6a, so GREETING sets bit1
+	// and SESSION and ABANDON are served.
+	servesAbandon bool
+	ager          acquireAger // nil when the backend cannot tell (metrics.go)
+	gnetEng       gnet.Engine
+	addr          string
+	metrics       metrics
+	admin         *adminServer
+	tlsPort       *tlsPort // nil without Config.TLSListen
 
 	draining atomic.Bool
 	conns    atomic.Int64
@@ -261,6 +265,7 @@ func Start(cfg Config) (*Server, error) {
 		s.backend = engine.NewLocal(s.engine)
 	}
 	s.asyncAnswers = s.backend.AsyncAnswers()
+	s.servesAbandon = s.backend.ServesAbandon()
 	s.ager, _ = s.backend.(acquireAger)
 	booted := make(chan struct{})
 	h := &handler{srv: s, booted: booted}

@@ -43,6 +43,15 @@ func TestErrorTable(t *testing.T) {
 			codec.AppendPing(nil, 1),
 			codec.AppendHello(nil, [16]byte{}, [32]byte{}, "t1"),
 		}, 0, codec.BadRequest, false},
+		// SPEC §6a.
+		{"second SESSION", [][]byte{codec.AppendSession(nil, 1, testClientID), codec.AppendSession(nil, 2, testClientID)}, 2, codec.BadRequest, false},
+		{"SESSION after an ACQUIRE", [][]byte{codec.AppendAcquire(nil, 1, 30, 0, "k"), codec.AppendSession(nil, 2, testClientID)}, 2, codec.BadRequest, false},
+		{"ABANDON before SESSION", [][]byte{codec.AppendAbandon(nil, 1, 5, "k")}, 1, codec.BadRequest, false},
+		{"SESSION with text", [][]byte{append(codec.AppendSession(nil, 1, testClientID)[:25], "x\n"...)}, 0, codec.BadRequest, false},
+		{"owner 0 SESSION", [][]byte{codec.AppendSession(nil, 0, testClientID)}, 0, codec.BadOwner, true},
+		{"owner 0 ABANDON", [][]byte{codec.AppendSession(nil, 1, testClientID), codec.AppendAbandon(nil, 0, 5, "k")}, 0, codec.BadOwner, true},
+		{"ABANDON of target 0", [][]byte{codec.AppendSession(nil, 1, testClientID), codec.AppendAbandon(nil, 2, 0, "k")}, 2, codec.BadOwner, true},
+		{"ABANDON with a bad key", [][]byte{codec.AppendSession(nil, 1, testClientID), codec.AppendAbandon(nil, 2, 5, "a b")}, 2, codec.BadKey, true},
 	}
 	s := startServer(t, nil)
 	for _, tt := range tests {
@@ -545,7 +554,7 @@ func TestGrantToClosingConnectionIsReleased(t *testing.T) {
 	c.expectError(0, codec.BadRequest)
 	c.expectClosed()
 
-	waitFor(t, func() bool { return s.backend.Stats().AbandonedQueued == 1 })
+	waitFor(t, func() bool { return s.backend.Stats().UndeliveredQueued == 1 })
 	other := dial(t, s)
 	waitFor(t, func() bool {
 		other.acquire(4, 30, 0, "k")

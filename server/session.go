@@ -41,11 +41,16 @@ type session struct {
 	srv *Server
 	tr  transport
 
-	serverNonce  [codec.NonceLen]byte
-	welcomed     bool // a HELLO was accepted
-	sawRequest   bool // any frame was handled, so HELLO may no longer come
-	ns           engine.Namespace
-	tenant       string
+	serverNonce [codec.NonceLen]byte
+	welcomed    bool // a HELLO was accepted
+	sawRequest  bool // any frame was handled, so HELLO may no longer come
+	ns          engine.Namespace
+	tenant      string
+	// sessionKey is what the connection keeps of its SESSION's client_id
+	// (SPEC §6a), 0 before one; the client_id itself is never kept.
+	sessionKey engine.SessionKey
+	// sawAcquire: an ACQUIRE was handled, so SESSION may no longer come.
+	sawAcquire   bool
 	req          codec.Request
 	batch        *batch // on the client port, shared with the loop's other sessions
 	partialFrame bool
@@ -90,7 +95,7 @@ type resolution struct {
 // releases it; other answers need nothing.
 func (r resolution) abandonIfGranted(s *Server) {
 	if r.result.Outcome == engine.Granted && r.async() == opUnknown {
-		s.backend.Abandon(r.wait(), r.result.Token)
+		s.backend.ReleaseUndelivered(r.wait(), r.result.Token)
 	}
 }
 
@@ -158,6 +163,9 @@ func newSession(s *Server, tr transport, b *batch) (*session, []byte, error) {
 		ss.ns = s.backend.Namespace(defaultTenant)
 	}
 	var flags uint8
+	if s.servesAbandon {
+		flags |= codec.GreetingAbandon
+	}
 	if s.cfg.Auth != nil {
 		flags |= codec.GreetingAuthRequired
 		// The handshake is on the progress clock from connect.
@@ -246,7 +254,13 @@ func (ss *session) handleFrames(buf []byte) (int, bool) {
 			return consumed, true
 		}
 		consumed += n
-		if ss.handleFrame(&ss.req, err) {
+		closing := ss.handleFrame(&ss.req, err)
+		if ss.req.Op == codec.OpSession {
+			// The client_id is a bearer secret: nothing keeps it past
+			// its frame (SPEC §6a).
+			ss.req.ClientID = [codec.ClientIDLen]byte{}
+		}
+		if closing {
 			return consumed, true
 		}
 		if ss.batch.frames >= ResponseBatch {
@@ -270,6 +284,10 @@ func (ss *session) handleFrame(req *codec.Request, fieldErr error) bool {
 	ss.sawRequest = true
 	if ss.srv.cfg.Auth != nil && !ss.welcomed {
 		ss.appendError(req.Owner, codec.AuthRequired)
+		return true
+	}
+	if ss.outOfSessionOrder(req.Op) {
+		ss.appendError(req.Owner, codec.BadRequest)
 		return true
 	}
 	if ss.srv.draining.Load() {
@@ -307,8 +325,40 @@ func (ss *session) handleFrame(req *codec.Request, fieldErr error) bool {
 		ss.appendResult(opKeep, req.Owner, r)
 	case codec.OpPing:
 		ss.appendOwnerOnly(opPing, codec.OpPong, req.Owner)
+	case codec.OpSession:
+		ss.sessionKey = engine.NewSessionKey(req.ClientID)
+		ss.appendOwnerOnly(opSession, codec.OpPong, req.Owner)
+	case codec.OpAbandon:
+		ss.abandon(req)
 	}
 	return false
+}
+
+// outOfSessionOrder reports a SESSION or ABANDON that SPEC §6a answers E
+// bad_request and closes: a second SESSION, a SESSION after an ACQUIRE,
+// an ABANDON before SESSION; and either one on a server that does not
+// serve §6a (GREETING without bit1), where they are unknown ops.
+func (ss *session) outOfSessionOrder(op byte) bool {
+	switch op {
+	case codec.OpSession:
+		return !ss.srv.servesAbandon || ss.sessionKey != 0 || ss.sawAcquire
+	case codec.OpAbandon:
+		return !ss.srv.servesAbandon || ss.sessionKey == 0
+	}
+	return false
+}
+
+// abandon answers an ABANDON (SPEC §6a) of the session's request
+// req.Target: R when its grant was released, N otherwise. Like RELEASE it
+// passes no admission limit, --max-conn-inflight included.
+func (ss *session) abandon(req *codec.Request) {
+	r := ss.sessionKey.Requester(req.Target)
+	if ss.srv.asyncAnswers {
+		ss.reserveAsync(req.Owner, opAbandon)
+		ss.answerAsync(opAbandon, req.Owner, ss.srv.backend.Abandon(ss.ns, req.Key, req.Owner, r, ss))
+		return
+	}
+	ss.appendResult(opAbandon, req.Owner, ss.srv.backend.Abandon(ss.ns, req.Key, req.Owner, r, nil))
 }
 
 func (ss *session) ownerInFlight(owner uint64) bool {
@@ -377,6 +427,7 @@ func secretOrDecoy(secret []byte, known bool) []byte {
 // acquire answers an ACQUIRE at once or leaves it queued. It never closes
 // the connection itself: a shutting_down answer closes it once idle.
 func (ss *session) acquire(req *codec.Request) bool {
+	ss.sawAcquire = true
 	ss.mu.Lock()
 	if ss.pending.len() >= ss.srv.cfg.MaxConnInflight {
 		ss.mu.Unlock()
@@ -390,7 +441,7 @@ func (ss *session) acquire(req *codec.Request) bool {
 
 	lease := time.Duration(req.LeaseSeconds) * time.Second
 	wait := time.Duration(req.WaitSeconds) * time.Second
-	r, w := ss.srv.backend.Acquire(ss.ns, req.Key, req.Owner, lease, wait, ss)
+	r, w := ss.srv.backend.Acquire(ss.ns, req.Key, req.Owner, ss.sessionKey.Requester(req.Owner), lease, wait, ss)
 
 	ss.mu.Lock()
 	switch _, stillQueued := ss.pending.get(req.Owner); {

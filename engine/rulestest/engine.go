@@ -7,7 +7,7 @@ import (
 )
 
 // EngineWrapper is the single-mode rule core: an engine.Engine on a
-// FakeClock. It is Instrumented.
+// FakeClock. It is Instrumented and an AbandonWrapper.
 type EngineWrapper struct {
 	clock *engine.FakeClock
 	e     *engine.Engine
@@ -31,11 +31,21 @@ func (w *EngineWrapper) Resolve(owner uint64, r engine.Result) {
 }
 
 func (w *EngineWrapper) Acquire(tenant, key string, owner uint64, lease, wait time.Duration) engine.Result {
-	r, h := w.e.Acquire(w.e.Namespace(tenant), []byte(key), owner, lease, wait, w)
+	return w.AcquireFor(tenant, key, owner, 0, lease, wait)
+}
+
+// AcquireFor is Acquire of the request tagged r (AbandonWrapper).
+func (w *EngineWrapper) AcquireFor(tenant, key string, owner uint64, r engine.Requester, lease, wait time.Duration) engine.Result {
+	res, h := w.e.Acquire(w.e.Namespace(tenant), []byte(key), owner, r, lease, wait, w)
 	if h != nil {
 		w.waits[owner] = h
 	}
-	return r
+	return res
+}
+
+// Abandon is engine.Abandon (AbandonWrapper).
+func (w *EngineWrapper) Abandon(tenant, key string, r engine.Requester) engine.Result {
+	return w.e.Abandon(w.e.Namespace(tenant), []byte(key), r)
 }
 
 func (w *EngineWrapper) Release(tenant, key string, token uint64) engine.Result {

@@ -33,6 +33,14 @@ import (
 // same key at one instant, and that a client within its validity is never
 // refused its release or renewal. A wrapper that also exposes an engine's
 // counters (Instrumented) has them held to the model too.
+//
+// With an AbandonWrapper, half the clients have a session (SPEC §6a) and
+// sometimes lose an acquire's answer: they abandon a grant they were
+// given (and forget it), a queued acquire, or one that never arrived, and
+// later send the lost acquire again. The model checks that an abandon
+// releases exactly the requester's own unexpired grant, drops exactly its
+// waiter, and that a tombstoned acquire is refused for TombstoneLife and
+// only then served as any other.
 
 var (
 	modelSeed  = flag.Uint64("model.seed", 0, "run TestModelCheck with this seed only")
@@ -118,13 +126,17 @@ type ModelCounts struct {
 	renewed, renewalsRefused                     int
 	pauses, drops, cancelled                     int
 	maxPending                                   int
+	// SPEC §6a, with an AbandonWrapper only.
+	abandonsReleased, abandonsDropped, abandonsNothing, tombstoneRefusals int
 }
 
 func (c ModelCounts) String() string {
 	return fmt.Sprintf("acquires=%d granted=%d queued=%d timed_out=%d busy=%d released=%d not_held=%d "+
-		"late_release_refused=%d lost_releases=%d renewed=%d renewals_refused=%d pauses=%d conn_drops=%d waits_cancelled=%d max_pending=%d",
+		"late_release_refused=%d lost_releases=%d renewed=%d renewals_refused=%d pauses=%d conn_drops=%d waits_cancelled=%d max_pending=%d "+
+		"abandons_released=%d abandons_dropped=%d abandons_nothing=%d tombstone_refusals=%d",
 		c.acquires, c.granted, c.queued, c.timedOut, c.busy, c.released, c.notHeld,
-		c.lateRefused, c.lostReleases, c.renewed, c.renewalsRefused, c.pauses, c.drops, c.cancelled, c.maxPending)
+		c.lateRefused, c.lostReleases, c.renewed, c.renewalsRefused, c.pauses, c.drops, c.cancelled, c.maxPending,
+		c.abandonsReleased, c.abandonsDropped, c.abandonsNothing, c.tombstoneRefusals)
 }
 
 // mustHaveExercised fails a run too short or too skewed to have tried
@@ -142,13 +154,25 @@ func (m *Model) mustHaveExercised(t *testing.T) {
 			t.Errorf("the run never produced %s", name)
 		}
 	}
+	if m.aw == nil {
+		return
+	}
+	for name, n := range map[string]int{
+		"abandons of a grant": c.abandonsReleased, "abandons of a waiter": c.abandonsDropped,
+		"abandons of nothing": c.abandonsNothing, "tombstone refusals": c.tombstoneRefusals,
+	} {
+		if n == 0 {
+			t.Errorf("the run never produced %s", name)
+		}
+	}
 }
 
 type modelKey struct{ tenant, name string }
 
 // modelLock is the server's side of one key as the model expects it.
 type modelLock struct {
-	token      uint64 // the last token granted
+	token      uint64           // the last token granted
+	holder     engine.Requester // the requester it was granted to (0: none)
 	validUntil time.Duration
 	released   bool
 	queue      []*modelWaiter // pending, in arrival order
@@ -156,33 +180,47 @@ type modelLock struct {
 
 // modelWaiter is a queued acquire and the client that made it.
 type modelWaiter struct {
-	owner    uint64
-	client   *modelClient
-	key      modelKey
-	arrived  time.Duration
-	deadline time.Duration
-	lease    time.Duration
+	owner     uint64
+	requester engine.Requester
+	client    *modelClient
+	key       modelKey
+	arrived   time.Duration
+	deadline  time.Duration
+	lease     time.Duration
+	abandoned bool // its client abandoned it: answered TimedOut at once
 }
 
 // modelClient is one simulated client and what it believes.
 type modelClient struct {
 	id          int
+	session     string        // its §6a session, "" for none
 	holds       []modelHold   // grants it has not released or forgotten
 	pausedUntil time.Duration // it does nothing before this instant
 }
 
 type modelHold struct {
 	key        modelKey
+	owner      uint64
 	token      uint64
 	validUntil time.Duration // grant instant + lease, as the client sees it
+}
+
+// modelAbandoned is an acquire its client abandoned: its tombstone, and
+// what the client needs to send it again.
+type modelAbandoned struct {
+	client *modelClient
+	owner  uint64
+	key    modelKey
+	laid   time.Duration
 }
 
 // Model is one seeded model check run on one wrapper.
 type Model struct {
 	rng          *rand.Rand
 	w            Wrapper
-	instrumented Instrumented // nil unless w is one
-	limited      bool         // Busy is a valid answer
+	aw           AbandonWrapper // nil unless w is one
+	instrumented Instrumented   // nil unless w is one
+	limited      bool           // Busy is a valid answer
 	now          time.Duration
 
 	locks     map[modelKey]*modelLock
@@ -190,6 +228,7 @@ type Model struct {
 	finished  []uint64       // owners of the last waits resolved or cancelled
 	nextOwner uint64
 	clients   []*modelClient
+	abandoned []modelAbandoned // in the order they were laid
 	counts    ModelCounts
 	trace     hash.Hash64
 }
@@ -206,8 +245,13 @@ func NewModel(seed uint64, fresh func(Limits) Wrapper) *Model {
 		trace:   fnv.New64a(),
 	}
 	m.instrumented, _ = m.w.(Instrumented)
+	m.aw, _ = m.w.(AbandonWrapper)
 	for i := range 12 {
-		m.clients = append(m.clients, &modelClient{id: i})
+		c := &modelClient{id: i}
+		if m.aw != nil && i%2 == 0 {
+			c.session = fmt.Sprint("model-c", i)
+		}
+		m.clients = append(m.clients, c)
 	}
 	return m
 }
@@ -261,6 +305,10 @@ func (m *Model) step() error {
 		err = m.cancelFinished()
 	case p < 67:
 		err = m.forgedRelease()
+	case p < 70 && m.aw != nil:
+		// Without an AbandonWrapper these fall to the next case, so that
+		// the run of such a wrapper is the same as before §6a.
+		err = m.abandonStep(c)
 	case p < 84:
 		steps := []time.Duration{0, 250 * time.Millisecond, 500 * time.Millisecond, time.Second, 2 * time.Second, 7 * time.Second}
 		d := steps[m.rng.IntN(len(steps))]
@@ -302,17 +350,34 @@ func (m *Model) pickKey() modelKey {
 }
 
 func (m *Model) acquire(c *modelClient) error {
-	k := m.pickKey()
+	m.nextOwner++
+	return m.acquireAs(c, m.pickKey(), m.nextOwner)
+}
+
+// acquireAs sends c's acquire owner of k.
+func (m *Model) acquireAs(c *modelClient, k modelKey, owner uint64) error {
 	lease := time.Duration(1+m.rng.IntN(6)) * time.Second
 	var wait time.Duration
 	if m.rng.IntN(3) > 0 {
 		wait = time.Duration(1+m.rng.IntN(8)) * time.Second
 	}
-	m.nextOwner++
-	owner := m.nextOwner
 	m.counts.acquires++
-	r := m.w.Acquire(k.tenant, k.name, owner, lease, wait)
+	req := RequesterOf(c.session, owner)
+	var r engine.Result
+	if req != 0 {
+		r = m.aw.AcquireFor(k.tenant, k.name, owner, req, lease, wait)
+	} else {
+		r = m.w.Acquire(k.tenant, k.name, owner, lease, wait)
+	}
 	m.record(2, owner, uint64(r.Outcome), r.Token)
+	if m.tombstoned(c, owner, k) {
+		// Refused before anything else: no handoff runs, nothing changes.
+		if r.Outcome != engine.TimedOut {
+			return fmt.Errorf("acquire %v of abandoned owner %d = %v, want timedout", k, owner, r.Outcome)
+		}
+		m.counts.tombstoneRefusals++
+		return nil
+	}
 	// A due handoff runs inside Acquire, before the answer.
 	if err := m.absorb(); err != nil {
 		return err
@@ -326,12 +391,12 @@ func (m *Model) acquire(c *modelClient) error {
 		if r.Waited != 0 {
 			return fmt.Errorf("immediate grant waited %v", r.Waited)
 		}
-		return m.granted(c, k, r.Token, lease)
+		return m.granted(c, k, owner, req, r.Token, lease)
 	case engine.Queued:
 		if !m.held(l) || wait == 0 {
 			return fmt.Errorf("acquire %v (wait %v) queued on a lock that is not held", k, wait)
 		}
-		w := &modelWaiter{owner: owner, client: c, key: k, arrived: m.now, deadline: m.now + wait, lease: lease}
+		w := &modelWaiter{owner: owner, requester: req, client: c, key: k, arrived: m.now, deadline: m.now + wait, lease: lease}
 		l.queue = append(l.queue, w)
 		m.pending = append(m.pending, w)
 		m.counts.queued++
@@ -353,8 +418,11 @@ func (m *Model) acquire(c *modelClient) error {
 
 // absorb checks the resolutions of queued acquires the last calls made,
 // in order, and gives each grant to its client.
-func (m *Model) absorb() error {
-	for _, res := range m.w.Resolutions() {
+func (m *Model) absorb() error { return m.absorbEach(m.w.Resolutions(), nil) }
+
+// absorbEach is absorb of rs, calling then (if set) after each.
+func (m *Model) absorbEach(rs []Resolution, then func(*modelWaiter, engine.Result)) error {
+	for _, res := range rs {
 		i := slices.IndexFunc(m.pending, func(w *modelWaiter) bool { return w.owner == res.Owner })
 		if i < 0 {
 			return fmt.Errorf("owner %d resolved %v but it is not pending", res.Owner, res.Result)
@@ -373,11 +441,11 @@ func (m *Model) absorb() error {
 			if r.Waited != m.now-w.arrived {
 				return fmt.Errorf("owner %d waited %v, want %v", w.owner, r.Waited, m.now-w.arrived)
 			}
-			if err := m.granted(w.client, w.key, r.Token, w.lease); err != nil {
+			if err := m.granted(w.client, w.key, w.owner, w.requester, r.Token, w.lease); err != nil {
 				return err
 			}
 		case engine.TimedOut:
-			if m.now < w.deadline {
+			if m.now < w.deadline && !w.abandoned {
 				return fmt.Errorf("owner %d timed out at %v before its deadline %v", w.owner, m.now, w.deadline)
 			}
 			m.counts.timedOut++
@@ -385,14 +453,18 @@ func (m *Model) absorb() error {
 			return fmt.Errorf("owner %d resolved with %v", w.owner, r.Outcome)
 		}
 		m.finish(w)
+		if then != nil {
+			then(w, r)
+		}
 	}
 	return nil
 }
 
-// granted checks a grant of token on k to c, now, for lease, on both
-// sides: the server's (tokens increase, the previous lease is over) and
-// the clients' (nobody else believes it holds k), and records it.
-func (m *Model) granted(c *modelClient, k modelKey, token uint64, lease time.Duration) error {
+// granted checks a grant of token on k to c's acquire owner (tagged req),
+// now, for lease, on both sides: the server's (tokens increase, the
+// previous lease is over) and the clients' (nobody else believes it holds
+// k), and records it.
+func (m *Model) granted(c *modelClient, k modelKey, owner uint64, req engine.Requester, token uint64, lease time.Duration) error {
 	l := m.lock(k)
 	if token <= l.token {
 		return fmt.Errorf("key %v: token %d after %d", k, token, l.token)
@@ -408,8 +480,8 @@ func (m *Model) granted(c *modelClient, k modelKey, token uint64, lease time.Dur
 			}
 		}
 	}
-	l.token, l.validUntil, l.released = token, m.now+lease, false
-	c.holds = append(c.holds, modelHold{k, token, m.now + lease})
+	l.token, l.holder, l.validUntil, l.released = token, req, m.now+lease, false
+	c.holds = append(c.holds, modelHold{key: k, owner: owner, token: token, validUntil: m.now + lease})
 	m.counts.granted++
 	return nil
 }
@@ -657,6 +729,15 @@ func (m *Model) checkCounters() error {
 	if refused := st.KeysGate.Refused + st.WaitersGate.Refused + st.InflightGate.Refused; refused != uint64(m.counts.busy) {
 		return fmt.Errorf("gates refused %d, model saw %d Busy", refused, m.counts.busy)
 	}
+	if m.aw != nil {
+		c := m.counts
+		if st.AbandonsReleased != uint64(c.abandonsReleased) || st.AbandonsDroppedWaiter != uint64(c.abandonsDropped) ||
+			st.AbandonsNothing != uint64(c.abandonsNothing) || st.TombstoneRefusals != uint64(c.tombstoneRefusals) {
+			return fmt.Errorf("stats abandons released=%d dropped=%d nothing=%d refusals=%d, model %d %d %d %d",
+				st.AbandonsReleased, st.AbandonsDroppedWaiter, st.AbandonsNothing, st.TombstoneRefusals,
+				c.abandonsReleased, c.abandonsDropped, c.abandonsNothing, c.tombstoneRefusals)
+		}
+	}
 	heldKeys := 0
 	for _, l := range m.locks {
 		if m.held(l) {
@@ -693,4 +774,130 @@ func (m *Model) shutdown() error {
 		return fmt.Errorf("after shutdown: %d waiters, %d in flight", st.Waiters, st.Inflight)
 	}
 	return nil
+}
+
+// tombstoned reports whether c's acquire owner of k is refused now: c
+// abandoned it less than TombstoneLife ago.
+func (m *Model) tombstoned(c *modelClient, owner uint64, k modelKey) bool {
+	for _, a := range m.abandoned {
+		if a.client == c && a.owner == owner && a.key == k && m.now < a.laid+engine.TombstoneLife {
+			return true
+		}
+	}
+	return false
+}
+
+// abandonStep: a client with a session loses an acquire's answer and
+// abandons it (a grant it was given, which it forgets; one of its queued
+// acquires; or one that never reached the server), or sends an abandoned
+// acquire again, as a late copy would arrive.
+func (m *Model) abandonStep(c *modelClient) error {
+	if c.session == "" {
+		return nil
+	}
+	switch m.rng.IntN(4) {
+	case 0:
+		if len(c.holds) == 0 {
+			return nil
+		}
+		i := m.rng.IntN(len(c.holds))
+		h := c.holds[i]
+		c.holds = slices.Delete(c.holds, i, i+1)
+		return m.abandon(c, h.key, h.owner)
+	case 1:
+		var mine []*modelWaiter
+		for _, w := range m.pending {
+			if w.client == c {
+				mine = append(mine, w)
+			}
+		}
+		if len(mine) == 0 {
+			return nil
+		}
+		w := mine[m.rng.IntN(len(mine))]
+		return m.abandon(c, w.key, w.owner)
+	case 2:
+		m.nextOwner++
+		return m.abandon(c, m.pickKey(), m.nextOwner)
+	default:
+		var mine []modelAbandoned
+		for _, a := range m.abandoned {
+			if a.client == c {
+				mine = append(mine, a)
+			}
+		}
+		if len(mine) == 0 {
+			return nil
+		}
+		a := mine[m.rng.IntN(len(mine))]
+		if slices.ContainsFunc(m.pending, func(w *modelWaiter) bool { return w.owner == a.owner }) {
+			return nil // still queued: no copy of it can arrive while it waits
+		}
+		return m.acquireAs(c, a.key, a.owner)
+	}
+}
+
+// abandon sends c's ABANDON of its acquire owner of k and checks it. A
+// due handoff runs first, as for any command on the key: it answers the
+// waits that elapsed until it reaches a waiter it grants, which may be
+// the abandoned acquire itself. Then the requester's own unexpired grant
+// is released (and handed on), or its waiter still queued is dropped and
+// answered TimedOut, or nothing happens.
+func (m *Model) abandon(c *modelClient, k modelKey, owner uint64) error {
+	req := RequesterOf(c.session, owner)
+	l := m.lock(k)
+	due := len(l.queue) > 0 && !m.held(l)
+	var waiter *modelWaiter
+	reached := due // whether the handoff reaches the waiter
+	for _, w := range l.queue {
+		if w.requester == req {
+			waiter = w
+			break
+		}
+		reached = reached && w.deadline <= m.now
+	}
+	want, outcome := engine.NotHeld, &m.counts.abandonsNothing
+	switch {
+	case req == l.holder && m.held(l):
+		want, outcome = engine.Released, &m.counts.abandonsReleased
+		m.abandonRelease(c, l, k, owner)
+	case waiter != nil && reached && waiter.deadline > m.now:
+		want, outcome = engine.Released, &m.counts.abandonsReleased
+	case waiter != nil && !reached:
+		outcome = &m.counts.abandonsDropped
+	}
+	if waiter != nil {
+		waiter.abandoned = true // its TimedOut may come before its deadline
+	}
+	r := m.aw.Abandon(k.tenant, k.name, req)
+	m.record(11, owner, uint64(r.Outcome))
+	err := m.absorbEach(m.w.Resolutions(), func(w *modelWaiter, r engine.Result) {
+		if w == waiter && r.Outcome == engine.Granted {
+			m.abandonRelease(c, l, k, owner) // before the next grant
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if r.Outcome != want {
+		return fmt.Errorf("client %d abandon %v owner %d (holder %#x, token %d, valid until %v, released %v) = %v, want %v",
+			c.id, k, owner, l.holder, l.token, l.validUntil, l.released, r.Outcome, want)
+	}
+	if waiter != nil && slices.Contains(m.pending, waiter) {
+		return fmt.Errorf("abandon of queued owner %d left it queued", owner)
+	}
+	*outcome++
+	if !m.tombstoned(c, owner, k) {
+		m.abandoned = append(m.abandoned, modelAbandoned{client: c, owner: owner, key: k, laid: m.now})
+	}
+	// Long expired ones are sent again no more.
+	m.abandoned = slices.DeleteFunc(m.abandoned, func(a modelAbandoned) bool { return m.now >= a.laid+2*engine.TombstoneLife })
+	return nil
+}
+
+// abandonRelease is what an abandon does to the requester's grant of k:
+// released, and forgotten by its client, who never saw it.
+func (m *Model) abandonRelease(c *modelClient, l *modelLock, k modelKey, owner uint64) {
+	l.released, l.validUntil = true, m.now
+	c.holds = slices.DeleteFunc(c.holds, func(h modelHold) bool { return h.key == k && h.owner == owner })
 }

@@ -16,6 +16,9 @@
 //	keep KEY OWNER lease=10s -> renewed TOKEN
 //	advance 1s
 //	tick | 2 granted 2 7s
+//	acquire KEY OWNER session=c1 lease=10s wait=30s -> queued
+//	abandon KEY OWNER session=c1 -> released | 3 granted 4 0s
+//	abandon-bound KEY session=c9 -> notheld
 //
 // KEY may be "TENANT/KEY" (default tenant "t1"). OWNER names the
 // requester of an acquire, and for release and keep whose last granted
@@ -23,6 +26,16 @@
 // step must cause, in order ("OWNER ANSWER", comma-separated). tick lets
 // every timer due at the current instant act: waits that elapsed, leases
 // that ran out with waiters.
+//
+// SPEC §6a: session=NAME makes an acquire a request of the session NAME
+// (a client_id made of the name's bytes), tagged with the requester
+// engine.NewSessionKey(id).Requester(OWNER); an acquire without it has no
+// session. abandon KEY OWNER session=NAME is that session's ABANDON of its
+// request OWNER on KEY (released, or notheld, a dropped waiter answered
+// timedout). abandon-bound KEY session=NAME abandons the owners 1 to
+// engine.DefaultTombstonesPerTenant of NAME on KEY, each answered ANSWER:
+// it fills the tenant's tombstones to their bound. Scenarios with these
+// steps need an AbandonWrapper; a wrapper without one skips them.
 package rulestest
 
 import (
@@ -58,6 +71,28 @@ type Wrapper interface {
 	Resolutions() []Resolution
 }
 
+// AbandonWrapper is a Wrapper that serves SPEC §6a, keeping the default
+// bound of tombstones (engine.DefaultTombstonesPerTenant).
+type AbandonWrapper interface {
+	Wrapper
+	// AcquireFor is Acquire of the request tagged r (0: no session).
+	AcquireFor(tenant, key string, owner uint64, r engine.Requester, lease, wait time.Duration) engine.Result
+	// Abandon is the ABANDON of the request tagged r on key: Released or
+	// NotHeld; a waiter it drops is resolved TimedOut.
+	Abandon(tenant, key string, r engine.Requester) engine.Result
+}
+
+// RequesterOf is the requester tag of owner's acquire in the script's
+// session named session ("" is no session: 0).
+func RequesterOf(session string, owner uint64) engine.Requester {
+	if session == "" {
+		return 0
+	}
+	var id [16]byte
+	copy(id[:], session)
+	return engine.NewSessionKey(id).Requester(owner)
+}
+
 // Resolution is the final answer to a queued acquire.
 type Resolution struct {
 	Owner  uint64
@@ -78,8 +113,9 @@ type Scenario struct {
 // Step is one line of a scenario.
 type Step struct {
 	Line     int
-	Op       string // acquire, release, keep, advance, tick
+	Op       string // acquire, release, keep, abandon, abandon-bound, advance, tick
 	Tenant   string
+	Session  string // acquire, abandon, abandon-bound: session=NAME
 	Key      string
 	Owner    uint64
 	Token    uint64 // release, keep: the token, when given as token=N
@@ -126,9 +162,14 @@ func Run(t *testing.T, fresh func(t *testing.T) Wrapper) {
 	}
 }
 
-// Play runs one scenario on w.
+// Play runs one scenario on w. A scenario with §6a steps is skipped when
+// w is no AbandonWrapper.
 func Play(t *testing.T, w Wrapper, sc Scenario) {
 	t.Helper()
+	aw, serves := w.(AbandonWrapper)
+	if !serves && sc.needsAbandon() {
+		t.Skipf("%T serves no SPEC §6a (no AbandonWrapper): scenario %q not run", w, sc.Name)
+	}
 	tokens := make(map[uint64]uint64) // owner -> last token granted
 	noteGrant := func(owner uint64, r engine.Result) {
 		if r.Outcome == engine.Granted {
@@ -144,8 +185,19 @@ func Play(t *testing.T, w Wrapper, sc Scenario) {
 		var got engine.Result
 		switch st.Op {
 		case "acquire":
-			got = w.Acquire(st.Tenant, st.Key, st.Owner, st.Lease, st.Wait)
+			if st.Session != "" {
+				got = aw.AcquireFor(st.Tenant, st.Key, st.Owner, RequesterOf(st.Session, st.Owner), st.Lease, st.Wait)
+			} else {
+				got = w.Acquire(st.Tenant, st.Key, st.Owner, st.Lease, st.Wait)
+			}
 			noteGrant(st.Owner, got)
+		case "abandon":
+			got = aw.Abandon(st.Tenant, st.Key, RequesterOf(st.Session, st.Owner))
+		case "abandon-bound":
+			got = st.Want
+			for owner := uint64(1); owner <= engine.DefaultTombstonesPerTenant && got == st.Want; owner++ {
+				got = aw.Abandon(st.Tenant, st.Key, RequesterOf(st.Session, owner))
+			}
 		case "release":
 			got = w.Release(st.Tenant, st.Key, token)
 		case "keep":
@@ -166,6 +218,10 @@ func Play(t *testing.T, w Wrapper, sc Scenario) {
 			t.Fatalf("%s: resolutions %v, want %v", where, res, st.Resolved)
 		}
 	}
+}
+
+func (sc Scenario) needsAbandon() bool {
+	return slices.ContainsFunc(sc.Steps, func(st Step) bool { return st.Session != "" })
 }
 
 // Parse reads a script.
@@ -231,7 +287,7 @@ func parseStep(line string) (Step, error) {
 			return Step{}, fmt.Errorf("tick takes nothing")
 		}
 		return st, nil
-	case "acquire", "release", "keep":
+	case "acquire", "release", "keep", "abandon", "abandon-bound":
 	default:
 		return Step{}, fmt.Errorf("unknown step %q", st.Op)
 	}
@@ -254,12 +310,17 @@ func parseStep(line string) (Step, error) {
 			st.Lease, err = time.ParseDuration(val)
 		case name == "wait":
 			st.Wait, err = time.ParseDuration(val)
+		case name == "session":
+			st.Session = val
 		default:
 			err = fmt.Errorf("unknown argument %q", arg)
 		}
 		if err != nil {
 			return Step{}, err
 		}
+	}
+	if (st.Op == "abandon" || st.Op == "abandon-bound") && st.Session == "" {
+		return Step{}, fmt.Errorf("%s wants session=NAME", st.Op)
 	}
 	st.Want, err = parseResult(want)
 	return st, err
