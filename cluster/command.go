@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/lockd/lockd/engine"
 )
 
 // A proposal is one batch of commands for one group (group commit):
@@ -22,6 +24,12 @@ import (
 // in the command because Update must not read node-local configuration —
 // replicas with different flags would otherwise decide differently.
 //
+//	cmdAcquireBy: the fields of cmdAcquire | requester u64: an acquire of a
+//	             session (SPEC §6a), which its requester may abandon;
+//	             written only from log format 4 on
+//	cmdAbandon:  node u64 | id u64 | requester u64: SPEC §6a ABANDON of
+//	             the requester's acquire of the key, answered to id on
+//	             node; written only from log format 4 on
 //	cmdRelease:  node u64 | id u64 (0 = nobody waits for the answer) | token u64
 //	cmdKeep:     node u64 | id u64 (0 = nobody waits for the answer) | token u64 | renewals u32 | lease_s u16
 //	cmdLeaseEnd: (tenant and key only) proposed by the leader when a lease
@@ -60,6 +68,9 @@ const (
 	cmdForget   = 'F'
 	cmdCancel   = 'C'
 	cmdFormat   = 'N'
+	// log format 4 on (version.go):
+	cmdAcquireBy = 'Q'
+	cmdAbandon   = 'X'
 )
 
 var errBadBatch = errors.New("cluster: malformed proposal")
@@ -77,6 +88,9 @@ type command struct {
 	lease    uint16
 	wait     int64
 	keyLimit uint32
+	// requester tags a session's acquire (cmdAcquireBy) and names the
+	// acquire an abandon gives back; 0 for an acquire without a session.
+	requester engine.Requester
 	// keepFirst and keepLast are cmdForget's range of ids to keep.
 	keepFirst, keepLast uint64
 	format              uint32 // cmdFormat
@@ -91,13 +105,30 @@ func appendText(dst []byte, tenant string, key []byte) []byte {
 	return append(dst, key...)
 }
 
-func appendAcquire(dst []byte, node, id uint64, lease uint16, wait int64, keyLimit uint32, tenant string, key []byte) []byte {
-	dst = append(dst, cmdAcquire)
+// appendAcquire appends an acquire: a cmdAcquireBy when it has a
+// requester, which only a group at log format 4 may be given.
+func appendAcquire(dst []byte, node, id uint64, lease uint16, wait int64, keyLimit uint32, r engine.Requester, tenant string, key []byte) []byte {
+	kind := byte(cmdAcquire)
+	if r != 0 {
+		kind = cmdAcquireBy
+	}
+	dst = append(dst, kind)
 	dst = binary.BigEndian.AppendUint64(dst, node)
 	dst = binary.BigEndian.AppendUint64(dst, id)
 	dst = binary.BigEndian.AppendUint16(dst, lease)
 	dst = binary.BigEndian.AppendUint64(dst, uint64(wait))
 	dst = binary.BigEndian.AppendUint32(dst, keyLimit)
+	if r != 0 {
+		dst = binary.BigEndian.AppendUint64(dst, uint64(r))
+	}
+	return appendText(dst, tenant, key)
+}
+
+func appendAbandon(dst []byte, node, id uint64, r engine.Requester, tenant string, key []byte) []byte {
+	dst = append(dst, cmdAbandon)
+	dst = binary.BigEndian.AppendUint64(dst, node)
+	dst = binary.BigEndian.AppendUint64(dst, id)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(r))
 	return appendText(dst, tenant, key)
 }
 
@@ -168,6 +199,10 @@ func fieldsLen(kind byte) (int, error) {
 	switch kind {
 	case cmdAcquire:
 		return 8 + 8 + 2 + 8 + 4, nil
+	case cmdAcquireBy:
+		return 8 + 8 + 2 + 8 + 4 + 8, nil
+	case cmdAbandon:
+		return 8 + 8 + 8, nil
 	case cmdRelease:
 		return 8 + 8 + 8, nil
 	case cmdKeep:
@@ -198,13 +233,21 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 	if len(b) < need {
 		return nil, errBadBatch
 	}
+	c.requester = 0
 	switch c.kind {
-	case cmdAcquire:
+	case cmdAcquire, cmdAcquireBy:
 		c.node = binary.BigEndian.Uint64(b)
 		c.id = binary.BigEndian.Uint64(b[8:])
 		c.lease = binary.BigEndian.Uint16(b[16:])
 		c.wait = int64(binary.BigEndian.Uint64(b[18:]))
 		c.keyLimit = binary.BigEndian.Uint32(b[26:])
+		if c.kind == cmdAcquireBy {
+			c.requester = engine.Requester(binary.BigEndian.Uint64(b[30:]))
+		}
+	case cmdAbandon:
+		c.node = binary.BigEndian.Uint64(b)
+		c.id = binary.BigEndian.Uint64(b[8:])
+		c.requester = engine.Requester(binary.BigEndian.Uint64(b[16:]))
 	case cmdRelease:
 		c.node = binary.BigEndian.Uint64(b)
 		c.id = binary.BigEndian.Uint64(b[8:])

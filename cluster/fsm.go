@@ -53,7 +53,9 @@ type fsm struct {
 }
 
 func newFSM(g *group, firstToken uint64) *fsm {
-	return &fsm{g: g, state: newReplicated(firstToken), load: make(map[uint64]uint64), clock: g.n.clock}
+	f := &fsm{g: g, state: newReplicated(firstToken), load: make(map[uint64]uint64), clock: g.n.clock}
+	g.logFormat.Store(f.state.format)
+	return f
 }
 
 // Update applies one batch. A batch whose header is malformed is skipped;
@@ -84,11 +86,13 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 		if b, err = readCommand(b, &f.cmd); err != nil {
 			break
 		}
-		if k := f.cmd.kind; k == cmdAcquire || k == cmdRelease || k == cmdKeep {
+		if k := f.cmd.kind; k == cmdAcquire || k == cmdAcquireBy || k == cmdRelease || k == cmdKeep {
 			f.load[f.cmd.node]++
 		}
 		f.state.apply(&f.cmd, &f.out)
 	}
+	f.state.endBatch()
+	f.g.logFormat.Store(f.state.format)
 	if len(f.out.leases) > 0 {
 		f.takeLeases(f.clock())
 	}
@@ -212,6 +216,7 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 		}
 	}
 	f.state = state
+	f.g.logFormat.Store(state.format)
 	f.heap = f.heap[:0]
 	f.takeLeases(f.clock())
 	f.restored.Add(1)

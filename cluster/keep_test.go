@@ -30,7 +30,7 @@ func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 	k := lockKey([]byte("t"), key)
 	now := time.Duration(100)
 	f.clock = func() time.Duration { return now }
-	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 10, 0, 1<<20, "t", key) })
+	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 10, 0, 1<<20, 0, "t", key) })
 	token := f.state.locks[k].Token
 
 	now = 100 + 5e9
@@ -92,7 +92,7 @@ func TestFSMKeepAppliedTwiceRenewsOnce(t *testing.T) {
 	ask := func(owner uint64) uint64 { return n.registerUngated(owner, rec) } // a KEEP's request, as Node.Keep makes it
 	key := []byte("k")
 	k := lockKey([]byte("t"), key)
-	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 10, 0, 1<<20, "t", key) })
+	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 10, 0, 1<<20, 0, "t", key) })
 	token := f.state.locks[k].Token
 	short := func(id uint64) func([]byte) []byte {
 		return func(b []byte) []byte { return appendKeep(b, 1, id, token, 0, 5, "t", key) }
@@ -138,7 +138,7 @@ func TestRebuildKeepsTheRenewedDeadline(t *testing.T) {
 	now := time.Duration(100)
 	f.clock = func() time.Duration { return now }
 	key := []byte("k")
-	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 60, 0, 1<<20, "t", key) })
+	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 60, 0, 1<<20, 0, "t", key) })
 	token := f.state.locks[lockKey([]byte("t"), key)].Token
 	now = 100 + 1e9
 	applyOne(t, f, 2, func(b []byte) []byte { return appendKeep(b, 2, 0, token, 0, 5, "t", key) })

@@ -57,6 +57,9 @@ type group struct {
 
 	wasLeader bool     // expiry driver only
 	due       []expiry // expiry driver only: the lease ends of one pass
+	// logFormat is the group's log format as this replica last applied
+	// it, for the writers of format-4 commands on the request path.
+	logFormat atomic.Uint32
 	// leading is whether this node led the group at the expiry driver's
 	// last pass (for the hold-time metric).
 	leading   atomic.Bool

@@ -57,7 +57,7 @@ func (r *replica) lock(key string) *lockState {
 }
 
 func acquireBy(node, id uint64, key string, wait time.Duration) func([]byte) []byte {
-	return func(b []byte) []byte { return appendAcquire(b, node, id, 30, int64(wait), 1<<20, "t", []byte(key)) }
+	return func(b []byte) []byte { return appendAcquire(b, node, id, 30, int64(wait), 1<<20, 0, "t", []byte(key)) }
 }
 
 func releaseOf(token uint64, key string) func([]byte) []byte {

@@ -49,10 +49,10 @@ func TestSnapshotDeliversGrantsOfWaitingRequests(t *testing.T) {
 	// The group's history, applied by an up-to-date replica.
 	upToDate := detachedFSM()
 	b := make([]byte, headerLen)
-	b = appendAcquire(b, 1, answered, 30, 0, 1<<20, "t", []byte("a"))
-	b = appendAcquire(b, 1, waiting.id, 30, 0, 1<<20, "t", []byte("b"))
-	b = appendAcquire(b, 2, 77, 30, 0, 1<<20, "t", []byte("c"))
-	b = appendAcquire(b, 1, queued.id, 30, int64(30*time.Second), 1<<20, "t", []byte("c"))
+	b = appendAcquire(b, 1, answered, 30, 0, 1<<20, 0, "t", []byte("a"))
+	b = appendAcquire(b, 1, waiting.id, 30, 0, 1<<20, 0, "t", []byte("b"))
+	b = appendAcquire(b, 2, 77, 30, 0, 1<<20, 0, "t", []byte("c"))
+	b = appendAcquire(b, 1, queued.id, 30, int64(30*time.Second), 1<<20, 0, "t", []byte("c"))
 	putHeader(b, 1, 4)
 	if _, err := upToDate.Update(sm.Entry{Cmd: b}); err != nil {
 		t.Fatal(err)

@@ -33,15 +33,20 @@ import (
 // revokes); this build reads neither, and refuses their data dirs at
 // start (checkMeta), since nothing of them was released.
 const (
-	// logFormat3 is the first released format and every group's when it
-	// is created: batch version 2, commands A R K D F C N, snapshot
-	// version 7.
+	// logFormat3 is the oldest format this build reads, and every
+	// group's when it is created: batch version 2, commands A R K D F C
+	// N, snapshot version 7.
 	logFormat3 = 3
+	// logFormat4 adds SPEC §6a: acquires tagged with their requester
+	// (cmdAcquireBy), ABANDON (cmdAbandon), and snapshot version 8 (the
+	// requesters of grants and waiters, and the tombstones). A node
+	// serves §6a only once every group is at format 4 (ServesAbandon).
+	logFormat4 = 4
 	// logFormatBase is the format a new group starts at, and the oldest
 	// this build reads.
 	logFormatBase = logFormat3
 	// logFormatNewest is the newest format this build reads and states.
-	logFormatNewest = logFormat3
+	logFormatNewest = logFormat4
 )
 
 // The statement of a node's format, inside a transport frame of kind

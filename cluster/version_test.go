@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"reflect"
 	"strconv"
 	"strings"
@@ -115,6 +116,21 @@ func TestSnapshotVersions(t *testing.T) {
 		!reflect.DeepEqual(stateOf(g), stateOf(f)) {
 		t.Fatalf("restore of version 7: %v, format %d, state %+v, want %+v", err, g.format(), stateOf(g), stateOf(f))
 	}
+	// Format 4: version 8, with the requesters and the tombstones.
+	raised := detachedFSM()
+	raised.Update(sm.Entry{Index: 1, Cmd: logBatch(1e9, func(b []byte) []byte { return appendFormat(b, logFormat4) },
+		func(b []byte) []byte { return appendAcquire(b, 1, 1, 30, 0, 1<<20, 7, "t", []byte("a")) },
+		func(b []byte) []byte { return appendAcquire(b, 1, 2, 30, int64(time.Minute), 1<<20, 8, "t", []byte("a")) },
+		func(b []byte) []byte { return appendAbandon(b, 1, 3, 9, "t", []byte("b")) })})
+	var v8 bytes.Buffer
+	if err := raised.SaveSnapshot(&v8, nil, nil); err != nil || v8.Bytes()[0] != 8 {
+		t.Fatalf("format 4: snapshot version %d (%v), want 8", v8.Bytes()[0], err)
+	}
+	g8 := detachedFSM()
+	if err := g8.RecoverFromSnapshot(bytes.NewReader(v8.Bytes()), nil, nil); err != nil || !reflect.DeepEqual(stateOf(g8), stateOf(raised)) ||
+		g8.state.locks[lockKey([]byte("t"), []byte("a"))].requester != 7 || g8.state.tombstones.Len() != 1 {
+		t.Fatalf("restore of version 8: %v, state %+v, want %+v", err, stateOf(g8), stateOf(raised))
+	}
 
 	withVersion := func(v byte) []byte {
 		b := bytes.Clone(v7.Bytes())
@@ -204,6 +220,96 @@ func gaugeOf(t *testing.T, n *Node, name string) float64 {
 	}
 	t.Fatalf("no %s{group=\"1\"}", name)
 	return 0
+}
+
+// A group's format rises only once every member stated it reads the
+// newer one: not while a member is down (it states nothing, as a node
+// of an older build does), and as soon as it is back. A node serves §6a
+// (ServesAbandon) only once every group rose. After the raise the
+// replicas snapshot in version 8.
+func TestFormatRisesWhenEveryMemberReadsIt(t *testing.T) {
+	tc := newTestCluster(t, 3, func(c *Config) { c.Groups = 2 })
+	tc.stop(3)
+	n1, n2 := tc.node(1), tc.node(2)
+	// Two passes of each live node's loop after both stated to each
+	// other: a pass that could raise a format has run on the leaders.
+	waitUntil(t, 10*time.Second, "nodes 1 and 2 to hear each other's statements", func() bool {
+		return n1.formats.of(2, n1.clock()) == logFormatNewest && n2.formats.of(1, n2.clock()) == logFormatNewest
+	})
+	p1, p2 := n1.formats.passes.Load(), n2.formats.passes.Load()
+	waitUntil(t, 10*time.Second, "two more format passes", func() bool {
+		return n1.formats.passes.Load() >= p1+2 && n2.formats.passes.Load() >= p2+2
+	})
+	for i := range 2 {
+		if f1, f2 := n1.LogFormat(i), n2.LogFormat(i); f1 != logFormat3 || f2 != logFormat3 {
+			t.Fatalf("group %d rose to format %d/%d with member 3 down", i+1, f1, f2)
+		}
+	}
+	if n1.ServesAbandon() || n2.ServesAbandon() {
+		t.Fatal("§6a served while the groups are at format 3")
+	}
+	n3 := tc.restart(3)
+	for _, n := range []*Node{n1, n2, n3} {
+		for i := range 2 {
+			waitUntil(t, 15*time.Second, "the format to rise on every replica", func() bool { return n.LogFormat(i) == logFormat4 })
+		}
+		if !n.ServesAbandon() {
+			t.Errorf("node %d does not serve §6a with every group at format 4", n.ID())
+		}
+	}
+	var snap bytes.Buffer
+	f := n3.groups[0].fsm.Load()
+	if err := f.SaveSnapshot(&snap, nil, nil); err != nil || snap.Bytes()[0] != snapshotVersion {
+		t.Errorf("snapshot after the raise: version %d (%v), want %d", snap.Bytes()[0], err, snapshotVersion)
+	}
+}
+
+// A node that states no format is not added to a group whose format is 4 (above the base), with an error
+// that says why; a node of this build is.
+func TestAddMemberRefusesAnOlderFormat(t *testing.T) {
+	tc := newTestCluster(t, 1, func(c *Config) { c.Groups = 2 })
+	n := tc.node(1)
+	for i := range 2 {
+		waitUntil(t, 10*time.Second, "a one-node group's format to rise", func() bool { return n.LogFormat(i) == logFormat4 })
+	}
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // reads nothing, answers nothing: a format-1 peer's silence
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = n.AddMember(ctx, 2, silent.Addr().String())
+	if !errors.Is(err, ErrMemberFormat) || !strings.Contains(err.Error(), "log format 4") || !strings.Contains(err.Error(), "stated none") {
+		t.Fatalf("AddMember of a silent node: %v, want ErrMemberFormat naming the formats", err)
+	}
+	m, err := n.Members(ctx)
+	if err != nil || len(m.Members) != 1 {
+		t.Fatalf("members after the refusal: %+v (%v)", m.Members, err)
+	}
+
+	ls := raftListeners(t, 1)
+	cfg := tc.cfgs[0]
+	cfg.NodeID, cfg.Join, cfg.RaftListener, cfg.DataDir = 2, true, ls[0], t.TempDir()
+	cfg.RaftAddr = ls[0].Addr().String()
+	cfg.Peers = map[uint64]string{2: cfg.RaftAddr}
+	joiner, err := Start(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer joiner.Close()
+	if err := n.AddMember(ctx, 2, cfg.RaftAddr); err != nil {
+		t.Fatalf("AddMember of a node of this build: %v", err)
+	}
 }
 
 // The readability check walks every batch once more before it applies:
