@@ -120,7 +120,9 @@ func TestSnapshotVersions(t *testing.T) {
 	raised := detachedFSM()
 	raised.Update(sm.Entry{Index: 1, Cmd: logBatch(1e9, func(b []byte) []byte { return appendFormat(b, logFormat4) },
 		func(b []byte) []byte { return appendAcquire(b, 1, 1, 30, 0, 1<<20, 7, "t", []byte("a")) },
-		func(b []byte) []byte { return appendAcquire(b, 1, 2, 30, int64(time.Minute), 1<<20, 8, "t", []byte("a")) },
+		func(b []byte) []byte {
+			return appendAcquire(b, 1, 2, 30, int64(time.Minute), 1<<20, 8, "t", []byte("a"))
+		},
 		func(b []byte) []byte { return appendAbandon(b, 1, 3, 9, "t", []byte("b")) })})
 	var v8 bytes.Buffer
 	if err := raised.SaveSnapshot(&v8, nil, nil); err != nil || v8.Bytes()[0] != 8 {
