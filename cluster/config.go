@@ -191,12 +191,13 @@ func (c *Config) applyDefaults() error {
 	if c.DataDir == "" {
 		return errors.New("cluster: --data-dir is required")
 	}
-	// A request's acquire is proposed again for up to ProposeTimeout and
-	// one attempt; a tombstone (SPEC §6a) must outlast that with room to
-	// spare (docs/cluster.md, Undelivered grants).
-	if c.ProposeTimeout+c.AttemptTimeout > engine.TombstoneLife/2 {
-		return fmt.Errorf("cluster: propose timeout %v plus attempt timeout %v: want at most %v, half an abandon's tombstone life",
-			c.ProposeTimeout, c.AttemptTimeout, engine.TombstoneLife/2)
+	// A request's acquire is proposed again until ProposeTimeout, the last
+	// attempt lasting two RTTs at least (proposeOnce); a tombstone (SPEC
+	// §6a) must outlast that with room to spare (docs/cluster.md,
+	// Undelivered grants).
+	if c.ProposeTimeout+2*c.RTT > engine.TombstoneLife/2 {
+		return fmt.Errorf("cluster: propose timeout %v: want at most %v with the RTT's two attempts, half an abandon's tombstone life",
+			c.ProposeTimeout, engine.TombstoneLife/2)
 	}
 	return nil
 }

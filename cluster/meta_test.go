@@ -119,3 +119,16 @@ func TestMismatchedGroupCountNeverDoubleGrants(t *testing.T) {
 			tc.cfgs[2].Groups, tc.cfgs[0].Groups, r)
 	}
 }
+
+// A propose timeout that would let a node propose an abandoned acquire
+// again after its tombstone could end is refused by name.
+func TestProposeTimeoutBoundedByTheTombstoneLife(t *testing.T) {
+	cfg := Config{NodeID: 1, Peers: map[uint64]string{1: "127.0.0.1:1"}, DataDir: t.TempDir(), ProposeTimeout: engine.TombstoneLife / 2, Logger: testLogger()}
+	if err := cfg.applyDefaults(); err == nil || !strings.Contains(err.Error(), "propose timeout 2m30s") {
+		t.Fatalf("propose timeout of half a tombstone's life: %v, want it refused by name", err)
+	}
+	cfg.ProposeTimeout = time.Minute
+	if err := cfg.applyDefaults(); err != nil {
+		t.Fatalf("propose timeout of a minute: %v", err)
+	}
+}
