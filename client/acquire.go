@@ -26,10 +26,14 @@ func driftMargin(span time.Duration) time.Duration { return driftFloor + span/dr
 // opts.Wait bounds the whole call: waiting for a ready session, retries of
 // attempts that certainly never left, the send and the answer. ctx can end
 // it earlier; its deadline then is the call's deadline. The lock is held
-// exactly when the error is nil; ErrIndeterminate means it may be held by
-// nobody who knows its token until its lease expires. Every error says
-// which it is; when ctx ended the call, the error also matches ctx.Err()
-// (context.DeadlineExceeded or context.Canceled) with errors.Is.
+// exactly when the error is nil. ErrIndeterminate means the server may
+// have granted it unseen; the client then gives back whatever the server
+// did — a compensating release of a known token, or an ABANDON of the
+// request where its session was closed — or, when it cannot, leaves it
+// to its lease, held by nobody; the error says which. Every error says
+// whether the lock may be held; when ctx ended the call, the error also
+// matches ctx.Err() (context.DeadlineExceeded or context.Canceled) with
+// errors.Is.
 func (c *Client) Acquire(ctx context.Context, key string, opts AcquireOptions) (Ticket, error) {
 	t, err := c.acquire(ctx, key, opts)
 	return t, c.withContextEnd(ctx, err)
@@ -76,10 +80,13 @@ func (c *Client) acquire(ctx context.Context, key string, opts AcquireOptions) (
 	case outUnsent, outExpired:
 		return Ticket{}, notSentError(ctx)
 	}
+	// Lost: the request may have left and its session is closed.
+	fate := c.giveBack(req)
 	if c.waitElapsed(ctx, req) {
-		return Ticket{}, fmt.Errorf("%w: %w: acquire of %q may have reached the server: %w", ErrIndeterminate, ErrWaitElapsed, key, req.cause)
+		return Ticket{}, fmt.Errorf("%w: %w: acquire of %q got no answer within its wait, so this call does not hold the lock; %s",
+			ErrIndeterminate, ErrWaitElapsed, key, fate)
 	}
-	return Ticket{}, fmt.Errorf("%w: acquire of %q: %w", ErrIndeterminate, key, req.cause)
+	return Ticket{}, fmt.Errorf("%w: acquire of %q may have reached the server: %w; %s", ErrIndeterminate, key, req.cause, fate)
 }
 
 // waitElapsed reports whether a waiting acquire ended because its
@@ -121,7 +128,7 @@ func (c *Client) gate(ctx context.Context, req *request, p acquireParams) (Ticke
 	span := time.Duration(req.waitedMs)*time.Millisecond + p.lease()
 	validUntil := req.sentAt.Add(span - driftMargin(span))
 	if !now.Before(req.deadline) || ctx.Err() != nil {
-		fate := c.compensate(req.key, req.granted, now)
+		fate := c.compensateRelease(req.key, req.granted, now)
 		err := fmt.Errorf("%w: %q was granted (token %d) but the call had ended; %s",
 			ErrIndeterminate, req.key, req.granted, fate)
 		if c.waitElapsed(ctx, req) {
@@ -130,7 +137,7 @@ func (c *Client) gate(ctx context.Context, req *request, p acquireParams) (Ticke
 		return Ticket{}, err
 	}
 	if left := validUntil.Sub(now); left < p.budget {
-		fate := c.compensate(req.key, req.granted, now)
+		fate := c.compensateRelease(req.key, req.granted, now)
 		return Ticket{}, fmt.Errorf("%w: %q was granted (token %d) with %v of validity left, below the work budget %v; %s",
 			ErrIndeterminate, req.key, req.granted, left, p.budget, fate)
 	}
@@ -222,41 +229,6 @@ func tokenCallFailure(op, key string, token uint64, req *request, out outcome, e
 	return fmt.Errorf("%w: %s of %q token %d got no answer: %w", ErrIndeterminate, op, key, token, req.cause)
 }
 
-type compensation struct {
-	key      string
-	token    uint64
-	deadline time.Time
-}
-
-// compensate queues the release of a grant the caller will never see. The
-// queue is bounded: when it is full, the lock is left to its lease. It
-// says which, for the caller's error.
-func (c *Client) compensate(key string, token uint64, now time.Time) string {
-	c.compMu.Lock()
-	defer c.compMu.Unlock()
-	if !c.compClosed {
-		select {
-		case c.compQueue <- compensation{key: key, token: token, deadline: now.Add(IODeadline)}:
-			c.stats.compensationsQueued.Add(1)
-			return "its release is queued as compensation"
-		default:
-		}
-	}
-	c.stats.dropped.Add(1)
-	return "the compensation queue was full: it is left to its lease"
-}
-
-func (c *Client) runCompensations() {
-	for comp := range c.compQueue {
-		err := c.release(context.Background(), comp.key, comp.token, c.clock.Now(), comp.deadline)
-		if err == nil || errors.Is(err, ErrNotHeld) {
-			c.stats.compensationsDone.Add(1)
-		} else {
-			c.stats.compensationsFailed.Add(1)
-		}
-	}
-}
-
 // Close stops the client. Queued compensating releases are sent first,
 // each still bounded by its own IODeadline, so Close returns within about
 // IODeadline. Calls in flight end with ErrClosed, or ErrIndeterminate when
@@ -286,6 +258,11 @@ func (c *Client) Stats() Stats {
 		CompensationsDone:    c.stats.compensationsDone.Load(),
 		CompensationsFailed:  c.stats.compensationsFailed.Load(),
 		CompensationsDropped: c.stats.dropped.Load(),
+		SilentSessions:       c.stats.silentSessions.Load(),
+		AbandonsSent:         c.stats.abandonsSent.Load(),
+		AbandonsReleased:     c.stats.abandonsReleased.Load(),
+		AbandonsNotHeld:      c.stats.abandonsNotHeld.Load(),
+		AbandonsGivenUp:      c.stats.abandonsGivenUp.Load(),
 	}
 	for i := range c.slots {
 		if s := c.slots[i].session.Load(); s != nil && s.alive() {

@@ -37,6 +37,36 @@
 // one reconnect for each waiting acquire that runs out on a lock that
 // stays held — Stats.Reconnects and Stats.AbandonedSessions count them.
 //
+// # Giving back what the client never saw
+//
+// Where a server's GREETING offers it (SPEC §6a), every connection first
+// declares the client's SESSION: a random client_id drawn once per
+// Client. An acquire that ends ErrIndeterminate with its session closed
+// — the connection cut, the server silent, or the call's deadline or
+// context come after its request may have left — may have been granted
+// unseen. The client gives it back with an ABANDON naming the request,
+// sent on another session (another server when one is down) through the
+// queue of compensating releases and under their rules: IODeadline from
+// the enqueue, retries and reconnects included; RELEASED or NOT HELD ends
+// it, no answer is never success, and a full queue (see
+// Config.CompensationQueue) or the end of the 5 s leaves the grant to its
+// lease.
+// The caller's error stays ErrIndeterminate and says what was queued.
+// Stats counts the abandons sent, answered and given up. An acquire
+// certainly not sent, or one whose answer arrived, is never abandoned.
+//
+// # Silence
+//
+// A session with a request in flight that hears nothing from its server
+// for Config.SilenceTimeout (default 2 s) is closed like one whose
+// deadline came: a stopped or cut-off server would otherwise hold its
+// waiting acquires, and their keys, for their whole wait. Its acquires
+// end ErrIndeterminate and are abandoned; its releases and renewals are
+// retried on other sessions within their own deadline. While a request
+// is in flight the client sends PING each third of the timeout that
+// passed without a word from the server, so a live server, even one
+// holding a waiting acquire for minutes, keeps its session.
+//
 // # Contexts
 //
 // A call's context can end it early, under the same rules as its deadline.
@@ -63,6 +93,7 @@ package client
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -82,7 +113,11 @@ const (
 	defaultWaitSpares        = 2
 	defaultDialTimeout       = 5 * time.Second
 	defaultCompensationQueue = 256
-	compensationWorkers      = 4
+	defaultSilenceTimeout    = 2 * time.Second
+	// minSilenceTimeout keeps a session from being closed by a scheduling
+	// hiccup, and its PINGs few.
+	minSilenceTimeout   = 100 * time.Millisecond
+	compensationWorkers = 4
 	// maxAttempts bounds the retries of one call; each needs a session to
 	// fail under it, so real calls end at their deadline long before.
 	maxAttempts = 16
@@ -132,6 +167,16 @@ type Config struct {
 	// sent; default 256. When it is full, a lock the client could not hand
 	// over is left to its lease, and Stats counts it.
 	CompensationQueue int
+	// SilenceTimeout closes a session that hears nothing from its server
+	// for this long while a request is in flight on it, as if that
+	// request's deadline had come (SPEC §6a): an acquire in flight ends
+	// ErrIndeterminate and is abandoned, a release or renewal moves to
+	// another session. While a request waits, the client sends PING every
+	// third of it, so a live server, even one holding a waiting acquire
+	// for minutes, always breaks the silence; a session is closed after
+	// at least SilenceTimeout of silence and at most about a third more.
+	// Default 2 s; at least 100 ms.
+	SilenceTimeout time.Duration
 	// Dialer opens connections; default a net.Dialer.
 	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
 	// TLS, when set, runs every session over TLS with this configuration
@@ -156,8 +201,8 @@ func (cfg Config) normalize() (Config, error) {
 	if len(cfg.Secret) != 0 && cfg.Tenant == "" {
 		return cfg, fmt.Errorf("%w: a secret needs a tenant", ErrConfig)
 	}
-	if cfg.Sessions < 0 || cfg.MaxInFlight < 0 || cfg.WaitSessions < 0 || cfg.DialTimeout < 0 || cfg.CompensationQueue < 0 {
-		return cfg, fmt.Errorf("%w: negative Sessions, MaxInFlight, WaitSessions, DialTimeout or CompensationQueue", ErrConfig)
+	if cfg.Sessions < 0 || cfg.MaxInFlight < 0 || cfg.WaitSessions < 0 || cfg.DialTimeout < 0 || cfg.CompensationQueue < 0 || cfg.SilenceTimeout < 0 {
+		return cfg, fmt.Errorf("%w: negative Sessions, MaxInFlight, WaitSessions, DialTimeout, CompensationQueue or SilenceTimeout", ErrConfig)
 	}
 	cfg.Addrs = append([]string(nil), cfg.Addrs...)
 	cfg.Secret = append([]byte(nil), cfg.Secret...)
@@ -172,6 +217,10 @@ func (cfg Config) normalize() (Config, error) {
 	}
 	cfg.DialTimeout = defaults.Or(cfg.DialTimeout, defaultDialTimeout)
 	cfg.CompensationQueue = defaults.Or(cfg.CompensationQueue, defaultCompensationQueue)
+	cfg.SilenceTimeout = defaults.Or(cfg.SilenceTimeout, defaultSilenceTimeout)
+	if cfg.SilenceTimeout < minSilenceTimeout {
+		return cfg, fmt.Errorf("%w: SilenceTimeout %v is below %v", ErrConfig, cfg.SilenceTimeout, minSilenceTimeout)
+	}
 	if cfg.Dialer == nil {
 		cfg.Dialer = (&net.Dialer{}).DialContext
 	}
@@ -183,6 +232,10 @@ type Client struct {
 	cfg            Config
 	clock          clock
 	releaseReserve int
+	// clientID is sent in the SESSION of every connection (SPEC §6a): a
+	// bearer secret that lets this client, and only it, abandon its own
+	// ACQUIREs.
+	clientID [codec.ClientIDLen]byte
 
 	slots []slot
 	next  atomic.Uint64 // round-robin start of session picks
@@ -223,8 +276,9 @@ type slot struct {
 type readiness struct{ ch chan struct{} }
 
 type counters struct {
-	reconnects, protocolErrors, abandoned                                atomic.Uint64
+	reconnects, protocolErrors, abandoned, silentSessions                atomic.Uint64
 	compensationsQueued, compensationsDone, compensationsFailed, dropped atomic.Uint64
+	abandonsSent, abandonsReleased, abandonsNotHeld, abandonsGivenUp     atomic.Uint64
 }
 
 // Stats are counters of a Client's life.
@@ -241,6 +295,9 @@ type Stats struct {
 	// its request may have been sent (SPEC §6) — on a wait session, the
 	// waiting acquire that ran out.
 	AbandonedSessions uint64
+	// SilentSessions counts sessions closed because their server said
+	// nothing for Config.SilenceTimeout while a request was in flight.
+	SilentSessions uint64
 	// ProtocolErrors counts sessions closed because the server broke the
 	// protocol.
 	ProtocolErrors uint64
@@ -251,6 +308,17 @@ type Stats struct {
 	// CompensationsDropped counts locks left to lease expiry because the
 	// compensation queue was full or the client was closing.
 	CompensationsDropped uint64
+	// AbandonsSent counts the acquires that ended ErrIndeterminate with
+	// their session closed and were given back with an ABANDON (SPEC §6a)
+	// that left for a server, each once however often it was retried.
+	// AbandonsReleased counts those answered RELEASED (the server had
+	// granted the lock and freed it), AbandonsNotHeld those answered NOT
+	// HELD (a waiter dropped, or nothing to give back). AbandonsGivenUp
+	// counts the acquires left to their lease instead: the compensation
+	// queue was full, the client was closing, or no RELEASED or NOT HELD
+	// came within 5 s of the enqueue. An acquire on a server that does
+	// not serve ABANDON is counted in none of them.
+	AbandonsSent, AbandonsReleased, AbandonsNotHeld, AbandonsGivenUp uint64
 }
 
 // Dial connects the pool: it tries every session once (each through the
@@ -276,6 +344,7 @@ func dial(ctx context.Context, cfg Config, clk clock) (*Client, error) {
 		compQueue:      make(chan compensation, cfg.CompensationQueue),
 		stopping:       make(chan struct{}),
 	}
+	rand.Read(c.clientID[:])
 	c.lifetime, c.stop = context.WithCancel(context.Background())
 	c.ready.Store(&readiness{ch: make(chan struct{})})
 	c.requests.New = func() any {
@@ -309,9 +378,9 @@ func dial(ctx context.Context, cfg Config, clk clock) (*Client, error) {
 		c.stop()
 		c.wg.Wait()
 		if authErr != nil {
-			return nil, authErr
+			return nil, readable(authErr)
 		}
-		return nil, errors.Join(errs...)
+		return nil, readable(errors.Join(errs...))
 	}
 	for i := range c.slots {
 		c.wg.Add(1)
@@ -460,7 +529,7 @@ func (c *Client) pick(ctx context.Context, req *request, limit int) (*session, e
 		start := c.next.Add(1)
 		for i := range n {
 			s := c.slots[(start+i)%n].session.Load()
-			if s == nil {
+			if s == nil || (req.kind == opAbandon && !s.servesAbandon) {
 				continue
 			}
 			switch s.enqueue(req, limit) {

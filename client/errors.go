@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/lockd/lockd/codec"
 )
@@ -54,19 +55,28 @@ var (
 	// so did not release.
 	ErrShuttingDown = errors.New("lockd client: server shutting down")
 
-	// ErrIndeterminate: the outcome is unknown. After Acquire the lock may
-	// be held — by nobody who knows its token — until its lease expires;
-	// where the client knew the token it queued a compensating release.
-	// After Release the lock may still be held until its lease expires.
-	ErrIndeterminate = errors.New("lockd client: outcome indeterminate, the lock may be held")
+	// ErrIndeterminate: the outcome is unknown. After Acquire the caller
+	// does not hold the lock, but the server may have granted it to the
+	// request, unseen. The client gives back whatever the server did:
+	// where it knew the token it queued a compensating release; where the
+	// request's session was closed after it may have left, it queues an
+	// ABANDON (SPEC §6a) on another session. The error says which. A full
+	// compensation queue, an answer that does not come within 5 s, or a
+	// server that does not take ABANDON leaves such a grant to its lease,
+	// held by nobody. After Release the lock may still be held until its
+	// lease expires.
+	ErrIndeterminate = errors.New("lockd client: outcome indeterminate")
 
 	// ErrWaitElapsed accompanies ErrIndeterminate (both match errors.Is)
 	// when an acquire with a wait ends because that wait ran out after its
 	// request may have reached the server. The server's wait is never
 	// shorter than the caller's, so a queued acquire that waits its whole
-	// time ends so, never with a TIMEOUT: a grant at the last instant
-	// lapses with its lease, unseen. Code that only asks "do I hold it?"
-	// may treat it like ErrTimeout; the lock is not held by this caller.
+	// time ends so, never with a TIMEOUT. The client then gives back
+	// whatever the server did: its ABANDON releases a grant made at the
+	// last instant, or drops the waiter, so the next waiter is not held
+	// up; on a server that does not take ABANDON such a grant lapses with
+	// its lease, unseen. Code that only asks "do I hold it?" may treat it
+	// like ErrTimeout; the lock is not held by this caller.
 	ErrWaitElapsed = errors.New("lockd client: the wait ran out")
 
 	// ErrNotHeld: the server answered NOT HELD to a release — the key is
@@ -142,7 +152,8 @@ func reasonError(r codec.Reason) error {
 // the error that says what became of the lock (ErrIndeterminate,
 // ErrWaitElapsed, ErrTimeout …). A context whose deadline has passed
 // counts as ended even if its own timer has not fired yet: that deadline
-// was the call's. nil stays nil, without allocating.
+// was the call's. The message is made readable. nil stays nil, without
+// allocating.
 func (c *Client) withContextEnd(ctx context.Context, err error) error {
 	if err == nil {
 		return nil
@@ -152,10 +163,36 @@ func (c *Client) withContextEnd(ctx context.Context, err error) error {
 		ended = context.DeadlineExceeded
 	}
 	if ended == nil || errors.Is(err, ended) {
+		return readable(err)
+	}
+	return readable(&contextEnded{err: err, ctx: ended})
+}
+
+// errPrefix begins the text of every error of the package.
+const errPrefix = "lockd client: "
+
+// readable gives err a message that says errPrefix once, at its start,
+// however many of the package's errors its chain holds (ErrIndeterminate
+// and ErrWaitElapsed, a refusal inside a failed release …); the chain is
+// kept for errors.Is. A message without the prefix is left alone, and so
+// is one that has it once at its start, without allocating.
+func readable(err error) error {
+	msg := err.Error()
+	n := strings.Count(msg, errPrefix)
+	if n == 0 || (n == 1 && strings.HasPrefix(msg, errPrefix)) {
 		return err
 	}
-	return &contextEnded{err: err, ctx: ended}
+	return &rewordedError{msg: errPrefix + strings.ReplaceAll(msg, errPrefix, ""), err: err}
 }
+
+// rewordedError is err with the message readable made.
+type rewordedError struct {
+	msg string
+	err error
+}
+
+func (e *rewordedError) Error() string { return e.msg }
+func (e *rewordedError) Unwrap() error { return e.err }
 
 // contextEnded is an error of a call whose context had ended.
 type contextEnded struct{ err, ctx error }

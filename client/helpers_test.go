@@ -21,18 +21,27 @@ type frame struct {
 	wait  uint8
 	token uint64
 	key   string
+	// target is an ABANDON's owner of the ACQUIRE it gives back.
+	target uint64
+	// clientID is a SESSION's client_id.
+	clientID [codec.ClientIDLen]byte
 }
 
 // answerFunc scripts a peer's reaction to one request: reply, stay
 // silent, close, or hand the frame to the test.
 type answerFunc func(p *peer, c *lockdtest.Conn, f frame)
 
-// peer is a scripted fake server that records every request.
+// peer is a scripted fake server that records every request. It answers
+// PING itself, unless muted, and SESSION where its GREETING offers SPEC
+// §6a; the other requests go to its answerFunc.
 type peer struct {
 	srv     *lockdtest.Server
 	answer  answerFunc
 	secrets map[string][]byte
+	flags   uint8 // further GREETING flags
 	tokens  atomic.Uint64
+	// muted stops answering PING: a server gone silent.
+	muted atomic.Bool
 
 	mu      sync.Mutex
 	frames  []frame
@@ -45,9 +54,19 @@ func startPeer(t *testing.T, answer answerFunc) *peer {
 	return startAuthPeer(t, answer, nil)
 }
 
+// startAbandonPeer is a peer whose GREETING offers SESSION and ABANDON
+// (SPEC §6a).
+func startAbandonPeer(t *testing.T, answer answerFunc) *peer {
+	return startFlagsPeer(t, answer, nil, codec.GreetingAbandon)
+}
+
 func startAuthPeer(t *testing.T, answer answerFunc, secrets map[string][]byte) *peer {
+	return startFlagsPeer(t, answer, secrets, 0)
+}
+
+func startFlagsPeer(t *testing.T, answer answerFunc, secrets map[string][]byte, flags uint8) *peer {
 	t.Helper()
-	p := &peer{answer: answer, secrets: secrets, ended: make(map[int]bool)}
+	p := &peer{answer: answer, secrets: secrets, flags: flags, ended: make(map[int]bool)}
 	srv, err := lockdtest.Start(p.serve)
 	if err != nil {
 		t.Fatal(err)
@@ -68,16 +87,23 @@ func (p *peer) serve(c *lockdtest.Conn) {
 		p.ended[index] = true
 		p.mu.Unlock()
 	}()
-	if c.Handshake(p.secrets) != nil {
+	if c.HandshakeWith(p.secrets, p.flags) != nil {
 		return
 	}
 	c.Serve(func(c *lockdtest.Conn, req *codec.Request) {
 		f := frame{conn: index, op: req.Op, owner: req.Owner, lease: req.LeaseSeconds,
-			wait: req.WaitSeconds, token: req.Token, key: string(req.Key)}
+			wait: req.WaitSeconds, token: req.Token, key: string(req.Key), target: req.Target, clientID: req.ClientID}
 		p.mu.Lock()
 		p.frames = append(p.frames, f)
 		p.mu.Unlock()
-		if p.answer != nil {
+		switch {
+		case f.op == codec.OpPing:
+			if !p.muted.Load() {
+				c.Reply(codec.OpPong, f.owner)
+			}
+		case f.op == codec.OpSession && p.flags&codec.GreetingAbandon != 0:
+			c.Reply(codec.OpPong, f.owner)
+		case p.answer != nil:
 			p.answer(p, c, f)
 		}
 	})
@@ -90,6 +116,17 @@ func (p *peer) seen(op byte) []frame {
 	var out []frame
 	for _, f := range p.frames {
 		if f.op == op {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// seenOn returns the recorded requests with op on connection conn.
+func (p *peer) seenOn(conn int, op byte) []frame {
+	var out []frame
+	for _, f := range p.seen(op) {
+		if f.conn == conn {
 			out = append(out, f)
 		}
 	}
@@ -285,4 +322,61 @@ func (g *firstWriteGate) write(c *hookedConn, b []byte) (int, error) {
 		}
 	}
 	return c.Conn.Write(b)
+}
+
+// stallingDialer dials real connections, numbered in dial order, any of
+// which the test can make deaf: from then on its reads return nothing of
+// what arrives, as if the server had gone silent, until it is closed.
+type stallingDialer struct {
+	mu      sync.Mutex
+	conns   []*stallingConn
+	stalled map[int]bool
+}
+
+type stallingConn struct {
+	net.Conn
+	stalled atomic.Bool
+	closed  chan struct{}
+	once    sync.Once
+}
+
+func (d *stallingDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	conn, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	sc := &stallingConn{Conn: conn, closed: make(chan struct{})}
+	d.mu.Lock()
+	sc.stalled.Store(d.stalled[len(d.conns)])
+	d.conns = append(d.conns, sc)
+	d.mu.Unlock()
+	return sc, nil
+}
+
+// stallConn makes connection index deaf, now or when it is dialled.
+func (d *stallingDialer) stallConn(index int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if index < len(d.conns) {
+		d.conns[index].stalled.Store(true)
+		return
+	}
+	if d.stalled == nil {
+		d.stalled = make(map[int]bool)
+	}
+	d.stalled[index] = true
+}
+
+func (c *stallingConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if c.stalled.Load() {
+		<-c.closed
+		return 0, net.ErrClosed
+	}
+	return n, err
+}
+
+func (c *stallingConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
 }

@@ -304,3 +304,46 @@ func isClosed(ch <-chan struct{}) bool {
 		return false
 	}
 }
+
+// A waiting acquire whose grant is lost on the wire runs out
+// (ErrIndeterminate and ErrWaitElapsed); the client abandons it on
+// another connection, the server releases the grant it made, and the
+// key's next waiter is granted at once, not after the lost grant's 30 s
+// lease (the server's clock never moves here). A tombstone is left to
+// refuse the abandoned acquire should it come again.
+func TestRealServerWaitThatRunsOutIsAbandonedAndTheNextWaiterIsNotHeldUp(t *testing.T) {
+	srv := startRealServer(t, nil)
+	dial, stall := client.NewStallingDialer()
+	c := dialReal(t, srv, func(cfg *client.Config) {
+		cfg.WaitSpares = 1 // connections 0 and 1 are shared, 2 the spare
+		cfg.Dialer = dial
+		cfg.SilenceTimeout = time.Minute // the wait, not the silence, ends it
+	})
+	ctx := context.Background()
+	holder, err := c.Acquire(ctx, "k", client.WaitFor(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client.Eventually(t, "the spare is connected", func() bool { return c.Stats().WaitSessionsIdle == 1 })
+	runaway := client.GoAcquire(c, "k", client.WaitFor(2*time.Second))
+	client.Eventually(t, "the server queues the waiter", func() bool { return srv.waiters() == 1 })
+	stall(2) // its ACQUIRED will be lost
+	next := client.GoAcquire(c, "k", client.WaitFor(10*time.Second))
+	client.Eventually(t, "the server queues the next waiter", func() bool { return srv.waiters() == 2 })
+	if err := c.Release(ctx, holder); err != nil {
+		t.Fatal(err)
+	}
+
+	r := client.Await(t, runaway)
+	if !errors.Is(r.Err, client.ErrIndeterminate) || !errors.Is(r.Err, client.ErrWaitElapsed) {
+		t.Fatalf("the wait whose grant was lost: %v, want ErrIndeterminate and ErrWaitElapsed", r.Err)
+	}
+	n := client.Await(t, next)
+	if n.Err != nil || n.Ticket.Token() != holder.Token()+2 {
+		t.Fatalf("the next waiter: token %d, %v; want %d, after the lost grant", n.Ticket.Token(), n.Err, holder.Token()+2)
+	}
+	client.Eventually(t, "the abandon is counted", func() bool { return c.Stats().AbandonsReleased == 1 })
+	if st := srv.Engine().Stats(); st.AbandonsReleased != 1 || st.Tombstones != 1 {
+		t.Fatalf("server: %d grants abandoned, %d tombstones; want 1 and 1", st.AbandonsReleased, st.Tombstones)
+	}
+}

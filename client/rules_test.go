@@ -1090,6 +1090,8 @@ func TestDialRefusesAnUnusableConfig(t *testing.T) {
 		"bad tenant":        {Addrs: []string{"127.0.0.1:1"}, Tenant: "a b"},
 		"secret, no tenant": {Addrs: []string{"127.0.0.1:1"}, Secret: []byte("s")},
 		"negative sessions": {Addrs: []string{"127.0.0.1:1"}, Sessions: -1},
+		"silence too short": {Addrs: []string{"127.0.0.1:1"}, SilenceTimeout: minSilenceTimeout - 1},
+		"negative silence":  {Addrs: []string{"127.0.0.1:1"}, SilenceTimeout: -time.Second},
 	} {
 		if _, err := Dial(context.Background(), cfg); !errors.Is(err, ErrConfig) {
 			t.Errorf("%s: got %v, want ErrConfig", name, err)

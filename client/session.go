@@ -1,8 +1,6 @@
 package client
 
 import (
-	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -30,6 +28,7 @@ const (
 	opAcquire opKind = iota + 1
 	opRelease
 	opKeep
+	opAbandon // SPEC §6a: gives back the ACQUIRE target on key
 )
 
 type reqState uint8
@@ -66,6 +65,7 @@ type request struct {
 	lease     uint16 // acquire and keep, seconds
 	immediate bool   // the original wait was 0: wire wait 0
 	token     uint64
+	target    uint64 // abandon: the owner of the ACQUIRE given back
 	deadline  time.Time
 
 	// Guarded by the mu of the session the request is enqueued on, and
@@ -77,11 +77,14 @@ type request struct {
 	prev, next *request
 	heapIndex  int
 	sentAt     time.Time
-	out        outcome
-	reason     codec.Reason
-	granted    uint64
-	waitedMs   uint32
-	cause      error
+	// abandonable: the request was sent on a session that declared the
+	// client's SESSION, so an ABANDON can give back what it got.
+	abandonable bool
+	out         outcome
+	reason      codec.Reason
+	granted     uint64
+	waitedMs    uint32
+	cause       error
 	// expired: the call's deadline or context ended it; an attempt may
 	// have been sent, and no retry may follow.
 	expired bool
@@ -114,6 +117,10 @@ type session struct {
 	// pool is the wait pool a wait session belongs to; nil for the shared
 	// sessions.
 	pool *waitPool
+	// servesAbandon: the server set GREETING bit1 and this session
+	// declared the client's SESSION (SPEC §6a), so it may carry ABANDON
+	// and its ACQUIREs can be abandoned.
+	servesAbandon bool
 
 	wake chan struct{}
 	// wakeSent is set while a wake is on its way to the writer, so that
@@ -136,6 +143,7 @@ type session struct {
 	deadlines deadlineQueue
 	expiry    timer     // fires expire at armedFor
 	armedFor  time.Time // zero while expiry is not armed
+	silence   silenceWatch
 
 	// Guarded by the wait pool's mu.
 	poolState poolState
@@ -167,24 +175,27 @@ const (
 	sessionFull
 )
 
-func (c *Client) startSession(conn net.Conn, addr string, rr *codec.ResponseReader, capacity int, pool *waitPool) *session {
+func (c *Client) startSession(conn net.Conn, addr string, rr *codec.ResponseReader, servesAbandon bool, capacity int, pool *waitPool) *session {
 	s := &session{
-		client:    c,
-		conn:      conn,
-		addr:      addr,
-		pool:      pool,
-		wake:      make(chan struct{}, 1),
-		dead:      make(chan struct{}),
-		table:     newPendingTable(capacity),
-		queue:     make([]*request, 0, capacity),
-		batch:     make([]*request, 0, capacity),
-		jobs:      make([]writeJob, 0, capacity),
-		wbuf:      make([]byte, 0, min(writeBufferSize, capacity*codec.MaxRequestFrame)),
-		deadlines: deadlineQueue{early: make(deadlineHeap, 0, capacity)},
-		rr:        rr,
+		client:        c,
+		conn:          conn,
+		addr:          addr,
+		pool:          pool,
+		servesAbandon: servesAbandon,
+		wake:          make(chan struct{}, 1),
+		dead:          make(chan struct{}),
+		table:         newPendingTable(capacity),
+		queue:         make([]*request, 0, capacity),
+		batch:         make([]*request, 0, capacity),
+		jobs:          make([]writeJob, 0, capacity),
+		wbuf:          make([]byte, 0, min(writeBufferSize, capacity*codec.MaxRequestFrame)),
+		deadlines:     deadlineQueue{early: make(deadlineHeap, 0, capacity)},
+		rr:            rr,
 	}
 	s.expiry = c.clock.AfterFunc(time.Hour, s.expire)
 	s.expiry.Stop()
+	s.silence.tick = c.clock.AfterFunc(time.Hour, s.checkSilence)
+	s.silence.tick.Stop()
 	c.wg.Add(2)
 	go s.readLoop()
 	go s.writeLoop()
@@ -211,10 +222,15 @@ func (s *session) enqueue(req *request, limit int) enqueueResult {
 		s.arm(req.deadline)
 	}
 	s.mu.Unlock()
+	s.wakeWriter()
+	return enqueued
+}
+
+// wakeWriter tells the writer there is something to send.
+func (s *session) wakeWriter() {
 	if !s.wakeSent.Load() && !s.wakeSent.Swap(true) {
 		s.wake <- struct{}{}
 	}
-	return enqueued
 }
 
 // arm sets the deadline timer for at; s.mu is held. Only a deadline earlier
@@ -366,6 +382,7 @@ func (s *session) shutdown(cause error) {
 	}
 	s.mu.Lock()
 	s.expiry.Stop()
+	s.silence.tick.Stop()
 	if errors.Is(cause, ErrProtocol) {
 		s.client.stats.protocolErrors.Add(1)
 	}
@@ -426,12 +443,16 @@ func (s *session) writeLoop() {
 func (s *session) takeBatch() []byte {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed || len(s.queue) == 0 {
+	if s.closed || (len(s.queue) == 0 && !s.silence.pingDue) {
 		return nil
 	}
 	s.queue, s.batch = s.batch[:0], s.queue
 	now := s.client.clock.Now()
 	buf, jobs := s.wbuf[:0], s.jobs[:0]
+	if s.silence.pingDue {
+		s.silence.pingDue = false
+		buf = codec.AppendPing(buf, s.silence.pingOwner)
+	}
 	for i, req := range s.batch {
 		s.batch[i] = nil
 		if !now.Before(req.deadline) {
@@ -447,9 +468,15 @@ func (s *session) takeBatch() []byte {
 			buf = codec.AppendRelease(buf, req.owner, req.token, req.key)
 		case opKeep:
 			buf = codec.AppendKeep(buf, req.owner, req.token, req.lease, req.key)
+		case opAbandon:
+			buf = codec.AppendAbandon(buf, req.owner, req.target, req.key)
 		}
 		req.state = stateSent
 		req.sentAt = now
+		req.abandonable = s.servesAbandon
+	}
+	if len(jobs) > 0 {
+		s.listen(now)
 	}
 	s.wbuf, s.jobs = buf, jobs
 	return buf
@@ -508,6 +535,7 @@ func (s *session) readLoop() {
 func (s *session) deliverBuffered(resp *codec.Response) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.silence.heard++
 	for {
 		if s.closed {
 			// Dropped: read on until the shutdown closes the connection.
@@ -557,6 +585,11 @@ func (s *session) deliver(resp *codec.Response) error {
 		out = outReleased
 	case codec.OpNotHeld:
 		out = outNotHeld
+	case codec.OpPong:
+		if !s.silence.pingAnswered(resp) {
+			return fmt.Errorf("%w: PONG for owner %d, which is no PING in flight on %s", ErrProtocol, resp.Owner, s.addr)
+		}
+		return nil
 	case codec.OpError:
 		if resp.Owner == 0 {
 			return fmt.Errorf("server %s: %w", s.addr, resp.Reason)
@@ -591,96 +624,9 @@ func answers(kind opKind, out outcome) bool {
 	case outTimedOut, outBusy:
 		return kind == opAcquire
 	case outReleased:
-		return kind == opRelease
+		return kind == opRelease || kind == opAbandon
 	case outNotHeld:
-		return kind == opRelease || kind == opKeep
+		return kind == opRelease || kind == opKeep || kind == opAbandon
 	}
 	return true
-}
-
-// connect dials addr and authenticates within DialTimeout; capacity sizes
-// the session's tables for the requests it may carry at once, and pool is
-// the wait pool the session is for, nil for a shared session.
-func (c *Client) connect(ctx context.Context, addr string, capacity int, pool *waitPool) (*session, error) {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
-	defer cancel()
-	conn, err := c.cfg.Dialer(ctx, "tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("dial %s: %w", addr, err)
-	}
-	if deadline, ok := ctx.Deadline(); ok {
-		conn.SetDeadline(deadline)
-	}
-	if c.cfg.TLS != nil {
-		conn = tls.Client(conn, tlsConfigFor(c.cfg.TLS, addr))
-	}
-	// A cancelled Dial or Close must not wait for a silent server.
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
-	rr, err := c.handshake(conn, addr)
-	if !stop() && err == nil {
-		err = fmt.Errorf("handshake with %s: %w", addr, context.Cause(ctx))
-	}
-	if err == nil {
-		err = conn.SetDeadline(time.Time{})
-	}
-	if err != nil {
-		conn.Close()
-		return nil, err
-	}
-	return c.startSession(conn, addr, rr, capacity, pool), nil
-}
-
-// handshake runs SPEC §7 and returns the reader, which may already hold
-// bytes past the handshake's last frame.
-func (c *Client) handshake(conn net.Conn, addr string) (*codec.ResponseReader, error) {
-	if tc, ok := conn.(*tls.Conn); ok {
-		if err := tc.Handshake(); err != nil {
-			var netErr net.Error
-			if errors.As(err, &netErr) && netErr.Timeout() {
-				// A slow or silent server, not a refusal.
-				return nil, fmt.Errorf("TLS handshake with %s: %w", addr, err)
-			}
-			return nil, fmt.Errorf("%w with %s: %w", ErrTLS, addr, err)
-		}
-	}
-	rr := codec.NewResponseReader(conn, readBufferSize)
-	err := codec.ClientHandshake(conn, rr, codec.Credentials{Tenant: c.cfg.Tenant, Secret: c.cfg.Secret})
-	var refusal codec.Reason
-	switch {
-	case err == nil:
-		return rr, nil
-	case tlsAlert(err):
-		// In TLS 1.3 a server refuses the client's certificate after the
-		// client's side of the handshake has finished: the alert comes
-		// with the greeting's read.
-		return nil, fmt.Errorf("%w: %s refused this client: %w", ErrTLS, addr, err)
-	case errors.Is(err, codec.ErrHandshakeRefused) && errors.As(err, &refusal):
-		return nil, fmt.Errorf("handshake with %s: %w", addr, reasonError(refusal))
-	case errors.Is(err, codec.ErrHandshakeAuth):
-		return nil, fmt.Errorf("%w: handshake with %s: %w", ErrAuth, addr, err)
-	case errors.Is(err, codec.ErrHandshakeProtocol):
-		return nil, fmt.Errorf("%w: handshake with %s: %w", ErrProtocol, addr, err)
-	}
-	return nil, fmt.Errorf("handshake with %s: %w", addr, err)
-}
-
-// tlsConfigFor is cfg naming the server to verify after addr's host
-// unless cfg names one itself.
-func tlsConfigFor(cfg *tls.Config, addr string) *tls.Config {
-	if cfg.ServerName != "" {
-		return cfg
-	}
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return cfg
-	}
-	named := cfg.Clone()
-	named.ServerName = host
-	return named
-}
-
-// tlsAlert reports whether err is a TLS alert the other end sent.
-func tlsAlert(err error) bool {
-	var opErr *net.OpError
-	return errors.As(err, &opErr) && opErr.Op == "remote error"
 }

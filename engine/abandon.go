@@ -102,9 +102,10 @@ const TombstoneLife = 5 * time.Minute
 // bound is a burst of node losses' worth of in-flight acquires within a
 // TombstoneLife. Past it the oldest tombstone goes first, which can cost
 // only a lease (its ACQUIRE, were it to apply after all, would hold the key
-// until the lease ends), never exclusion. A tombstone costs about 80 B
-// plus its key (at most 128 B), so a tenant's full set is at most about
-// 3.4 MB, and typically a fraction of that.
+// until the lease ends), never exclusion. A tombstone costs about 70 B
+// plus its key (BenchmarkTombstoneMemory: 84 B with a 16-byte key, 196 B
+// with a 128-byte one), so a tenant's full set is at most about 3.2 MB,
+// and typically a fraction of that.
 const DefaultTombstonesPerTenant = 1 << 14
 
 // Tombstone is one abandoned request of a tenant: Requester's ACQUIRE of

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -154,4 +155,26 @@ func heapAlloc() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc
+}
+
+// BenchmarkTombstoneMemory reports the heap cost of a §6a tombstone, with
+// a 16-byte and a 128-byte key, over a tenant's full bound.
+func BenchmarkTombstoneMemory(b *testing.B) {
+	for _, keyLen := range []int{16, 128} {
+		b.Run(fmt.Sprint("key=", keyLen), func(b *testing.B) {
+			var perTombstone float64
+			key := make([]byte, keyLen)
+			for b.Loop() {
+				ts := NewTombstones[Namespace](0)
+				before := heapAlloc()
+				for i := range uint64(DefaultTombstonesPerTenant) {
+					binary.BigEndian.PutUint64(key, i)
+					ts.Lay(1, Requester(i+1), key, 0)
+				}
+				perTombstone = float64(heapAlloc()-before) / DefaultTombstonesPerTenant
+				runtime.KeepAlive(ts)
+			}
+			b.ReportMetric(perTombstone, "B/tombstone")
+		})
+	}
 }

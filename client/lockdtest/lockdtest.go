@@ -104,12 +104,19 @@ func (c *Conn) Write(p []byte) (int, error) { return c.nc.Write(p) }
 
 // Greet sends a GREETING with a fresh nonce and returns the nonce.
 func (c *Conn) Greet(authRequired bool) ([codec.NonceLen]byte, error) {
-	var nonce [codec.NonceLen]byte
-	rand.Read(nonce[:])
 	var flags uint8
 	if authRequired {
 		flags = codec.GreetingAuthRequired
 	}
+	return c.GreetFlags(flags)
+}
+
+// GreetFlags sends a GREETING with these flags (codec.GreetingAuthRequired,
+// codec.GreetingAbandon, or bits no client knows yet) and a fresh nonce,
+// and returns the nonce.
+func (c *Conn) GreetFlags(flags uint8) ([codec.NonceLen]byte, error) {
+	var nonce [codec.NonceLen]byte
+	rand.Read(nonce[:])
 	_, err := c.nc.Write(codec.AppendGreeting(nil, flags, nonce, "lockdtest"))
 	return nonce, err
 }
@@ -120,7 +127,16 @@ func (c *Conn) Greet(authRequired bool) ([codec.NonceLen]byte, error) {
 // off and Handshake returns after the GREETING: a HELLO, if the client
 // sends one, comes out of ReadRequest.
 func (c *Conn) Handshake(secrets map[string][]byte) error {
-	nonce, err := c.Greet(secrets != nil)
+	return c.HandshakeWith(secrets, 0)
+}
+
+// HandshakeWith is Handshake with further GREETING flags, such as
+// codec.GreetingAbandon; the auth bit follows secrets.
+func (c *Conn) HandshakeWith(secrets map[string][]byte, flags uint8) error {
+	if secrets != nil {
+		flags |= codec.GreetingAuthRequired
+	}
+	nonce, err := c.GreetFlags(flags)
 	if err != nil || secrets == nil {
 		return err
 	}
