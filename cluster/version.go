@@ -61,12 +61,14 @@ const (
 	statementLen = 1 + 8 + 4
 	// statementInterval is how often a node states its format to its
 	// peers while one of its groups is below logFormatNewest, and the
-	// leaders look at raising them.
-	statementInterval = time.Second
+	// leaders look at raising them: often, because a node's clients get
+	// SPEC §6a only on connections greeted once every group rose
+	// (ServesAbandon), and a new cluster starts at the base format.
+	statementInterval = 250 * time.Millisecond
 	// statementFresh is how long a peer's statement counts: a peer
 	// restarted on an older build stops answering, and its statement
 	// lapses before a leader could raise a format on it.
-	statementFresh = 3 * statementInterval
+	statementFresh = 3 * time.Second
 	// statementTimeout bounds one exchange of statements with a peer.
 	statementTimeout = 500 * time.Millisecond
 )
