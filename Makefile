@@ -16,8 +16,7 @@ FUZZ_TARGETS := \
 	./server:FuzzServerFrameLoop \
 	./server:FuzzReliabilityServerAnswers \
 	./client:FuzzClientAnswers \
-	./cluster:FuzzRaftFrameReader \
-	./cluster:FuzzPeerFrame
+	./cluster:FuzzRaftFrameReader
 
 .PHONY: help build dist image test test-python bench bench-peers bench-cluster bench-python bench-failover bench-gate fault-test upgrade-test fuzz reliability run cluster clean
 
@@ -116,7 +115,7 @@ bench-python:
 # Each run starts its own 3-node cluster, data on disk under TMPDIR.
 FAILOVER_FLAGS ?=
 bench-failover: build
-	$(BIN)/lockbench --workload failover --fault kill,term,stop --victim leader,follower \
+	$(BIN)/lockbench --workload failover --fault kill,term,stop --stop-for 8s --victim leader,follower \
 		--lockd-bin $(BIN)/lockd --progress 0 --json lockbench-failover.json $(FAILOVER_FLAGS)
 
 # Rounds of the process fault test: kill -9, SIGTERM and SIGSTOP of leader

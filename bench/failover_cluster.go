@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/client"
+	"github.com/lockd/lockd/codec"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/zap"
@@ -171,6 +173,9 @@ type lockdCluster struct {
 	procs  []*serverProc
 	listen []string
 	admin  []string
+	// noAbandon says why the nodes did not offer SPEC §6a before the
+	// callers connected; empty when they did.
+	noAbandon string
 }
 
 func startLockdCluster(ctx context.Context, bin, dir string) (*lockdCluster, error) {
@@ -210,12 +215,57 @@ func startLockdCluster(ctx context.Context, bin, dir string) (*lockdCluster, err
 		stopAll(c)
 		return nil, err
 	}
+	// The callers' connections live through the run, and one greeted
+	// before its node serves SPEC §6a (the groups' log format raised, a
+	// moment after the election) never abandons what a fault cuts off:
+	// wait for it, a bounded time, and say so when it did not come.
+	wait, cancel := context.WithTimeout(ctx, abandonWait)
+	defer cancel()
+	for i := range c.procs {
+		for {
+			err := c.servesAbandon(wait, i)
+			if err == nil {
+				break
+			}
+			if wait.Err() != nil {
+				c.noAbandon = err.Error()
+				return c, nil
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 	return c, nil
 }
 
+// abandonWait bounds the wait for the nodes to offer SPEC §6a.
+const abandonWait = 10 * time.Second
+
 func (c *lockdCluster) nodes() []*serverProc { return c.procs }
 
+// servesAbandon reports, as an error, a node whose GREETING does not
+// offer SPEC §6a yet.
+func (c *lockdCluster) servesAbandon(ctx context.Context, i int) error {
+	d := net.Dialer{Timeout: time.Second}
+	conn, err := d.DialContext(ctx, "tcp", c.listen[i])
+	if err != nil {
+		return fmt.Errorf("node %d: %w", i+1, err)
+	}
+	defer conn.Close()
+	_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+	var g [3]byte // op, version, flags
+	if _, err := io.ReadFull(conn, g[:]); err != nil {
+		return fmt.Errorf("node %d: greeting: %w", i+1, err)
+	}
+	if g[0] != codec.OpGreeting || g[2]&codec.GreetingAbandon == 0 {
+		return fmt.Errorf("node %d does not offer SPEC §6a yet (greeting %q)", i+1, g[:])
+	}
+	return nil
+}
+
 func (c *lockdCluster) describe() string {
+	if c.noAbandon != "" {
+		return "3-node lockd cluster, 1 group, default flags, WITHOUT SPEC §6a ABANDON (" + c.noAbandon + ")"
+	}
 	return "3-node lockd cluster, 1 group, default flags"
 }
 

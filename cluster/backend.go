@@ -24,7 +24,7 @@ func (n *Node) tenant(ns engine.Namespace) string { return n.tenants.Name(ns) }
 // Acquire proposes the acquire to the key's group and answers Queued: the
 // outcome comes through w once the group applied it, or Unavailable when
 // it did not within ProposeTimeout (or the wait, if shorter).
-func (n *Node) Acquire(ns engine.Namespace, key []byte, owner uint64, _ engine.Requester, lease, wait time.Duration, w engine.Waiter) (engine.Result, engine.Handle) {
+func (n *Node) Acquire(ns engine.Namespace, key []byte, owner uint64, r engine.Requester, lease, wait time.Duration, w engine.Waiter) (engine.Result, engine.Handle) {
 	if n.shutting.Load() {
 		return engine.Result{Outcome: engine.ShuttingDown}, nil
 	}
@@ -58,8 +58,11 @@ func (n *Node) Acquire(ns engine.Namespace, key []byte, owner uint64, _ engine.R
 		n.inflight.Leave()
 		return engine.Result{Outcome: engine.ShuttingDown}, nil
 	}
+	if g.logFormat.Load() < logFormat4 {
+		r = 0 // the group cannot record it yet; no ABANDON is served until it can (ServesAbandon)
+	}
 	g.mu.Lock()
-	g.buf = appendAcquire(g.buf, n.cfg.NodeID, p.id, uint16(lease/time.Second), int64(wait), uint32(g.maxKeys), tenant, key)
+	g.buf = appendAcquire(g.buf, n.cfg.NodeID, p.id, uint16(lease/time.Second), int64(wait), uint32(g.maxKeys), r, tenant, key)
 	g.count++
 	g.mu.Unlock()
 	g.dirty.Store(true)
@@ -138,7 +141,7 @@ func (n *Node) Keep(ns engine.Namespace, key []byte, owner, token uint64, lease 
 	return engine.Result{Outcome: engine.Queued}
 }
 
-// registerUngated registers a release or keep answered through w and
+// registerUngated registers a release, keep or abandon answered through w and
 // returns its request id.
 func (n *Node) registerUngated(owner uint64, w engine.Waiter) uint64 {
 	now := n.clock()
@@ -155,14 +158,40 @@ func (g *group) enqueueRelease(id, token uint64, tenant string, key []byte) {
 	g.dirty.Store(true)
 }
 
-// Abandon is SPEC §6a ABANDON, which the cluster does not serve yet
-// (ServesAbandon is false, so the server never calls it): NotHeld.
-func (n *Node) Abandon(engine.Namespace, []byte, uint64, engine.Requester, engine.Waiter) engine.Result {
-	return engine.Result{Outcome: engine.NotHeld}
+// Abandon proposes SPEC §6a ABANDON of the request tagged r on key (a
+// replicated command, applied by the engine's rule core on every
+// replica); the answer comes through w: Released, NotHeld, or Unavailable
+// when the group did not apply it within ProposeTimeout. Like Release it
+// passes no gate.
+func (n *Node) Abandon(ns engine.Namespace, key []byte, owner uint64, r engine.Requester, w engine.Waiter) engine.Result {
+	tenant := n.tenant(ns)
+	g := n.groups[groupOf(tenant, key, len(n.groups))]
+	if g.halted() || g.logFormat.Load() < logFormat4 {
+		return engine.Result{Outcome: engine.Unavailable}
+	}
+	var id uint64
+	if w != nil {
+		id = n.registerUngated(owner, w)
+	}
+	g.mu.Lock()
+	g.buf = appendAbandon(g.buf, n.cfg.NodeID, id, r, tenant, key)
+	g.count++
+	g.mu.Unlock()
+	g.dirty.Store(true)
+	return engine.Result{Outcome: engine.Queued}
 }
 
-// ServesAbandon is false until the groups apply ABANDON.
-func (n *Node) ServesAbandon() bool { return false }
+// ServesAbandon is true once every group's log format is 4 on this
+// node's replica (the log-format rule of upgrades: every member of every
+// group then reads cmdAbandon), and no replica here halted.
+func (n *Node) ServesAbandon() bool {
+	for _, g := range n.groups {
+		if g.logFormat.Load() < logFormat4 || g.halted() {
+			return false
+		}
+	}
+	return true
+}
 
 // ReleaseUndelivered releases the grant of an acquire whose waiter's
 // connection closed before the grant could be written: the same release,

@@ -4,11 +4,13 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/lockd/lockd/engine"
 )
 
 // A proposal is one batch of commands for one group (group commit):
 //
-//	version u8 (=1) | now i64 (proposer's wall clock, Unix ns) | count u32 | count × command
+//	version u8 (=2) | now i64 (proposer's wall clock, Unix ns) | count u32 | count × command
 //
 // and a command is
 //
@@ -22,17 +24,18 @@ import (
 // in the command because Update must not read node-local configuration —
 // replicas with different flags would otherwise decide differently.
 //
+//	cmdAcquireBy: the fields of cmdAcquire | requester u64: an acquire of a
+//	             session (SPEC §6a), which its requester may abandon;
+//	             written only from log format 4 on
+//	cmdAbandon:  node u64 | id u64 | requester u64: SPEC §6a ABANDON of
+//	             the requester's acquire of the key, answered to id on
+//	             node; written only from log format 4 on
 //	cmdRelease:  node u64 | id u64 (0 = nobody waits for the answer) | token u64
 //	cmdKeep:     node u64 | id u64 (0 = nobody waits for the answer) | token u64 | renewals u32 | lease_s u16
 //	cmdLeaseEnd: (tenant and key only) proposed by the leader when a lease
 //	             fell due on its heap: the key is settled on the
 //	             replicated clock like before any command, which frees it
 //	             only if its lease has ended there
-//	cmdLeaseEndV1: token u64 | renewals u32, and
-//	cmdExpire:   token u64: the lease ends of earlier builds, still applied
-//	             from their logs, alike (their fields were never needed:
-//	             a lease a KEEP renewed since has not ended, and a later
-//	             token's neither)
 //	cmdForget:   node u64 | keep_first u64 | keep_last u64 (tenant and key empty):
 //	             drop node's queued waiters except those whose request id
 //	             (without its top bit) is within [keep_first, keep_last] —
@@ -40,16 +43,6 @@ import (
 //	             by a group leader for a node it has not heard from
 //	cmdCancel:   node u64 | id u64: node's queued waiter id left (its
 //	             connection closed); no answer, a lock is not touched
-//	cmdEpoch:    term u64 | node u64 (tenant and key empty): node leads the
-//	             group from Raft term on; grants applied from here carry
-//	             the term as their epoch (claims.go)
-//	cmdRevoke:   node u64 | token u64 | term u64: the leader of epoch term
-//	             takes back the grant token, made in that epoch to a request
-//	             of node, which node never claimed (node fell silent)
-//	cmdRevokeUnwitnessed: node u64 | token u64 | term u64: a later epoch's
-//	             leader takes back the grant token that node, the leader of
-//	             epoch term, made to its own request and no member witnessed
-//	             (witness.go); written only from log format 2 on
 //	cmdFormat:   format u32 (tenant and key empty): the group's log format
 //	             rises to format (version.go); written only by a leader
 //	             whose every member stated it reads it
@@ -60,23 +53,24 @@ import (
 //
 // All integers big-endian. Time only enters the state machine through
 // these fields; Update never reads a clock.
+//
+// The batch version is 2 from log format 3 on (version.go): the batches
+// of the formats before it are refused whole, and a build of those
+// formats halts at this build's first batch.
 const (
-	batchVersion = 1
+	batchVersion = 2
 	headerLen    = 1 + 8 + 4
 
-	cmdAcquire    = 'A'
-	cmdRelease    = 'R'
-	cmdKeep       = 'K'
-	cmdLeaseEnd   = 'D'
-	cmdLeaseEndV1 = 'L'
-	cmdExpire     = 'E'
-	cmdForget     = 'F'
-	cmdCancel     = 'C'
-	cmdEpoch      = 'P'
-	cmdRevoke     = 'V'
-	// log format 2 on (version.go):
-	cmdFormat            = 'N'
-	cmdRevokeUnwitnessed = 'W'
+	cmdAcquire  = 'A'
+	cmdRelease  = 'R'
+	cmdKeep     = 'K'
+	cmdLeaseEnd = 'D'
+	cmdForget   = 'F'
+	cmdCancel   = 'C'
+	cmdFormat   = 'N'
+	// log format 4 on (version.go):
+	cmdAcquireBy = 'Q'
+	cmdAbandon   = 'X'
 )
 
 var errBadBatch = errors.New("cluster: malformed proposal")
@@ -94,9 +88,11 @@ type command struct {
 	lease    uint16
 	wait     int64
 	keyLimit uint32
+	// requester tags a session's acquire (cmdAcquireBy) and names the
+	// acquire an abandon gives back; 0 for an acquire without a session.
+	requester engine.Requester
 	// keepFirst and keepLast are cmdForget's range of ids to keep.
 	keepFirst, keepLast uint64
-	term                uint64 // cmdEpoch, cmdRevoke, cmdRevokeUnwitnessed
 	format              uint32 // cmdFormat
 	tenant              []byte
 	key                 []byte
@@ -109,13 +105,30 @@ func appendText(dst []byte, tenant string, key []byte) []byte {
 	return append(dst, key...)
 }
 
-func appendAcquire(dst []byte, node, id uint64, lease uint16, wait int64, keyLimit uint32, tenant string, key []byte) []byte {
-	dst = append(dst, cmdAcquire)
+// appendAcquire appends an acquire: a cmdAcquireBy when it has a
+// requester, which only a group at log format 4 may be given.
+func appendAcquire(dst []byte, node, id uint64, lease uint16, wait int64, keyLimit uint32, r engine.Requester, tenant string, key []byte) []byte {
+	kind := byte(cmdAcquire)
+	if r != 0 {
+		kind = cmdAcquireBy
+	}
+	dst = append(dst, kind)
 	dst = binary.BigEndian.AppendUint64(dst, node)
 	dst = binary.BigEndian.AppendUint64(dst, id)
 	dst = binary.BigEndian.AppendUint16(dst, lease)
 	dst = binary.BigEndian.AppendUint64(dst, uint64(wait))
 	dst = binary.BigEndian.AppendUint32(dst, keyLimit)
+	if r != 0 {
+		dst = binary.BigEndian.AppendUint64(dst, uint64(r))
+	}
+	return appendText(dst, tenant, key)
+}
+
+func appendAbandon(dst []byte, node, id uint64, r engine.Requester, tenant string, key []byte) []byte {
+	dst = append(dst, cmdAbandon)
+	dst = binary.BigEndian.AppendUint64(dst, node)
+	dst = binary.BigEndian.AppendUint64(dst, id)
+	dst = binary.BigEndian.AppendUint64(dst, uint64(r))
 	return appendText(dst, tenant, key)
 }
 
@@ -149,22 +162,6 @@ func appendCancel(dst []byte, node, id uint64, tenant string, key []byte) []byte
 	dst = append(dst, cmdCancel)
 	dst = binary.BigEndian.AppendUint64(dst, node)
 	dst = binary.BigEndian.AppendUint64(dst, id)
-	return appendText(dst, tenant, key)
-}
-
-func appendEpoch(dst []byte, term, node uint64) []byte {
-	dst = append(dst, cmdEpoch)
-	dst = binary.BigEndian.AppendUint64(dst, term)
-	dst = binary.BigEndian.AppendUint64(dst, node)
-	return appendText(dst, "", nil)
-}
-
-// appendRevoke appends a revoke of kind cmdRevoke or cmdRevokeUnwitnessed.
-func appendRevoke(dst []byte, kind byte, node, token, term uint64, tenant string, key []byte) []byte {
-	dst = append(dst, kind)
-	dst = binary.BigEndian.AppendUint64(dst, node)
-	dst = binary.BigEndian.AppendUint64(dst, token)
-	dst = binary.BigEndian.AppendUint64(dst, term)
 	return appendText(dst, tenant, key)
 }
 
@@ -202,24 +199,20 @@ func fieldsLen(kind byte) (int, error) {
 	switch kind {
 	case cmdAcquire:
 		return 8 + 8 + 2 + 8 + 4, nil
+	case cmdAcquireBy:
+		return 8 + 8 + 2 + 8 + 4 + 8, nil
+	case cmdAbandon:
+		return 8 + 8 + 8, nil
 	case cmdRelease:
 		return 8 + 8 + 8, nil
 	case cmdKeep:
 		return 8 + 8 + 8 + 4 + 2, nil
 	case cmdLeaseEnd:
 		return 0, nil
-	case cmdLeaseEndV1:
-		return 8 + 4, nil
-	case cmdExpire:
-		return 8, nil
 	case cmdForget:
 		return 8 + 8 + 8, nil
 	case cmdCancel:
 		return 8 + 8, nil
-	case cmdEpoch:
-		return 8 + 8, nil
-	case cmdRevoke, cmdRevokeUnwitnessed:
-		return 8 + 8 + 8, nil
 	case cmdFormat:
 		return 4, nil
 	}
@@ -240,13 +233,21 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 	if len(b) < need {
 		return nil, errBadBatch
 	}
+	c.requester = 0
 	switch c.kind {
-	case cmdAcquire:
+	case cmdAcquire, cmdAcquireBy:
 		c.node = binary.BigEndian.Uint64(b)
 		c.id = binary.BigEndian.Uint64(b[8:])
 		c.lease = binary.BigEndian.Uint16(b[16:])
 		c.wait = int64(binary.BigEndian.Uint64(b[18:]))
 		c.keyLimit = binary.BigEndian.Uint32(b[26:])
+		if c.kind == cmdAcquireBy {
+			c.requester = engine.Requester(binary.BigEndian.Uint64(b[30:]))
+		}
+	case cmdAbandon:
+		c.node = binary.BigEndian.Uint64(b)
+		c.id = binary.BigEndian.Uint64(b[8:])
+		c.requester = engine.Requester(binary.BigEndian.Uint64(b[16:]))
 	case cmdRelease:
 		c.node = binary.BigEndian.Uint64(b)
 		c.id = binary.BigEndian.Uint64(b[8:])
@@ -257,11 +258,6 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 		c.token = binary.BigEndian.Uint64(b[16:])
 		c.renewals = binary.BigEndian.Uint32(b[24:])
 		c.lease = binary.BigEndian.Uint16(b[28:])
-	case cmdLeaseEndV1:
-		c.token = binary.BigEndian.Uint64(b)
-		c.renewals = binary.BigEndian.Uint32(b[8:])
-	case cmdExpire:
-		c.token = binary.BigEndian.Uint64(b)
 	case cmdForget:
 		c.node = binary.BigEndian.Uint64(b)
 		c.keepFirst = binary.BigEndian.Uint64(b[8:])
@@ -269,13 +265,6 @@ func readCommand(b []byte, c *command) ([]byte, error) {
 	case cmdCancel:
 		c.node = binary.BigEndian.Uint64(b)
 		c.id = binary.BigEndian.Uint64(b[8:])
-	case cmdEpoch:
-		c.term = binary.BigEndian.Uint64(b)
-		c.node = binary.BigEndian.Uint64(b[8:])
-	case cmdRevoke, cmdRevokeUnwitnessed:
-		c.node = binary.BigEndian.Uint64(b)
-		c.token = binary.BigEndian.Uint64(b[8:])
-		c.term = binary.BigEndian.Uint64(b[16:])
 	case cmdFormat:
 		c.format = binary.BigEndian.Uint32(b)
 	}

@@ -200,6 +200,14 @@ func (c *Config) applyDefaults() error {
 	if c.DataDir == "" {
 		return errors.New("cluster: --data-dir is required")
 	}
+	// A request's acquire is proposed again until ProposeTimeout, the last
+	// attempt lasting two RTTs at least (proposeOnce); a tombstone (SPEC
+	// §6a) must outlast that with room to spare (docs/cluster.md,
+	// Undelivered grants).
+	if c.ProposeTimeout+2*c.RTT > engine.TombstoneLife/2 {
+		return fmt.Errorf("cluster: propose timeout %v: want at most %v with the RTT's two attempts, half an abandon's tombstone life",
+			c.ProposeTimeout, engine.TombstoneLife/2)
+	}
 	return nil
 }
 

@@ -48,7 +48,6 @@ func (n *Node) expiryLoop(ctx context.Context) {
 		case <-wake.C:
 		case <-n.wakeExpiry:
 		}
-		n.refreshMembers()
 		sleep := expiryHousekeeping
 		gatherOn := uint64(0) // group 0's leader, where idle groups gather
 		for i, g := range n.groups {
@@ -70,9 +69,7 @@ func (n *Node) expiryLoop(ctx context.Context) {
 			if step.propose {
 				g.propose()
 			}
-			g.judgeParked(true)
 		}
-		n.askClaims(true) // claims whose verdict did not come, or whose leader changed
 		wake.Reset(max(sleep, 0))
 	}
 }
@@ -104,9 +101,9 @@ type expiryStep struct {
 
 // expiryStep makes one pass's decisions for g at now, given its leader as
 // this node sees it and the node idle groups gather on: leader-change
-// tracking, the lease ends due on this leader's heap, the epoch
-// announcement, placement, orphan rechecks, the silent peers' waiters
-// and unclaimed grants, and the forget of this node's earlier runs. It
+// tracking, the lease ends due on this leader's heap, placement, orphan
+// rechecks, the silent peers' waiters, and the forget of this node's
+// earlier runs. It
 // reads no clock and asks dragonboat nothing, so tests drive it on a fake
 // clock without a NodeHost.
 func (g *group) expiryStep(now time.Duration, view leaderView, gatherOn uint64) expiryStep {
@@ -118,6 +115,7 @@ func (g *group) expiryStep(now time.Duration, view leaderView, gatherOn uint64) 
 	if becameLeader {
 		g.leaderSince = now
 	}
+	g.leading.Store(leader)
 	f := g.fsm.Load()
 	f.mu.Lock()
 	f.compactHeap()
@@ -131,7 +129,6 @@ func (g *group) expiryStep(now time.Duration, view leaderView, gatherOn uint64) 
 			step.wake = min(step.wake, at-now)
 		}
 	}
-	announce := leader && f.state.epoch < view.term
 	if g.placement.due(now) {
 		busiest, own := f.takeLoad(n.cfg.NodeID)
 		if !n.cfg.FixedLeaders {
@@ -158,11 +155,6 @@ func (g *group) expiryStep(now time.Duration, view leaderView, gatherOn uint64) 
 	f.mu.Unlock()
 	g.wasLeader = leader
 	step.moveTo, step.handOverGivenUp = moveTo, givenUp
-	if announce && (becameLeader || now-g.epochSentAt > n.cfg.ProposeTimeout) {
-		g.epochSentAt = now
-		g.queue(func(b []byte) []byte { return appendEpoch(b, view.term, n.cfg.NodeID) })
-		step.propose = true
-	}
 	g.recheckOrphans(now, f)
 	if leader && g.forgetSilentPeers(now) {
 		step.propose = true
@@ -217,14 +209,11 @@ func (n *Node) moveLeader(g *group, to uint64) {
 
 // forgetSilentPeers is run by g's leader: a peer it has heard nothing from
 // for ForgetAfter is taken for dead, and its queued waiters are dropped
-// from the group (cmdForget), once until it is heard from again; its
-// grants not claimed yet are taken back (cmdRevoke, claims.go) for as
-// long as it stays silent, and, when it led the epoch before this
-// node's, its own grants that no member witnessed (cmdRevokeUnwitnessed,
-// witness.go). A peer that was only slow loses its waits and
-// its unclaimed grants, answered E unavailable, never a lock it was
-// given: a revoked grant was never delivered. It reports whether it
-// queued commands.
+// from the group (cmdForget), once until it is heard from again. A peer
+// that was only slow loses its waits, answered E unavailable, never a
+// lock it was given: no node takes back a grant on a judgement (only
+// the requester's ABANDON, or the lease, ends a grant nobody releases).
+// It reports whether it queued commands.
 //
 // Two peers are judged differently. The group's previous leader is taken
 // for dead after one election timeout: that silence is what made this
@@ -252,15 +241,6 @@ func (g *group) forgetSilentPeers(now time.Duration) (queued bool) {
 			g.forgotten[peer] = true
 			n.log.Info().Uint64("group", g.shardID).Uint64("peer", peer).Msg("dropping the queued waiters of a silent node")
 			g.queueForget(peer)
-			queued = true
-		}
-		// Every pass while it stays silent: a grant to one of its
-		// requests may apply after the forget (its proposal was in flight),
-		// and the members' answers about its own epoch's grants come in.
-		if g.revokeUnclaimed(peer) {
-			queued = true
-		}
-		if g.revokeUnwitnessed(peer, now) {
 			queued = true
 		}
 	}

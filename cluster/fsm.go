@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,19 +37,9 @@ type fsm struct {
 	heap    engine.DeadlineHeap[expiry]
 	load    map[uint64]uint64 // acquires and releases applied per proposing node, for leader placement
 	applied uint64            // index of the last entry applied
-	book    claimBook         // claims on this epoch's grants, while this replica leads it (claims.go)
-	// witnessed is what this replica witnessed of epoch leaders' own
-	// grants (witness.go).
-	witnessed witnessBook
-	// epochIndex is the entry index at which the group's epoch began on
-	// this replica, 0 when it came in a snapshot.
-	epochIndex uint64
-	// liveAfter is the last entry index of the log this process started
-	// with: an epoch begun after it began while this process ran.
-	liveAfter uint64
 	// holds are the hold times of the leases that ended while this
-	// replica led the group's epoch: one node counts each, as the group
-	// saw it.
+	// replica's node led the group (as its expiry driver last saw):
+	// about one node counts each, as the group saw it.
 	holdTimes histogram.Histogram
 
 	// clock stamps the leases applied (the node's clock; tests pass
@@ -64,8 +53,9 @@ type fsm struct {
 }
 
 func newFSM(g *group, firstToken uint64) *fsm {
-	return &fsm{g: g, state: newReplicated(firstToken), load: make(map[uint64]uint64), clock: g.n.clock,
-		liveAfter: math.MaxUint64, witnessed: witnessBook{knownFrom: math.MaxUint64}}
+	f := &fsm{g: g, state: newReplicated(firstToken), load: make(map[uint64]uint64), clock: g.n.clock}
+	g.logFormat.Store(f.state.format)
+	return f
 }
 
 // Update applies one batch. A batch whose header is malformed is skipped;
@@ -92,29 +82,25 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 		return sm.Result{}, nil
 	}
 	f.state.now = max(f.state.now, time.Duration(now))
-	prevEpoch, prevLeader, prevWitnessing := f.state.epoch, f.state.epochLeader, f.state.witnessing
 	for range count {
 		if b, err = readCommand(b, &f.cmd); err != nil {
 			break
 		}
-		if k := f.cmd.kind; k == cmdAcquire || k == cmdRelease || k == cmdKeep {
+		if k := f.cmd.kind; k == cmdAcquire || k == cmdAcquireBy || k == cmdRelease || k == cmdKeep {
 			f.load[f.cmd.node]++
 		}
 		f.state.apply(&f.cmd, &f.out)
 	}
+	f.state.endBatch()
+	f.g.logFormat.Store(f.state.format)
 	if len(f.out.leases) > 0 {
 		f.takeLeases(f.clock())
 	}
-	if f.state.epoch != prevEpoch {
-		f.epochBegan(prevEpoch, prevLeader, prevWitnessing, e.Index)
-	}
-	f.book.noteGrants(&f.state, f.g.n.cfg.NodeID, f.out.answers)
 	f.observeHolds()
 	f.mu.Unlock()
 	f.g.appliedOwn(e.Cmd)
 	f.g.n.anchor.noteApplied()
-	f.deliver(e.Index)
-	f.g.appliedClaims()
+	f.deliver()
 	return sm.Result{Value: uint64(count)}, nil
 }
 
@@ -133,9 +119,9 @@ func (f *fsm) takeLeases(now time.Duration) {
 }
 
 // observeHolds records the hold times of the leases the batch ended, on
-// the epoch leader only; called with the lock held.
+// the group's leader only; called with the lock held.
 func (f *fsm) observeHolds() {
-	if f.state.epochLeader == f.g.n.cfg.NodeID {
+	if f.g.leading.Load() {
 		for _, d := range f.out.holds {
 			f.holdTimes.Observe(d)
 		}
@@ -143,14 +129,14 @@ func (f *fsm) observeHolds() {
 	f.out.holds = f.out.holds[:0]
 }
 
-// deliver hands the answers of what the entry at index applied to the
-// node, outside the state machine's lock.
-func (f *fsm) deliver(index uint64) {
+// deliver hands the answers of what was just applied to the node,
+// outside the state machine's lock.
+func (f *fsm) deliver() {
 	for _, a := range f.out.answers {
 		if a.kind == answerDirect && a.r.Outcome == engine.Busy {
 			f.keysRefused.Add(1)
 		}
-		f.g.deliver(a, index)
+		f.g.deliver(a)
 	}
 	clear(f.out.answers)
 	f.out.answers = f.out.answers[:0]
@@ -200,7 +186,7 @@ func (f *fsm) SaveSnapshot(w io.Writer, _ sm.ISnapshotFileCollection, stop <-cha
 func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan struct{}) error {
 	state, err := restore(r, stop)
 	if err == nil && state.format > logFormatNewest {
-		err = fmt.Errorf("%w with log format %d (this build reads 1 to %d)", errUnknownSnapshot, state.format, logFormatNewest)
+		err = fmt.Errorf("%w with log format %d (this build reads %d to %d)", errUnknownSnapshot, state.format, logFormatBase, logFormatNewest)
 	}
 	if errors.Is(err, errUnknownSnapshot) {
 		f.mu.Lock()
@@ -230,13 +216,12 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 		}
 	}
 	f.state = state
-	f.epochIndex = 0
+	f.g.logFormat.Store(state.format)
 	f.heap = f.heap[:0]
 	f.takeLeases(f.clock())
 	f.restored.Add(1)
 	f.mu.Unlock()
-	f.deliver(0)
-	f.g.appliedClaims()
+	f.deliver()
 	return nil
 }
 

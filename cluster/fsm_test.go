@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -35,11 +34,21 @@ type fsmState struct {
 	Tokens     engine.TokenCounter
 	KeysClosed bool
 	Queued     int
+	Format     uint32
+	Tombstones []tenantTombstone
+}
+
+type tenantTombstone struct {
+	Tenant string
+	engine.Tombstone
 }
 
 func stateOf(f *fsm) fsmState {
 	s := &f.state
-	st := fsmState{Locks: map[string]lockState{}, Now: s.now, Tokens: s.tokens, KeysClosed: s.keysClosed, Queued: s.queued}
+	st := fsmState{Locks: map[string]lockState{}, Now: s.now, Tokens: s.tokens, KeysClosed: s.keysClosed, Queued: s.queued, Format: s.format}
+	for tenant, ts := range s.tombstones.All() {
+		st.Tombstones = append(st.Tombstones, tenantTombstone{tenant, ts})
+	}
 	for k, l := range s.locks {
 		c := *l
 		if len(c.queue) == 0 {
@@ -51,17 +60,18 @@ func stateOf(f *fsm) fsmState {
 }
 
 // randomBatches makes proposals as several nodes would: acquires with and
-// without waits, releases and keeps of current and stale tokens, lease
-// ends of current and stale renewals, cancels of earlier acquires, and
-// lease ends in the format of builds before KEEP.
+// without waits and with and without requesters, releases and keeps of
+// current and stale tokens, lease ends of current and stale renewals,
+// cancels and abandons of earlier acquires, in a group at log format 4.
 func randomBatches(seed uint64, n int) [][]byte {
 	rng := rand.New(rand.NewPCG(seed, 1))
-	var out [][]byte
 	now := int64(1_000_000_000)
+	out := [][]byte{logBatch(now, func(b []byte) []byte { return appendFormat(b, logFormat4) })}
 	var tok uint64
 	type request struct {
-		node, id uint64
-		key      []byte
+		node, id  uint64
+		requester engine.Requester
+		key       []byte
 	}
 	var acquires []request
 	for range n {
@@ -76,8 +86,11 @@ func randomBatches(seed uint64, n int) [][]byte {
 					wait = int64(rng.IntN(3_000_000_000))
 				}
 				r := request{node: uint64(1 + rng.IntN(3)), id: rng.Uint64() | 1, key: key}
+				if rng.IntN(3) != 0 {
+					r.requester = engine.Requester(1 + rng.Uint64N(1<<40))
+				}
 				acquires = append(acquires, r)
-				b = appendAcquire(b, r.node, r.id, uint16(1+rng.IntN(30)), wait, 1<<20, "t", key)
+				b = appendAcquire(b, r.node, r.id, uint16(1+rng.IntN(30)), wait, 1<<20, r.requester, "t", key)
 			case 2:
 				tok += uint64(rng.IntN(3))
 				b = appendRelease(b, uint64(1+rng.IntN(3)), rng.Uint64(), tok, "t", key)
@@ -94,13 +107,18 @@ func randomBatches(seed uint64, n int) [][]byte {
 					b = appendCancel(b, r.node, r.id, "t", r.key)
 					break
 				}
-				if rng.IntN(2) == 0 {
-					b = appendLeaseEnd(b, "t", key)
+				if rng.IntN(2) == 0 && len(acquires) > 0 { // abandoned, perhaps before its acquire applies again
+					r := acquires[len(acquires)-1-rng.IntN(min(len(acquires), 8))]
+					b = appendAbandon(b, uint64(1+rng.IntN(3)), rng.Uint64(), r.requester, "t", r.key)
+					if rng.IntN(2) == 0 {
+						b = appendAcquire(b, r.node, r.id, 30, 0, 1<<20, r.requester, "t", r.key)
+						count++
+					}
 					break
 				}
-				b = appendOldLeaseEnd(b, uint64(rng.IntN(int(tok)+2)), uint32(rng.IntN(3)), "t", key)
+				fallthrough
 			default:
-				b = appendOldExpire(b, uint64(rng.IntN(int(tok)+2)), "t", key)
+				b = appendLeaseEnd(b, "t", key)
 			}
 		}
 		// Proposers' clocks disagree a little: the state machine keeps the max.
@@ -109,21 +127,6 @@ func randomBatches(seed uint64, n int) [][]byte {
 		out = append(out, b)
 	}
 	return out
-}
-
-// appendOldLeaseEnd is the lease end of builds before the fieldless one.
-func appendOldLeaseEnd(dst []byte, token uint64, renewals uint32, tenant string, key []byte) []byte {
-	dst = append(dst, cmdLeaseEndV1)
-	dst = binary.BigEndian.AppendUint64(dst, token)
-	dst = binary.BigEndian.AppendUint32(dst, renewals)
-	return appendText(dst, tenant, key)
-}
-
-// appendOldExpire is the lease end of builds before KEEP: token only.
-func appendOldExpire(dst []byte, token uint64, tenant string, key []byte) []byte {
-	dst = append(dst, cmdExpire)
-	dst = binary.BigEndian.AppendUint64(dst, token)
-	return appendText(dst, tenant, key)
 }
 
 // Two replicas applying the same log end in the same state, and a
@@ -141,8 +144,8 @@ func TestFSMDeterministicAndSnapshot(t *testing.T) {
 	// A lock renewed at the end, so that the snapshot carries renewals.
 	renewedKey := []byte("renewed")
 	now := int64(a.state.now)
-	applyOne(t, a, now, func(b []byte) []byte { return appendAcquire(b, 1, 1, 30, 0, 1<<20, "t", renewedKey) })
-	applyOne(t, b, now, func(b []byte) []byte { return appendAcquire(b, 1, 1, 30, 0, 1<<20, "t", renewedKey) })
+	applyOne(t, a, now, func(b []byte) []byte { return appendAcquire(b, 1, 1, 30, 0, 1<<20, 0, "t", renewedKey) })
+	applyOne(t, b, now, func(b []byte) []byte { return appendAcquire(b, 1, 1, 30, 0, 1<<20, 0, "t", renewedKey) })
 	token := a.state.locks[lockKey([]byte("t"), renewedKey)].Token
 	for _, f := range []*fsm{a, b} {
 		applyOne(t, f, now, func(b []byte) []byte { return appendKeep(b, 1, 2, token, 0, 30, "t", renewedKey) })
@@ -161,6 +164,15 @@ func TestFSMDeterministicAndSnapshot(t *testing.T) {
 	}
 	if renewed == 0 {
 		t.Fatal("no lock in the final state was renewed: the snapshot check does not cover renewals")
+	}
+	tagged := 0
+	for _, l := range a.state.locks {
+		if l.requester != 0 {
+			tagged++
+		}
+	}
+	if tagged == 0 || a.state.tombstones.Len() == 0 {
+		t.Fatalf("%d locks with a requester, %d tombstones: the snapshot check does not cover §6a", tagged, a.state.tombstones.Len())
 	}
 	var buf bytes.Buffer
 	if err := a.SaveSnapshot(&buf, nil, nil); err != nil {
@@ -228,8 +240,8 @@ func TestCancelCommandDecodes(t *testing.T) {
 func TestExpiryHeapValidatedByToken(t *testing.T) {
 	f := detachedFSM()
 	b := make([]byte, headerLen)
-	b = appendAcquire(b, 1, 1, 10, 0, 1<<20, "t", []byte("a"))
-	b = appendAcquire(b, 1, 2, 20, 0, 1<<20, "t", []byte("b"))
+	b = appendAcquire(b, 1, 1, 10, 0, 1<<20, 0, "t", []byte("a"))
+	b = appendAcquire(b, 1, 2, 20, 0, 1<<20, 0, "t", []byte("b"))
 	putHeader(b, 1, 2)
 	f.Update(sm.Entry{Cmd: b})
 	if len(f.heap) != 2 || f.heap[0].At != 100+10e9 {
@@ -275,7 +287,7 @@ func TestStatsReadTheKeysGate(t *testing.T) {
 	var tokens []uint64
 	for i := range 10 {
 		key := []byte(fmt.Sprint("k", i))
-		applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 1, uint64(i+1), 30, 0, 10, "t", key) })
+		applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 1, uint64(i+1), 30, 0, 10, 0, "t", key) })
 		if l := f.state.locks[lockKey([]byte("t"), key)]; l != nil {
 			tokens = append(tokens, l.Token)
 		}
@@ -291,7 +303,7 @@ func TestStatsReadTheKeysGate(t *testing.T) {
 	if st := n.Stats().KeysGate; !st.Open || st.Count != 6 {
 		t.Fatalf("after releasing to 6 keys: gate %+v, want open", st)
 	}
-	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 1, 99, 30, 0, 10, "t", []byte("again")) })
+	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 1, 99, 30, 0, 10, 0, "t", []byte("again")) })
 	if st := n.Stats().KeysGate; !st.Open || st.Count != 7 {
 		t.Fatalf("after releasing to 6 keys and one more acquire: gate %+v, want open with 7 keys", st)
 	}
@@ -299,12 +311,12 @@ func TestStatsReadTheKeysGate(t *testing.T) {
 
 // Hold times are measured on the group's clock, from the grant to the
 // release, or to the lease's end for a lease that ran out (the holder had
-// all of it, KEEPs included), and counted by the epoch leader's replica
+// all of it, KEEPs included), and counted by the group leader's replica
 // only, so that the nodes' /metrics sum to one count per lease.
 func TestHoldTimesOnTheGroupsClock(t *testing.T) {
 	leader, follower := newReplica(t, 1), newReplica(t, 2)
+	leader.f.g.leading.Store(true)
 	for _, r := range []*replica{leader, follower} {
-		r.apply(1, epoch(5, 1))
 		r.apply(1, acquireBy(3, 100, "released", 0))
 		r.apply(4, releaseOf(r.lock("released").Token, "released"))
 		r.apply(10, acquireBy(3, 101, "expired", 0))

@@ -30,7 +30,7 @@ func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 	k := lockKey([]byte("t"), key)
 	now := time.Duration(100)
 	f.clock = func() time.Duration { return now }
-	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 10, 0, 1<<20, "t", key) })
+	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 10, 0, 1<<20, 0, "t", key) })
 	token := f.state.locks[k].Token
 
 	now = 100 + 5e9
@@ -44,10 +44,9 @@ func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 	if due := f.due(100+10e9, 5e8, nil); len(due) != 0 {
 		t.Fatalf("the replaced lease's end reported due: %+v", due)
 	}
-	// A lease end the leader proposed before the KEEP applied, and one
-	// logged by a build before KEEP, name the replaced lease.
+	// A lease end the leader proposed before the KEEP applied names the
+	// replaced lease.
 	applyOne(t, f, 3, func(b []byte) []byte { return appendLeaseEnd(b, "t", key) })
-	applyOne(t, f, 4, func(b []byte) []byte { return appendOldExpire(b, token, "t", key) })
 	if l := f.state.locks[k]; l == nil || l.Token != token {
 		t.Fatal("the replaced lease's end freed the renewed lock")
 	}
@@ -93,7 +92,7 @@ func TestFSMKeepAppliedTwiceRenewsOnce(t *testing.T) {
 	ask := func(owner uint64) uint64 { return n.registerUngated(owner, rec) } // a KEEP's request, as Node.Keep makes it
 	key := []byte("k")
 	k := lockKey([]byte("t"), key)
-	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 10, 0, 1<<20, "t", key) })
+	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 10, 0, 1<<20, 0, "t", key) })
 	token := f.state.locks[k].Token
 	short := func(id uint64) func([]byte) []byte {
 		return func(b []byte) []byte { return appendKeep(b, 1, id, token, 0, 5, "t", key) }
@@ -139,7 +138,7 @@ func TestRebuildKeepsTheRenewedDeadline(t *testing.T) {
 	now := time.Duration(100)
 	f.clock = func() time.Duration { return now }
 	key := []byte("k")
-	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 60, 0, 1<<20, "t", key) })
+	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 60, 0, 1<<20, 0, "t", key) })
 	token := f.state.locks[lockKey([]byte("t"), key)].Token
 	now = 100 + 1e9
 	applyOne(t, f, 2, func(b []byte) []byte { return appendKeep(b, 2, 0, token, 0, 5, "t", key) })

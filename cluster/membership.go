@@ -166,19 +166,6 @@ func (l *peerLiveness) freshest(now, maxSilence time.Duration) uint64 {
 	return best
 }
 
-// latest is the one of peers (not empty) heard from most recently, the
-// first of them when none was heard from.
-func (l *peerLiveness) latest(peers []uint64) uint64 {
-	heard := l.snapshot()
-	best, bestAt := peers[0], int64(-1)
-	for _, p := range peers {
-		if at := heard[p]; at != nil && at.Load() > bestAt {
-			best, bestAt = p, at.Load()
-		}
-	}
-	return best
-}
-
 // snapshot is the peers and their last heard instants, read-only.
 func (l *peerLiveness) snapshot() map[uint64]*atomic.Int64 { return *l.peers.Load() }
 

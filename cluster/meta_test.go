@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,6 +32,40 @@ func TestCheckMetaRefusesAnotherIdentity(t *testing.T) {
 		if err := checkMeta(&c); err == nil {
 			t.Fatalf("node %d with %d groups on the dir of node 1 with 3 groups: no error", c.NodeID, c.Groups)
 		}
+	}
+}
+
+// A data dir written by the builds before the first release (their meta
+// file names no log format: formats 1 and 2, with grant claims and
+// witnesses) is refused at start, with an error naming the dir and what
+// to do, and nothing in it is touched; a new dir records the base format.
+func TestStartRefusesADataDirOfTheUnreleasedFormats(t *testing.T) {
+	dir := t.TempDir()
+	old := []byte(`{"node_id":1,"groups":3}`)
+	if err := os.WriteFile(filepath.Join(dir, metaFile), old, 0o640); err != nil {
+		t.Fatal(err)
+	}
+	n, err := Start(Config{NodeID: 1, Peers: map[uint64]string{1: "127.0.0.1:1"}, DataDir: dir, Logger: testLogger()})
+	if err == nil {
+		n.Close()
+		t.Fatal("a data dir of the unreleased formats started a node")
+	}
+	for _, want := range []string{dir, "before v0.1.0", "move the data dir aside", "--join"} {
+		if !errors.Is(err, ErrOldDataDir) || !strings.Contains(err.Error(), want) {
+			t.Errorf("start on an old data dir: %v; want ErrOldDataDir saying %q", err, want)
+		}
+	}
+	entries, _ := os.ReadDir(dir)
+	if b, _ := os.ReadFile(filepath.Join(dir, metaFile)); len(entries) != 1 || string(b) != string(old) {
+		t.Fatalf("the refused dir was touched: %d entries, meta %s", len(entries), b)
+	}
+
+	fresh := Config{NodeID: 1, DataDir: t.TempDir(), Logger: testLogger()}
+	if err := checkMeta(&fresh); err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(fresh.DataDir, metaFile)); !strings.Contains(string(b), `"log_format":3`) {
+		t.Fatalf("a new dir's meta %s does not record log format 3", b)
 	}
 }
 
@@ -82,5 +117,18 @@ func TestMismatchedGroupCountNeverDoubleGrants(t *testing.T) {
 	if r := acquire(t, odd, rec, 2, "k", 10*time.Second, 0); r.Outcome != engine.Unavailable {
 		t.Fatalf("node 3 with %d groups against its peers' %d answered %+v, want Unavailable",
 			tc.cfgs[2].Groups, tc.cfgs[0].Groups, r)
+	}
+}
+
+// A propose timeout that would let a node propose an abandoned acquire
+// again after its tombstone could end is refused by name.
+func TestProposeTimeoutBoundedByTheTombstoneLife(t *testing.T) {
+	cfg := Config{NodeID: 1, Peers: map[uint64]string{1: "127.0.0.1:1"}, DataDir: t.TempDir(), ProposeTimeout: engine.TombstoneLife / 2, Logger: testLogger()}
+	if err := cfg.applyDefaults(); err == nil || !strings.Contains(err.Error(), "propose timeout 2m30s") {
+		t.Fatalf("propose timeout of half a tombstone's life: %v, want it refused by name", err)
+	}
+	cfg.ProposeTimeout = time.Minute
+	if err := cfg.applyDefaults(); err != nil {
+		t.Fatalf("propose timeout of a minute: %v", err)
 	}
 }

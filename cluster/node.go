@@ -10,13 +10,13 @@
 // (this node's requests and their answers), proposer.go (group commit),
 // command.go (the log's command format), version.go (the log format a
 // group may write, and a replica's halt on one it cannot read), state.go
-// (the replicated state), fsm.go (the dragonboat adapter), claims.go (grant claims and
-// the revokes of a dead node's undelivered grants), expiry.go (the
-// lease-expiry driver) and placement.go, orphans.go, membership.go and
-// members_http.go (online membership changes), transport.go, peerlink.go
-// (the claims' connections) and raft_tls.go (the Raft port), logdb.go
-// (the Raft log store), logger.go (dragonboat's logs), monitor.go (the
-// runtime monitor anchor), metrics.go, inspect.go (the read-only lock
+// (the replicated state), fsm.go (the dragonboat adapter), expiry.go (the
+// lease-expiry driver and the forget of a silent node's waiters) and
+// placement.go, orphans.go, membership.go and members_http.go (online
+// membership changes), transport.go, peerlink.go (the node's own
+// messages to its peers) and raft_tls.go (the Raft port), logdb.go (the
+// Raft log store), logger.go (dragonboat's logs), monitor.go (the runtime
+// monitor anchor), metrics.go, inspect.go (the read-only lock
 // inspection). docs/cluster.md describes the design.
 package cluster
 
@@ -56,15 +56,8 @@ type Node struct {
 	reg     map[uint64]*pending
 	timers  engine.DeadlineHeap[*pending] // stale once done or re-armed
 	wakeReg chan struct{}
-	// claiming are the requests holding a grant for its claim (claims.go),
-	// by id; toAsk those held since the last askClaims, askSpare its
-	// spare storage. Under regMu.
-	claiming        map[uint64]*pending
-	toAsk, askSpare []*pending
-	// parkedClaims counts peers' claims parked in this node's groups.
-	parkedClaims atomic.Int64
-	links        peerLinks
-	formats      formatStatements // the log formats peers stated (version.go)
+	links   peerLinks        // send-agains to peers (peerlink.go)
+	formats formatStatements // the log formats peers stated (version.go)
 	// wakeExpiry wakes the expiry driver before its timer: a group's
 	// leader changed.
 	wakeExpiry chan struct{}
@@ -100,7 +93,6 @@ type nodeStats struct {
 	orphanReleases  atomic.Uint64
 	abandoned       atomic.Uint64 // grants nobody takes, handed to the orphan releases
 	expires         atomic.Uint64
-	revokes         atomic.Uint64 // grants of silent nodes taken back
 	leaderTransfers atomic.Uint64
 	raftFramesSent  atomic.Uint64 // Raft message frames written to peers
 	raftStreams     atomic.Uint64 // Raft message connections dialed, redials included
@@ -108,18 +100,29 @@ type nodeStats struct {
 
 var _ engine.Backend = (*Node)(nil)
 
-// metaFile pins the group count and node id of a data dir.
+// metaFile pins the group count, node id and log format of a data dir.
 const metaFile = "lockd-cluster.json"
 
 type meta struct {
 	NodeID uint64 `json:"node_id"`
 	Groups int    `json:"groups"`
+	// LogFormat is the log format the data dir was created at
+	// (version.go); the builds of the formats before logFormatBase wrote
+	// none.
+	LogFormat int `json:"log_format"`
 }
+
+// ErrOldDataDir refuses a data dir written by a build of a log format
+// before logFormatBase.
+var ErrOldDataDir = errors.New("cluster: data dir of an unreleased log format")
 
 // checkMeta ties a data dir to the node id and group count it was
 // bootstrapped with. A Groups of 0 takes the dir's count (DefaultGroups
 // for a new dir), so a restart needs no --groups and a later change of
-// the default cannot strand a cluster bootstrapped before it.
+// the default cannot strand a cluster bootstrapped before it. A dir of a
+// log format before logFormatBase is refused: its log and snapshots are
+// of forms this build does not read, and no release wrote them, so there
+// is no upgrade path.
 func checkMeta(cfg *Config) error {
 	var have *meta // nil: a new data dir, or files kept in cfg.FS
 	path := filepath.Join(cfg.DataDir, metaFile)
@@ -138,20 +141,25 @@ func checkMeta(cfg *Config) error {
 			return fmt.Errorf("cluster: %w", err)
 		}
 	}
+	if have != nil && have.LogFormat < logFormatBase {
+		return fmt.Errorf("%w: %s was written by a build before v0.1.0 (a log format before %d), which this build cannot read; "+
+			"move the data dir aside and start this node on an empty one: with --join to add it to a running cluster, or bootstrap a new cluster from empty data dirs",
+			ErrOldDataDir, cfg.DataDir, logFormatBase)
+	}
 	if cfg.Groups == 0 {
 		cfg.Groups = DefaultGroups
 		if have != nil {
 			cfg.Groups = have.Groups
 		}
 	}
-	want := meta{NodeID: cfg.NodeID, Groups: cfg.Groups}
+	want := meta{NodeID: cfg.NodeID, Groups: cfg.Groups, LogFormat: logFormatBase}
 	switch {
 	case cfg.FS != nil:
 		return nil
 	case have == nil:
 		b, _ := json.Marshal(want)
 		return os.WriteFile(path, b, 0o640)
-	case *have != want:
+	case have.NodeID != want.NodeID || have.Groups != want.Groups:
 		return fmt.Errorf("cluster: %s was bootstrapped as node %d with %d groups; --node-id %d --groups %d cannot reuse it",
 			cfg.DataDir, have.NodeID, have.Groups, cfg.NodeID, cfg.Groups)
 	}
@@ -184,8 +192,8 @@ func Start(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	sources := &raftSources{}
-	// Before the NodeHost: replicas replaying their logs may already
-	// reach the claims' links, whose goroutines end with it.
+	// Before the NodeHost: the transport may already take a peer's
+	// send-again, whose link goroutines end with it.
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	nh, err := dragonboat.NewNodeHost(n.nodeHostConfig(sources))
 	if err != nil {
@@ -218,7 +226,6 @@ func newNode(cfg Config) (*Node, error) {
 		log:        cfg.Logger,
 		start:      time.Now(),
 		reg:        make(map[uint64]*pending),
-		claiming:   make(map[uint64]*pending),
 		wakeReg:    make(chan struct{}, 1),
 		wakeExpiry: make(chan struct{}, 1),
 		inflight:   engine.NewAdmissionGate(cfg.MaxInflight),
@@ -301,16 +308,7 @@ func (n *Node) startReplica(g *group) error {
 		g.fsm.Store(f)
 		return f
 	}
-	if err := n.nh.StartReplica(initial, join, create, n.replicaConfig(g)); err != nil {
-		return err
-	}
-	reader, err := n.nh.GetLogReader(g.shardID)
-	if err != nil {
-		return fmt.Errorf("cluster: group %d: log reader: %w", g.shardID, err)
-	}
-	_, last := reader.GetRange()
-	g.fsm.Load().witnessLiveAfter(last)
-	return nil
+	return n.nh.StartReplica(initial, join, create, n.replicaConfig(g))
 }
 
 // replicaConfig is g's Raft configuration on this node.

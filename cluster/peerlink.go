@@ -1,22 +1,19 @@
 package cluster
 
-// This file owns the node's own connections to its peers' Raft ports,
-// which carry grant claims to a group's leader and witness requests and
-// queries to its members, and their answers back (frames of kind 'L',
-// claims.go and witness.go); dragonboat's message streams are its own
-// and carry nothing else.
+// This file owns the node's own messages to its peers, in frames of kind
+// 'L' on their Raft ports: the send-again nudge of a leader whose
+// hand-over was given up (proposer.go) and the statements of log formats
+// (version.go), with their dispatch on the receiving side; dragonboat's
+// message streams are its own and carry nothing else.
 
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
 	"net"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/lni/dragonboat/v4"
-	"golang.org/x/sys/unix"
 )
 
 // peerLinks is one link per peer this node has sent messages to.
@@ -27,9 +24,9 @@ type peerLinks struct {
 }
 
 // peerLink sends messages to one peer and reads its answers. A message
-// lost with a broken connection is sent again by the expiry driver's pass
-// (askClaims, revokeUnwitnessed), so the link only keeps what it has not
-// written yet.
+// lost with a broken connection is lost: a send-again only hastens what
+// the follower's attempt timeout does anyway, so the link only keeps what
+// it has not written yet.
 type peerLink struct {
 	n    *Node
 	peer uint64
@@ -69,7 +66,7 @@ func (ls *peerLinks) send(peer uint64, b []byte) {
 }
 
 // run writes what is queued, dialing when it has no connection; a
-// failed dial or write drops what it held (asked again later).
+// failed dial or write drops what it held.
 func (l *peerLink) run(ctx context.Context) {
 	var conn net.Conn
 	var readerDone chan struct{}
@@ -156,58 +153,42 @@ func (n *Node) peerAddr(peer uint64) string {
 	return ""
 }
 
-// servedSink answers claims on the connection they came by (the
-// accepting side of a link). Its writes, from the transport's reader and
-// from the apply goroutine (parked claims), are serialized, and short:
-// a verdict is a few dozen bytes, and a peer that does not read them
-// within verdictWriteTimeout loses the connection (it asks again on a
-// new one) rather than stall this node's applies.
+// replySink answers a peer's message on the connection it came by.
+type replySink interface{ reply(b []byte) }
+
+// servedSink is the accepting side of a peer's connection. Its replies
+// are short, and a peer that does not read one within replyWriteTimeout
+// loses the connection rather than stall the transport's reader.
 type servedSink struct {
 	mu   sync.Mutex
 	conn net.Conn
 }
 
-const verdictWriteTimeout = 200 * time.Millisecond
+const replyWriteTimeout = 200 * time.Millisecond
 
-func (s *servedSink) sendVerdicts(b []byte) {
+func (s *servedSink) reply(b []byte) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if writeFrame(s.conn, frameLockd, b, verdictWriteTimeout) != nil {
+	if writeFrame(s.conn, frameLockd, b, replyWriteTimeout) != nil {
 		s.conn.Close()
 	}
 }
 
-// peerGone reports whether the peer closed the connection or reset it.
-// A node killed just after it sent a claim or a witness request is read
-// here after its death, and a verdict for it reaches nobody: accepting
-// it would leave a grant nobody delivers until its lease ends.
-func (s *servedSink) peerGone() bool { return connClosedByPeer(s.conn) }
-
-// connClosedByPeer reports whether conn's peer has closed or reset it, by
-// peeking at its socket without blocking and without taking anything
-// from it: a read of zero bytes is the peer's FIN, an error other than
-// "would block" a reset. Data still to read counts as open.
-func connClosedByPeer(conn net.Conn) bool {
-	if tc, ok := conn.(*tls.Conn); ok {
-		conn = tc.NetConn()
+// onPeerFrame dispatches a frame of kind 'L' from a peer: a format
+// statement (answered through sink when the peer opened the connection)
+// or a send-again. A kind this build does not know is ignored.
+func (n *Node) onPeerFrame(body []byte, sink replySink) {
+	if len(body) == 0 {
+		return
 	}
-	sc, ok := conn.(syscall.Conn)
-	if !ok {
-		return false
+	switch kind, b := body[0], body[1:]; kind {
+	case peerFormat:
+		n.onStatement(b, sink)
+	case peerSendAgain:
+		if sink != nil { // a request on this node's own link answers nobody
+			n.onSendAgain(b)
+		}
 	}
-	rc, err := sc.SyscallConn()
-	if err != nil {
-		return true
-	}
-	gone := false
-	var b [1]byte
-	if err := rc.Control(func(fd uintptr) {
-		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		gone = err == nil && n == 0 || err != nil && err != unix.EAGAIN && err != unix.EINTR
-	}); err != nil {
-		return true // closed on this side
-	}
-	return gone
 }
 
 // writeFrame writes one frame of kind with payload within timeout.

@@ -174,10 +174,10 @@ func TestTakeLoadCountsProposers(t *testing.T) {
 	f := detachedFSM()
 	b := make([]byte, headerLen)
 	for i := range 5 {
-		b = appendAcquire(b, 3, uint64(2*i+1), 30, 0, 1<<20, "t", []byte{'a', byte(i)})
+		b = appendAcquire(b, 3, uint64(2*i+1), 30, 0, 1<<20, 0, "t", []byte{'a', byte(i)})
 	}
 	for i := range 2 {
-		b = appendAcquire(b, 1, uint64(100+2*i+1), 30, 0, 1<<20, "t", []byte{'b', byte(i)})
+		b = appendAcquire(b, 1, uint64(100+2*i+1), 30, 0, 1<<20, 0, "t", []byte{'b', byte(i)})
 	}
 	b = appendRelease(b, 3, 0, 1, "t", []byte{'a', 0})
 	b = appendRelease(b, 2, 7, 1, "t", []byte("x"))

@@ -203,6 +203,7 @@ func TestProcessFaultRounds(t *testing.T) {
 	t.Logf("%d rounds in %v; history: %d grants checked, %d violations; responses %v (E by reason %v); %d grants arrived after their validity and were released\n%s",
 		rounds, time.Since(testStart).Round(time.Second), total, len(violations), fmtStats(traffic.stats), traffic.errors,
 		traffic.lateGrants, table.String())
+	traffic.checkAbandons(t)
 	if total < 50*rounds/len(faults) {
 		t.Fatalf("only %d grants in %d rounds", total, rounds)
 	}

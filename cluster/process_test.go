@@ -3,6 +3,7 @@ package cluster
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -232,6 +233,11 @@ type lockTraffic struct {
 	// lateGrants counts grants that arrived after their validity ended,
 	// which a client does not take.
 	lateGrants int
+	// abandons counts the answers to the ABANDONs (SPEC §6a) the workers
+	// sent for their indeterminate acquires, by op; abandonsLost those
+	// that got none (the lock is left to its lease).
+	abandons     map[byte]int
+	abandonsLost int
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -239,7 +245,7 @@ type lockTraffic struct {
 
 func startLockTraffic(procs []*proc, keys []string, workers int) *lockTraffic {
 	lt := &lockTraffic{procs: slices.Clone(procs), keys: keys, stats: map[byte]int{},
-		errors: map[codec.Reason]int{}, stop: make(chan struct{})}
+		errors: map[codec.Reason]int{}, abandons: map[byte]int{}, stop: make(chan struct{})}
 	for w := range workers {
 		lt.wg.Add(1)
 		go lt.worker(w)
@@ -296,10 +302,27 @@ func (lt *lockTraffic) finish() {
 	lt.wg.Wait()
 }
 
+// lostAcquire is an acquire a worker sent on a session and never got
+// the answer of: its ABANDON is due (SPEC §6a).
+type lostAcquire struct {
+	owner uint64
+	key   string
+	at    time.Time
+}
+
+// abandonWithin is how long after the loss a worker still sends its
+// ABANDON, as the official clients' compensation queue does (5 s).
+const abandonWithin = 5 * time.Second
+
 func (lt *lockTraffic) worker(w int) {
 	defer lt.wg.Done()
 	rng := rand.New(rand.NewPCG(uint64(w), 7))
+	var clientID [codec.ClientIDLen]byte
+	binary.BigEndian.PutUint64(clientID[:], rng.Uint64())
+	binary.BigEndian.PutUint64(clientID[8:], rng.Uint64())
 	var c *wire
+	session := false // c sent SESSION
+	var lost []lostAcquire
 	owner := uint64(0)
 	defer func() {
 		if c != nil {
@@ -319,6 +342,29 @@ func (lt *lockTraffic) worker(w int) {
 				time.Sleep(20 * time.Millisecond)
 				continue
 			}
+			session = false
+			if c.flags&codec.GreetingAbandon != 0 {
+				owner++
+				if c.send(codec.AppendSession(nil, owner, clientID)) != nil {
+					c.close()
+					c = nil
+					continue
+				}
+				if r, err := c.read(5 * time.Second); err != nil || r.Op != codec.OpPong {
+					c.close()
+					c = nil
+					continue
+				}
+				session = true
+			}
+		}
+		if session && len(lost) > 0 {
+			var ok bool
+			if lost, ok = lt.abandon(c, &owner, lost); !ok {
+				c.close()
+				c = nil
+			}
+			continue
 		}
 		key := lt.keys[rng.IntN(len(lt.keys))]
 		owner++
@@ -330,7 +376,13 @@ func (lt *lockTraffic) worker(w int) {
 		}
 		r, err := c.read(5 * time.Second)
 		if err != nil {
-			c.close() // indeterminate: the server side releases or the lease ends
+			// Indeterminate: the session is closed, and the ABANDON goes
+			// on the next one (to any node); without a session the server
+			// side releases or the lease ends.
+			if session {
+				lost = append(lost, lostAcquire{owner: owner, key: key, at: time.Now()})
+			}
+			c.close()
 			c = nil
 			continue
 		}
@@ -380,6 +432,48 @@ func (lt *lockTraffic) worker(w int) {
 			c = nil
 		}
 	}
+}
+
+// abandon sends the ABANDON of the first lost acquire on c, a session
+// of the same client, and records its answer; it returns the lost
+// acquires left, and false when c failed (the ABANDON is sent again on
+// the next session). One past abandonWithin is given up: its lock is
+// left to its lease.
+func (lt *lockTraffic) abandon(c *wire, owner *uint64, lost []lostAcquire) ([]lostAcquire, bool) {
+	a := lost[0]
+	if time.Since(a.at) > abandonWithin {
+		lt.mu.Lock()
+		lt.abandonsLost++
+		lt.mu.Unlock()
+		return lost[1:], true
+	}
+	*owner++
+	if c.send(codec.AppendAbandon(nil, *owner, a.owner, a.key)) != nil {
+		return lost, false
+	}
+	r, err := c.read(5 * time.Second)
+	if err != nil {
+		return lost, false
+	}
+	lt.mu.Lock()
+	lt.abandons[r.Op]++
+	lt.mu.Unlock()
+	if r.Op == codec.OpError && r.Reason == codec.Unavailable {
+		return lost, true // asked again, within abandonWithin
+	}
+	return lost[1:], true
+}
+
+// checkAbandons fails the test for an ABANDON answered other than R, N or
+// E unavailable (SPEC §6a), and reports what they were answered.
+func (lt *lockTraffic) checkAbandons(t *testing.T) {
+	t.Helper()
+	for op, n := range lt.abandons {
+		if op != codec.OpReleased && op != codec.OpNotHeld && op != codec.OpError {
+			t.Errorf("%d ABANDONs answered %q", n, op)
+		}
+	}
+	t.Logf("ABANDONs of indeterminate acquires: answered %v, %d given up after %v", fmtStats(lt.abandons), lt.abandonsLost, abandonWithin)
 }
 
 // checkHistory checks the recorded claims (after finish): per key, no claim
@@ -503,6 +597,7 @@ func TestProcessesKillLeader(t *testing.T) {
 	traffic.finish()
 
 	total := traffic.checkHistory(t)
+	traffic.checkAbandons(t)
 	t.Logf("history: %d grants checked; responses %v; %d grants arrived after their validity and were released", total, fmtStats(traffic.stats), traffic.lateGrants)
 	if total < 50 {
 		t.Fatalf("only %d grants in the whole run", total)

@@ -41,11 +41,8 @@ type group struct {
 	// their proposal was given up (recheckOrphans).
 	orphans   []expiry
 	releasing []orphanCheck
-	// parked are peers' claims this replica could not judge yet
-	// (claims.go).
-	parked []parkedClaim
-	dirty  atomic.Bool
-	kick   chan struct{}
+	dirty     atomic.Bool
+	kick      chan struct{}
 	// slots bounds this node's proposals in flight for the group: while
 	// they are all out, new commands gather into the next batch. A second
 	// proposal only goes out beside the first when pipelineMin commands
@@ -60,10 +57,13 @@ type group struct {
 
 	wasLeader bool     // expiry driver only
 	due       []expiry // expiry driver only: the lease ends of one pass
-	// epochSentAt is when this node last proposed its epoch as the
-	// group's leader (expiry driver only).
-	epochSentAt time.Duration
-	forgotten   map[uint64]bool // expiry driver only: peers whose waiters this leader dropped
+	// logFormat is the group's log format as this replica last applied
+	// it, for the writers of format-4 commands on the request path.
+	logFormat atomic.Uint32
+	// leading is whether this node led the group at the expiry driver's
+	// last pass (for the hold-time metric).
+	leading   atomic.Bool
+	forgotten map[uint64]bool // expiry driver only: peers whose waiters this leader dropped
 	// pastRunsForgotten is set once this run's forget of its earlier
 	// runs' waiters has applied; until then the expiry driver proposes it
 	// again every propose timeout (a proposal can be given up while the
@@ -74,8 +74,6 @@ type group struct {
 	prevLeader        uint64          // expiry driver only: the leader before leaderSeen
 	leaderSince       time.Duration   // expiry driver only: when this node last became leader
 	placement         leaderPlacement // expiry driver only
-	// members is the group's voting members as last read (witness.go).
-	members atomic.Pointer[memberView]
 	// newLeader is closed, and replaced, when the group's leader changes:
 	// proposals in flight then go out again at once (see watch).
 	newLeader atomic.Pointer[chan struct{}]
@@ -248,14 +246,13 @@ func (g *group) proposeLoop(ctx context.Context) {
 // the group did not take it (busy, no leader yet, dropped) and when an
 // attempt timed out (e.g. it was forwarded to a leader that just died).
 // Retrying a proposal that may also have been applied is safe: every
-// command is idempotent in effect. A duplicate release or revoke names a
-// token that can never be current again, and a duplicate keep a renewal,
-// which therefore change nothing; a duplicate lease end settles its key
-// as any command does, and a duplicate epoch is not above the group's
-// epoch any more; a duplicate acquire's second
-// outcome finds its request already answered, and if it is a grant the
-// node releases it as an orphan. Same for a batch that applies after its
-// requests were answered E unavailable.
+// command is idempotent in effect. A duplicate release names a token
+// that can never be current again, and a duplicate keep a renewal, which
+// therefore change nothing; a duplicate lease end settles its key as any
+// command does; a duplicate acquire's second outcome finds its request
+// already answered, and if it is a grant the node releases it as an
+// orphan. Same for a batch that applies after its requests were answered
+// E unavailable.
 //
 // It reports whether a watcher took over b (and the group's slot, which
 // it frees with b when b's fate is known).
@@ -370,13 +367,20 @@ func (g *group) sendAgain() { close(*g.newLeader.Swap(new(make(chan struct{}))))
 // otherwise send them again only at their attempt timeout (two election
 // timeouts).
 func (n *Node) resendProposals(g *group) {
-	v := g.memberView(0)
-	if v == nil {
+	info := n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true})
+	if info == nil {
 		return
 	}
 	n.log.Info().Uint64("group", g.shardID).Msg("leader hand-over given up: the followers send their proposals again")
-	for _, id := range v.others {
-		n.links.send(id, appendSendAgain(nil, g.shardID))
+	for _, si := range info.ShardInfoList {
+		if si.ShardID != g.shardID {
+			continue
+		}
+		for id := range si.Replicas {
+			if id != n.cfg.NodeID {
+				n.links.send(id, appendSendAgain(nil, g.shardID))
+			}
+		}
 	}
 }
 
@@ -396,8 +400,11 @@ func appendSendAgain(b []byte, shard uint64) []byte {
 // again.
 func (n *Node) onSendAgain(b []byte) {
 	for ; len(b) >= 8; b = b[8:] {
-		if g := n.groupByShard(binary.BigEndian.Uint64(b)); g != nil {
-			g.sendAgain()
+		shard := binary.BigEndian.Uint64(b)
+		for _, g := range n.groups {
+			if g.shardID == shard {
+				g.sendAgain()
+			}
 		}
 	}
 }

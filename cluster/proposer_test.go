@@ -21,7 +21,7 @@ func newIdleGroup() *group {
 func (g *group) gather(n int, key string) *bytebufferpool.ByteBuffer {
 	g.mu.Lock()
 	for i := range n {
-		g.buf = appendAcquire(g.buf, 1, uint64(i+1), 30, 0, 1000, "default", []byte(key))
+		g.buf = appendAcquire(g.buf, 1, uint64(i+1), 30, 0, 1000, 0, "default", []byte(key))
 		g.count++
 	}
 	g.mu.Unlock()
@@ -86,7 +86,7 @@ func TestAppliedProposalFreesItsSlotBeforeAnswering(t *testing.T) {
 	p := &pending{id: n.nextID(), w: probe, owner: 1, start: n.clock(), deadline: n.clock() + time.Minute}
 	n.register(p)
 	g.mu.Lock()
-	g.buf = appendAcquire(g.buf, n.cfg.NodeID, p.id, 10, 0, 1<<20, "t", []byte("k"))
+	g.buf = appendAcquire(g.buf, n.cfg.NodeID, p.id, 10, 0, 1<<20, 0, "t", []byte("k"))
 	g.count++
 	g.mu.Unlock()
 	g.slots <- struct{}{}

@@ -29,9 +29,6 @@ type pending struct {
 	// waiter abandons.
 	group *group
 	key   string
-	// claim is the grant this request holds until the group's epoch
-	// leader accepts the claim on it (claims.go); nil otherwise.
-	claim *grantClaim
 }
 
 // staleKeep is called by g's state machine for a KEEP that named an older
@@ -96,9 +93,6 @@ func (n *Node) finishLocked(p *pending) bool {
 	}
 	p.done = true
 	delete(n.reg, p.id)
-	if p.claim != nil {
-		n.dropClaimLocked(p)
-	}
 	if !p.ungated {
 		n.inflight.Leave()
 		p.quota.LeaveInflight()
@@ -170,15 +164,15 @@ func (n *Node) timerLoop(ctx context.Context) {
 // deliver routes one answer of g's state machine, given after Update
 // released the state machine's lock; only the node that owns the request
 // acts on it.
-func (g *group) deliver(a answer, index uint64) {
+func (g *group) deliver(a answer) {
 	switch a.kind {
 	case answerDirect:
-		g.result(a.key, a.node, a.id, a.r, index)
+		g.result(a.key, a.node, a.id, a.r)
 	case answerHandOff:
 		if a.r.Outcome == engine.Granted {
-			g.granted(a.key, a.node, a.id, a.r, index)
+			g.granted(a.key, a.node, a.id, a.r)
 		} else {
-			g.result(a.key, a.node, a.id, a.r, index)
+			g.result(a.key, a.node, a.id, a.r)
 		}
 	case answerStaleKeep:
 		g.staleKeep(a)
@@ -188,26 +182,24 @@ func (g *group) deliver(a answer, index uint64) {
 		}
 	case answerRestored:
 		if a.r.Outcome == engine.Granted {
-			g.restoredGrant(a.key, a.id, a.r.Token)
+			g.restoredGrant(a.id, a.r.Token)
 		} else {
-			g.result(a.key, a.node, a.id, a.r, index)
+			g.result(a.key, a.node, a.id, a.r)
 		}
-	case answerRevoked:
-		g.revoked(a.node, a.id, a.r.Token)
 	}
 }
 
 // result is the answer to a request of this node's (or of the waiter a
-// handoff passed), made by the entry at index; a grant nobody waits for
-// any more is released, and one still waited for is held for its claim.
-func (g *group) result(key string, node, id uint64, r engine.Result, index uint64) {
+// handoff passed); a grant nobody waits for any more is released, and
+// one still waited for is answered at once.
+func (g *group) result(key string, node, id uint64, r engine.Result) {
 	n := g.n
 	if node != n.cfg.NodeID || id == 0 {
 		return
 	}
 	n.regMu.Lock()
 	p := n.reg[id]
-	if p == nil || p.claim != nil {
+	if p == nil {
 		n.regMu.Unlock()
 		if p == nil && !n.ownRun(id) {
 			return
@@ -256,9 +248,6 @@ func (g *group) result(key string, node, id uint64, r engine.Result, index uint6
 	}
 	if r.Outcome == engine.Granted {
 		r.Waited = 0 // an immediate grant: the lease starts at apply, after receipt
-		n.holdForClaimLocked(p, g, key, r, index)
-		n.regMu.Unlock()
-		return
 	}
 	n.finishLocked(p)
 	n.regMu.Unlock()
@@ -266,40 +255,52 @@ func (g *group) result(key string, node, id uint64, r engine.Result, index uint6
 }
 
 // granted is called by g's state machine when a queued waiter gets the
-// lock, in the entry at index. The owning node holds it for its claim
-// (waited_ms is bounded when it is delivered: deliverable), or releases
-// it when the waiter is gone (timed out here, cancelled, answered
-// unavailable, or from a previous run of this node).
-func (g *group) granted(key string, node, id uint64, r engine.Result, index uint64) {
+// lock. The owning node answers it at once (waited_ms bounded:
+// deliverable), or releases it when the waiter is gone (timed out here,
+// cancelled, answered unavailable, or from a previous run of this node).
+func (g *group) granted(key string, node, id uint64, r engine.Result) {
 	n := g.n
 	if node != n.cfg.NodeID {
 		return
 	}
 	n.regMu.Lock()
 	p := n.reg[id]
-	if p == nil || p.claim != nil {
+	if p == nil {
 		n.regMu.Unlock()
-		if p != nil || n.ownRun(id) {
+		if n.ownRun(id) {
 			g.orphan(key, r.Token) // a waiter gone, or a duplicate's grant
 		}
 		return
 	}
-	n.holdForClaimLocked(p, g, key, r, index)
+	n.finishLocked(p)
 	n.regMu.Unlock()
+	p.w.Resolve(p.owner, n.deliverable(p, r))
 }
 
-// restoredGrant holds a grant this node learnt of only from a snapshot
-// (it had fallen behind its group) for its claim, if request id still
+// restoredGrant answers request id with a grant this node learnt of only
+// from a snapshot (it had fallen behind its group), if the request still
 // waits for it. A request no longer registered may have been answered
 // with this very grant before the node fell behind, so that lock is left
 // to its lease, never released here. Waited is 0: the client's validity
 // bound then ends at its send instant + lease, before the lease ends on
 // any replica.
-func (g *group) restoredGrant(key string, id, token uint64) {
+func (g *group) restoredGrant(id, token uint64) {
 	n := g.n
 	n.regMu.Lock()
-	if p := n.reg[id]; p != nil && p.claim == nil {
-		n.holdForClaimLocked(p, g, key, engine.Result{Outcome: engine.Granted, Token: token}, 0)
+	p := n.reg[id]
+	if p == nil {
+		n.regMu.Unlock()
+		return
 	}
+	n.finishLocked(p)
 	n.regMu.Unlock()
+	p.w.Resolve(p.owner, engine.Result{Outcome: engine.Granted, Token: token})
+}
+
+// deliverable is a grant as the client gets it: waited_ms no more than
+// this node's own elapsed time since receipt, so the client's validity
+// bound never ends after the lease on any replica.
+func (n *Node) deliverable(p *pending, r engine.Result) engine.Result {
+	r.Waited = max(0, min(r.Waited, n.clock()-p.start))
+	return r
 }

@@ -20,7 +20,9 @@ func logBatch(now int64, cmds ...func([]byte) []byte) []byte {
 }
 
 func acquireCmd(node, id uint64, wait time.Duration, keyLimit uint32, key string) func([]byte) []byte {
-	return func(b []byte) []byte { return appendAcquire(b, node, id, 30, int64(wait), keyLimit, "t", []byte(key)) }
+	return func(b []byte) []byte {
+		return appendAcquire(b, node, id, 30, int64(wait), keyLimit, 0, "t", []byte(key))
+	}
 }
 
 func releaseCmd(token uint64, key string) func([]byte) []byte {

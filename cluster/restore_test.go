@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"bytes"
-	"encoding/binary"
 	"reflect"
 	"testing"
 	"time"
@@ -12,14 +11,12 @@ import (
 )
 
 // localNode is node 1's request side without a NodeHost: enough to
-// register requests and receive its state machine's hand-offs. Node 1
-// leads the group's epoch, so it settles its own claims.
+// register requests and receive its state machine's hand-offs.
 func localNode() (*Node, *group, *fsm) {
 	n := &Node{
 		cfg:      Config{NodeID: 1, ProposeTimeout: time.Minute},
 		start:    time.Now(),
 		reg:      make(map[uint64]*pending),
-		claiming: make(map[uint64]*pending),
 		wakeReg:  make(chan struct{}, 1),
 		inflight: engine.NewAdmissionGate(100),
 		waiters:  engine.NewAdmissionGate(100),
@@ -28,7 +25,6 @@ func localNode() (*Node, *group, *fsm) {
 	n.idFirst = 1001
 	g := &group{n: n, maxKeys: 1 << 20, kick: make(chan struct{}, 1)}
 	f := newFSM(g, 1)
-	f.state.epoch, f.state.epochLeader = 1, 1
 	g.fsm.Store(f)
 	return n, g, f
 }
@@ -50,16 +46,14 @@ func TestSnapshotDeliversGrantsOfWaitingRequests(t *testing.T) {
 	queued := request(2, 30*time.Second)
 	answered := n.nextID() // answered before the node fell behind: no longer registered
 
-	// The group's history, applied by an up-to-date replica: node 1
-	// leads the group's epoch.
+	// The group's history, applied by an up-to-date replica.
 	upToDate := detachedFSM()
 	b := make([]byte, headerLen)
-	b = appendEpoch(b, 1, 1)
-	b = appendAcquire(b, 1, answered, 30, 0, 1<<20, "t", []byte("a"))
-	b = appendAcquire(b, 1, waiting.id, 30, 0, 1<<20, "t", []byte("b"))
-	b = appendAcquire(b, 2, 77, 30, 0, 1<<20, "t", []byte("c"))
-	b = appendAcquire(b, 1, queued.id, 30, int64(30*time.Second), 1<<20, "t", []byte("c"))
-	putHeader(b, 1, 5)
+	b = appendAcquire(b, 1, answered, 30, 0, 1<<20, 0, "t", []byte("a"))
+	b = appendAcquire(b, 1, waiting.id, 30, 0, 1<<20, 0, "t", []byte("b"))
+	b = appendAcquire(b, 2, 77, 30, 0, 1<<20, 0, "t", []byte("c"))
+	b = appendAcquire(b, 1, queued.id, 30, int64(30*time.Second), 1<<20, 0, "t", []byte("c"))
+	putHeader(b, 1, 4)
 	if _, err := upToDate.Update(sm.Entry{Cmd: b}); err != nil {
 		t.Fatal(err)
 	}
@@ -93,44 +87,5 @@ func TestSnapshotDeliversGrantsOfWaitingRequests(t *testing.T) {
 	g.mu.Unlock()
 	if orphans != 0 {
 		t.Fatalf("%d grants queued for release; a grant to an answered request may be held by its client", orphans)
-	}
-}
-
-// A version 1 snapshot (written before locks recorded their holder)
-// still restores: dragonboat stops the process when one cannot be read.
-func TestVersion1SnapshotRestores(t *testing.T) {
-	be := binary.BigEndian
-	var b []byte
-	b = append(b, 1)
-	b = be.AppendUint64(b, 5e9) // now
-	b = be.AppendUint64(b, 41)  // last token
-	b = be.AppendUint64(b, 41)  // issued
-	b = append(b, 0)            // keys gate open
-	b = be.AppendUint64(b, 1)   // one lock
-	k := lockKey([]byte("t"), []byte("k"))
-	b = be.AppendUint16(b, uint16(len(k)))
-	b = append(b, k...)
-	b = be.AppendUint64(b, 41) // token
-	b = be.AppendUint16(b, 30) // lease
-	b = be.AppendUint64(b, 4e9)
-	b = be.AppendUint32(b, 1) // one waiter
-	b = be.AppendUint64(b, 2)
-	b = be.AppendUint64(b, 9)
-	b = be.AppendUint64(b, 6e9)
-	b = be.AppendUint64(b, 4e9)
-	b = be.AppendUint16(b, 30)
-
-	f := detachedFSM()
-	if err := f.RecoverFromSnapshot(bytes.NewReader(b), nil, nil); err != nil {
-		t.Fatal(err)
-	}
-	// The version-1 grant instant is not a lease end: the lease runs a
-	// full lease from the snapshot's time, never shorter than it was, and
-	// its hold counts from the snapshot's time too.
-	want := fsmState{Now: 5e9, Tokens: engine.TokenCounter{Last: 41, Issued: 41}, Queued: 1, Locks: map[string]lockState{
-		k: {Lease: engine.Lease{Token: 41, End: 5e9 + 30e9}, lease: 30, granted: 5e9, queue: []waitEntry{{node: 2, id: 9, Waiting: engine.Waiting{Deadline: 6e9, Arrived: 4e9, Lease: 30e9}}}},
-	}}
-	if got := stateOf(f); !reflect.DeepEqual(got, want) {
-		t.Fatalf("restored\n%+v\nwant\n%+v", got, want)
 	}
 }

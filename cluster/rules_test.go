@@ -47,22 +47,27 @@ func newLimitedGroupWrapper(l rulestest.Limits) *groupWrapper {
 	if l.MaxKeys > 0 {
 		keyLimit = uint32(l.MaxKeys)
 	}
-	return &groupWrapper{
+	w := &groupWrapper{
 		s: newReplicated(1), now: 1_700_000_000 * time.Second, nextID: 1 << 40,
 		keyLimit: keyLimit, waiting: make(map[uint64]waitingAcquire),
 	}
+	w.s.format = logFormat4
+	return w
 }
+
+var _ rulestest.AbandonWrapper = (*groupWrapper)(nil)
 
 // apply runs c and returns the answer to request id, routing the others.
 func (w *groupWrapper) apply(c *command, id uint64) engine.Result {
 	w.s.now = max(w.s.now, w.now)
 	w.s.apply(c, &w.out)
+	w.s.endBatch()
 	var got engine.Result
 	for _, a := range w.out.answers {
 		switch {
 		case a.kind == answerDirect && a.id == id:
 			got = a.r
-		case a.kind == answerHandOff:
+		default: // a hand-off, or a waiter an abandon dropped
 			w.answer(a.id, a.r)
 		}
 	}
@@ -81,16 +86,34 @@ func (w *groupWrapper) answer(owner uint64, r engine.Result) {
 func (w *groupWrapper) request() uint64 { w.nextID++; return w.nextID }
 
 func (w *groupWrapper) Acquire(tenant, key string, owner uint64, lease, wait time.Duration) engine.Result {
-	c := command{kind: cmdAcquire, node: 1, id: owner, lease: uint16(lease / time.Second), wait: int64(wait), keyLimit: w.keyLimit, tenant: []byte(tenant), key: []byte(key)}
+	return w.AcquireFor(tenant, key, owner, 0, lease, wait)
+}
+
+// AcquireFor is the node's Acquire of a session's request: a cmdAcquireBy
+// carrying its requester (the group is at log format 4).
+func (w *groupWrapper) AcquireFor(tenant, key string, owner uint64, r engine.Requester, lease, wait time.Duration) engine.Result {
+	kind := byte(cmdAcquire)
+	if r != 0 {
+		kind = cmdAcquireBy
+	}
+	c := command{kind: kind, node: 1, id: owner, requester: r, lease: uint16(lease / time.Second), wait: int64(wait), keyLimit: w.keyLimit, tenant: []byte(tenant), key: []byte(key)}
 	// Registered before it is proposed, as the node registers it.
 	if wait > 0 {
 		w.waiting[owner] = waitingAcquire{deadline: w.now + wait, tenant: tenant, key: key}
 	}
-	r := w.apply(&c, owner)
-	if r.Outcome != engine.Queued {
+	got := w.apply(&c, owner)
+	if got.Outcome != engine.Queued {
 		delete(w.waiting, owner)
 	}
-	return r
+	return got
+}
+
+// Abandon is the node's Abandon: a cmdAbandon, answered to its own
+// request; a waiter it drops is answered TimedOut through the registry.
+func (w *groupWrapper) Abandon(tenant, key string, r engine.Requester) engine.Result {
+	id := w.request()
+	c := command{kind: cmdAbandon, node: 1, id: id, requester: r, tenant: []byte(tenant), key: []byte(key)}
+	return w.apply(&c, id)
 }
 
 func (w *groupWrapper) Release(tenant, key string, token uint64) engine.Result {

@@ -27,7 +27,8 @@ import (
 // is on; only that node delivers the grant (or, if the waiter is gone,
 // releases it).
 type waitEntry struct {
-	node, id uint64
+	node, id  uint64
+	requester engine.Requester // SPEC §6a; 0 without a session
 	engine.Waiting
 }
 
@@ -42,9 +43,9 @@ type lockState struct {
 	// names the renewal it extends, so that applied twice it renews once.
 	renewals uint32
 	node, id uint64
-	// epoch is the group's epoch when the token was issued: only that
-	// epoch's leader may take the grant back (cmdRevoke, claims.go).
-	epoch uint64
+	// requester tags the request the token was issued to (SPEC §6a), 0
+	// when it had no session: only its ABANDON gives the grant back.
+	requester engine.Requester
 	// granted is the group's clock when the token was issued, for the
 	// hold time when its lease ends.
 	granted time.Duration
@@ -59,19 +60,16 @@ type replicated struct {
 	tokens     engine.TokenCounter
 	keysClosed bool
 	queued     int // waitEntries in all queues
-	// epoch is the Raft term of the latest leader that announced itself
-	// (cmdEpoch), and epochLeader that leader: the one node that judges
-	// claims on this epoch's grants and may revoke them.
-	epoch, epochLeader uint64
-	// witnessing says which of the epoch leader's grants to its own
-	// requests wait for a witness (witness.go).
-	witnessing witnessRule
+	// tombstones refuse the acquires their requesters abandoned (SPEC
+	// §6a), by tenant name, on the replicated clock: the engine's rule
+	// core, with its per-tenant bound, the same on every replica.
+	tombstones *engine.Tombstones[string]
 	// tenantKeys counts each tenant's keys (derived from locks), for the
 	// tenants' keys quotas.
 	tenantKeys map[string]int
-	// format is the group's log format (version.go): the newest every
-	// member read when its leader raised it (cmdFormat); 0 is format 1.
-	// A writer of a command kind or snapshot form newer than format 1
+	// format is the group's log format (version.go): logFormatBase, or
+	// the newest every member read when its leader raised it (cmdFormat).
+	// A writer of a command kind or snapshot form newer than the base
 	// checks it first.
 	format uint32
 }
@@ -81,6 +79,8 @@ func newReplicated(firstToken uint64) replicated {
 		locks:      make(map[string]*lockState),
 		tokens:     engine.TokenCounter{Last: max(firstToken, 1) - 1},
 		tenantKeys: make(map[string]int),
+		tombstones: engine.NewTombstones[string](0),
+		format:     logFormatBase,
 	}
 }
 
@@ -99,7 +99,6 @@ const (
 	answerStaleKeep                       // a KEEP named an older renewal; its request may need it again
 	answerRestored                        // a grant or queue entry of this node's, found in a snapshot
 	answerForgotten                       // a forget applied: node, and id its keep_first
-	answerRevoked                         // a grant to node's request id was taken back (cmdRevoke)
 )
 
 // answer is one outcome of applying commands, for the node that owns id.
@@ -131,8 +130,10 @@ func (a *applied) answer(kind answerKind, key string, node, id uint64, r engine.
 func (s *replicated) apply(c *command, out *applied) {
 	k := lockKey(c.tenant, c.key)
 	switch c.kind {
-	case cmdAcquire:
+	case cmdAcquire, cmdAcquireBy:
 		s.acquire(k, c, out)
+	case cmdAbandon:
+		s.abandon(k, c, out)
 	case cmdRelease:
 		r := engine.Result{Outcome: engine.NotHeld}
 		if l := s.settle(k, out); l != nil && engine.Release(l.Lease, c.token, s.now) == engine.Released {
@@ -171,21 +172,9 @@ func (s *replicated) apply(c *command, out *applied) {
 		s.forget(c.node, c.keepFirst, c.keepLast, out)
 	case cmdCancel:
 		s.cancel(k, c.node, c.id)
-	case cmdEpoch:
-		if c.term > s.epoch {
-			s.epoch, s.epochLeader = c.term, c.node
-			s.witnessing = witnessRule{on: s.format >= logFormat2, after: s.now - 1}
-		}
-	case cmdRevoke:
-		s.revoke(k, c, out, c.term == s.epoch)
-	case cmdRevokeUnwitnessed:
-		s.revoke(k, c, out, c.term < s.epoch)
 	case cmdFormat:
 		s.format = max(s.format, c.format)
-		if s.format >= logFormat2 && !s.witnessing.on {
-			s.witnessing = witnessRule{on: true, after: s.now} // from the epoch's next grant on
-		}
-	case cmdLeaseEnd, cmdLeaseEndV1, cmdExpire:
+	case cmdLeaseEnd:
 		// The leader's timer saw the lease fall due; whether it has is the
 		// replicated clock's to say, so a renewed lease or a later token
 		// is left alone.
@@ -193,7 +182,20 @@ func (s *replicated) apply(c *command, out *applied) {
 	}
 }
 
+// endBatch is run after each batch's commands: the tombstones expired on
+// the replicated clock go.
+func (s *replicated) endBatch() {
+	if s.tombstones.Len() > 0 {
+		s.tombstones.Expire(s.now)
+	}
+}
+
 func (s *replicated) acquire(k string, c *command, out *applied) {
+	if s.tombstones.Len() > 0 && s.tombstones.Refuses(string(c.tenant), c.requester, c.key, s.now) {
+		// Its requester abandoned it (SPEC §6a): never granted or queued.
+		out.answer(answerDirect, k, c.node, c.id, engine.Result{Outcome: engine.TimedOut})
+		return
+	}
 	l := s.settle(k, out)
 	var held engine.Lease
 	if l != nil {
@@ -213,7 +215,7 @@ func (s *replicated) acquire(k string, c *command, out *applied) {
 			l = &lockState{}
 			s.locks[k] = l
 			s.tenantKeys[tenantOf(k)]++
-			s.grant(k, l, c.node, c.id, c.lease, out)
+			s.grant(k, l, c.node, c.id, c.requester, c.lease, out)
 			r.Token = l.Token
 		}
 		out.answer(answerDirect, k, c.node, c.id, r)
@@ -223,7 +225,8 @@ func (s *replicated) acquire(k string, c *command, out *applied) {
 		if len(l.queue) >= 64 && len(l.queue)%64 == 0 {
 			s.prune(l) // waiters that timed out stay queued until passed; bound them
 		}
-		l.queue = append(l.queue, waitEntry{node: c.node, id: c.id, Waiting: engine.QueueEntry(s.now, time.Duration(c.wait), seconds(c.lease))})
+		l.queue = append(l.queue, waitEntry{node: c.node, id: c.id, requester: c.requester,
+			Waiting: engine.QueueEntry(s.now, time.Duration(c.wait), seconds(c.lease))})
 		s.queued++
 		out.answer(answerDirect, k, c.node, c.id, engine.Result{Outcome: engine.Queued})
 	}
@@ -238,17 +241,16 @@ func (s *replicated) admitKey(limit int64) bool {
 	return admitted
 }
 
-func (s *replicated) grant(k string, l *lockState, node, id uint64, lease uint16, out *applied) {
+func (s *replicated) grant(k string, l *lockState, node, id uint64, r engine.Requester, lease uint16, out *applied) {
 	s.tokens.Grant(&l.Lease, s.now, seconds(lease))
-	s.granted(k, l, node, id, lease, out)
+	s.granted(k, l, node, id, r, lease, out)
 }
 
 // granted records who holds the token just issued to l.
-func (s *replicated) granted(k string, l *lockState, node, id uint64, lease uint16, out *applied) {
+func (s *replicated) granted(k string, l *lockState, node, id uint64, r engine.Requester, lease uint16, out *applied) {
 	l.lease = lease
 	l.renewals = 0
-	l.node, l.id = node, id
-	l.epoch = s.epoch
+	l.node, l.id, l.requester = node, id, r
 	l.granted = s.now
 	out.leases = append(out.leases, expiry{key: k, token: l.Token, lease: seconds(lease)})
 }
@@ -276,7 +278,7 @@ func (s *replicated) free(k string, l *lockState, out *applied) *lockState {
 		r := engine.HandOff(&l.Lease, &s.tokens, math.MaxUint64, w.Waiting, s.now)
 		out.answer(answerHandOff, k, w.node, w.id, r)
 		if r.Outcome == engine.Granted {
-			s.granted(k, l, w.node, w.id, uint16(w.Lease/time.Second), out)
+			s.granted(k, l, w.node, w.id, w.requester, uint16(w.Lease/time.Second), out)
 			return l
 		}
 	}
@@ -288,21 +290,35 @@ func (s *replicated) free(k string, l *lockState, out *applied) *lockState {
 	return nil
 }
 
-// revoke takes back a grant nobody was given: only the grant the command
-// names, of the node and epoch it names, and only while inEpoch holds.
-// cmdRevoke is proposed by an epoch's leader, for grants of its epoch it
-// refused claims on from then (claims.go), and applies while that epoch
-// lasts; cmdRevokeUnwitnessed by a later epoch's leader, for the earlier
-// epoch leader's own grants that no member witnessed (witness.go), and
-// applies once that epoch has ended. No client holds the token, which is
-// never issued again; the lock goes to the next waiter as at a release.
-func (s *replicated) revoke(k string, c *command, out *applied, inEpoch bool) {
-	l := s.settle(k, out)
-	if !inEpoch || l == nil || l.Token != c.token || l.node != c.node || l.epoch != c.term {
-		return
+// abandon is SPEC §6a ABANDON of the requester's acquire of k, by the
+// engine's rule (engine.AbandonGrant), after a due handoff (settle): the
+// request's queued waiter is dropped (answered TimedOut, as in single
+// mode), and the grant made for it is released as by RELEASE with its
+// token (the head waiter granted); either way a tombstone refuses that
+// acquire from now on, should a retried proposal of it apply later.
+// Answered Released or NotHeld. Every queued entry of the request goes,
+// before the release can hand the lock to one of them: a retried proposal
+// of it that applied twice queued a copy behind its own grant.
+func (s *replicated) abandon(k string, c *command, out *applied) {
+	r := engine.Result{Outcome: engine.NotHeld}
+	if l := s.settle(k, out); l != nil {
+		if c.requester != 0 {
+			s.dropWaiters(l, func(w waitEntry) bool {
+				if w.requester != c.requester {
+					return false
+				}
+				out.answer(answerDirect, k, w.node, w.id, engine.Result{Outcome: engine.TimedOut})
+				return true
+			})
+		}
+		if engine.AbandonGrant(l.Lease, l.requester, c.requester, s.now) == engine.Released {
+			r.Outcome = engine.Released
+			out.holds = append(out.holds, s.now-l.granted)
+			s.free(k, l, out)
+		}
 	}
-	out.answer(answerRevoked, k, l.node, l.id, engine.Result{Outcome: engine.Unavailable, Token: l.Token})
-	s.free(k, l, out)
+	s.tombstones.Lay(string(c.tenant), c.requester, c.key, s.now)
+	out.answer(answerDirect, k, c.node, c.id, r)
 }
 
 // forget drops node's queued waiters whose request id is outside [keepFirst,
@@ -365,21 +381,28 @@ func boolByte(v bool) byte {
 	return 0
 }
 
-// snapshotVersion 2 added each lock's holder (node, id), version 3 its
-// renewals, version 4 its lease end on the replicated clock (in place of
-// the grant instant), version 5 the group's epoch and each lock's (a
-// lock of an older snapshot has epoch 0: no leader may revoke it) and
-// grant instant, version 6 the group's log format and its epoch's
-// witnessing (witness.go). Older snapshots,
-// written by earlier builds, still restore with no holder known, no
-// renewals, and a lease ending a full lease after the snapshot's time:
-// never sooner than the lease it describes. A group writes version 6 only
-// once its format is 2 (version.go), so that every member can read what
-// it writes; before, version 5. A newer version than this build reads
-// halts the replica (errUnknownSnapshot).
+// Snapshot versions: 7 is log format 3's, 8 format 4's (version.go). A
+// group writes version 8 only once its format is 4, so that every member
+// can read what it writes. The forms of the unreleased formats before 3
+// are refused, and a version this build does not read halts the replica
+// (errUnknownSnapshot).
+//
+//	version u8 | now i64 | tokens last u64 | tokens issued u64 | keys closed u8 |
+//	locks u64 | format u32 | locks × lock [| tombstones u64 | tombstones × tombstone]
+//
+// a lock is
+//
+//	key len u16 + key | token u64 | lease_s u16 | end i64 | node u64 | id u64 |
+//	[requester u64 |] renewals u32 | granted i64 | waiters u32 |
+//	waiters × (node u64 | id u64 | [requester u64 |] deadline i64 | arrived i64 | lease_s u16)
+//
+// and a tombstone (version 8; in the order engine.Tombstones.All yields,
+// so that laying them again rebuilds the same refusals)
+//
+//	tenant len u8 + tenant | requester u64 | key len u8 + key | laid i64
 const (
-	snapshotVersion5 = 5
-	snapshotVersion  = 6
+	snapshotVersion7 = 7
+	snapshotVersion  = 8
 )
 
 // errUnknownSnapshot is a snapshot version this build does not read.
@@ -389,8 +412,8 @@ var errUnknownSnapshot = errors.New("cluster: unknown snapshot")
 func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
 	bw := bufio.NewWriterSize(w, 64<<10)
 	var b []byte
-	version := byte(snapshotVersion5)
-	if s.format >= logFormat2 {
+	version := byte(snapshotVersion7)
+	if s.format >= logFormat4 {
 		version = snapshotVersion
 	}
 	b = append(b, version)
@@ -399,13 +422,7 @@ func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
 	b = binary.BigEndian.AppendUint64(b, s.tokens.Issued)
 	b = append(b, boolByte(s.keysClosed))
 	b = binary.BigEndian.AppendUint64(b, uint64(len(s.locks)))
-	b = binary.BigEndian.AppendUint64(b, s.epoch)
-	b = binary.BigEndian.AppendUint64(b, s.epochLeader)
-	if version >= 6 {
-		b = binary.BigEndian.AppendUint32(b, s.format)
-		b = append(b, boolByte(s.witnessing.on))
-		b = binary.BigEndian.AppendUint64(b, uint64(s.witnessing.after))
-	}
+	b = binary.BigEndian.AppendUint32(b, s.format)
 	if _, err := bw.Write(b); err != nil {
 		return err
 	}
@@ -426,13 +443,18 @@ func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
 		b = binary.BigEndian.AppendUint64(b, uint64(l.End))
 		b = binary.BigEndian.AppendUint64(b, l.node)
 		b = binary.BigEndian.AppendUint64(b, l.id)
+		if version >= snapshotVersion {
+			b = binary.BigEndian.AppendUint64(b, uint64(l.requester))
+		}
 		b = binary.BigEndian.AppendUint32(b, l.renewals)
-		b = binary.BigEndian.AppendUint64(b, l.epoch)
 		b = binary.BigEndian.AppendUint64(b, uint64(l.granted))
 		b = binary.BigEndian.AppendUint32(b, uint32(len(l.queue)))
 		for _, q := range l.queue {
 			b = binary.BigEndian.AppendUint64(b, q.node)
 			b = binary.BigEndian.AppendUint64(b, q.id)
+			if version >= snapshotVersion {
+				b = binary.BigEndian.AppendUint64(b, uint64(q.requester))
+			}
 			b = binary.BigEndian.AppendUint64(b, uint64(q.Deadline))
 			b = binary.BigEndian.AppendUint64(b, uint64(q.Arrived))
 			b = binary.BigEndian.AppendUint16(b, uint16(q.Lease/time.Second))
@@ -441,55 +463,57 @@ func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
 			return err
 		}
 	}
+	if version >= snapshotVersion {
+		b = binary.BigEndian.AppendUint64(b[:0], uint64(s.tombstones.Len()))
+		for tenant, ts := range s.tombstones.All() {
+			b = append(b, byte(len(tenant)))
+			b = append(b, tenant...)
+			b = binary.BigEndian.AppendUint64(b, uint64(ts.Requester))
+			b = append(b, byte(len(ts.Key)))
+			b = append(b, ts.Key...)
+			b = binary.BigEndian.AppendUint64(b, uint64(ts.Laid))
+			if len(b) >= 32<<10 {
+				if _, err := bw.Write(b); err != nil {
+					return err
+				}
+				b = b[:0]
+			}
+		}
+		if _, err := bw.Write(b); err != nil {
+			return err
+		}
+	}
 	return bw.Flush()
 }
 
-// restore reads a state written by save (of this build or an older one).
+// restore reads a state written by save.
 func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 	br := bufio.NewReaderSize(r, 64<<10)
-	var hdr [1 + 8 + 8 + 8 + 1 + 8]byte
-	if _, err := io.ReadFull(br, hdr[:]); err != nil {
+	var hdr [1 + 8 + 8 + 8 + 1 + 8 + 4]byte
+	if _, err := io.ReadFull(br, hdr[:1]); err != nil {
 		return replicated{}, err
 	}
 	version := hdr[0]
-	if version < 1 || version > snapshotVersion {
-		return replicated{}, fmt.Errorf("%w version %d (this build reads 1 to %d)", errUnknownSnapshot, version, snapshotVersion)
+	if version != snapshotVersion7 && version != snapshotVersion {
+		return replicated{}, fmt.Errorf("%w version %d (this build reads %d and %d)", errUnknownSnapshot, version, snapshotVersion7, snapshotVersion)
+	}
+	if _, err := io.ReadFull(br, hdr[1:]); err != nil {
+		return replicated{}, err
 	}
 	be := binary.BigEndian
-	s := replicated{
-		locks:      make(map[string]*lockState),
-		now:        time.Duration(be.Uint64(hdr[1:])),
-		tokens:     engine.TokenCounter{Last: be.Uint64(hdr[9:]), Issued: be.Uint64(hdr[17:])},
-		keysClosed: hdr[25] == 1,
-		tenantKeys: make(map[string]int),
-	}
+	s := newReplicated(0)
+	s.now = time.Duration(be.Uint64(hdr[1:]))
+	s.tokens = engine.TokenCounter{Last: be.Uint64(hdr[9:]), Issued: be.Uint64(hdr[17:])}
+	s.keysClosed = hdr[25] == 1
+	s.format = be.Uint32(hdr[34:])
 	nLocks := be.Uint64(hdr[26:])
-	const waitEntryLen = 8 + 8 + 8 + 8 + 2
-	holderLen, renewalsLen, epochLen := 8+8, 4, 8+8
-	if version == 1 {
-		holderLen = 0
+	requesterLen := 0
+	if version >= snapshotVersion {
+		requesterLen = 8
 	}
-	if version < 3 {
-		renewalsLen = 0
-	}
-	if version < 5 {
-		epochLen = 0
-	} else {
-		var epoch [16]byte
-		if _, err := io.ReadFull(br, epoch[:]); err != nil {
-			return replicated{}, err
-		}
-		s.epoch, s.epochLeader = be.Uint64(epoch[:]), be.Uint64(epoch[8:])
-	}
-	if version >= 6 {
-		var format [4 + 1 + 8]byte
-		if _, err := io.ReadFull(br, format[:]); err != nil {
-			return replicated{}, err
-		}
-		s.format = be.Uint32(format[:])
-		s.witnessing = witnessRule{on: format[4] == 1, after: time.Duration(be.Uint64(format[5:]))}
-	}
-	var buf [8 + 2 + 8 + 16 + 4 + 16 + 4]byte
+	lockLen := 8 + 2 + 8 + 8 + 8 + requesterLen + 4 + 8 + 4
+	waitEntryLen := 8 + 8 + requesterLen + 8 + 8 + 2
+	var buf [8 + 2 + 8 + 8 + 8 + 8 + 4 + 8 + 4]byte
 	for i := uint64(0); i < nLocks; i++ {
 		if i%4096 == 4095 {
 			select {
@@ -505,41 +529,85 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 		if _, err := io.ReadFull(br, kb); err != nil {
 			return replicated{}, err
 		}
-		if _, err := io.ReadFull(br, buf[:8+2+8+holderLen+renewalsLen+epochLen+4]); err != nil {
+		if _, err := io.ReadFull(br, buf[:lockLen]); err != nil {
 			return replicated{}, err
 		}
-		l := &lockState{Lease: engine.Lease{Token: be.Uint64(buf[:])}, lease: be.Uint16(buf[8:])}
-		if version >= 4 {
-			l.End = time.Duration(be.Uint64(buf[10:]))
-		} else {
-			l.End = s.now + seconds(l.lease)
+		l := &lockState{
+			Lease: engine.Lease{Token: be.Uint64(buf[:]), End: time.Duration(be.Uint64(buf[10:]))},
+			lease: be.Uint16(buf[8:]),
+			node:  be.Uint64(buf[18:]),
+			id:    be.Uint64(buf[26:]),
 		}
-		if holderLen > 0 {
-			l.node, l.id = be.Uint64(buf[18:]), be.Uint64(buf[26:])
+		at := 34
+		if requesterLen > 0 {
+			l.requester = engine.Requester(be.Uint64(buf[at:]))
+			at += 8
 		}
-		if renewalsLen > 0 {
-			l.renewals = be.Uint32(buf[18+holderLen:])
-		}
-		if epochLen > 0 {
-			l.epoch = be.Uint64(buf[18+holderLen+renewalsLen:])
-			l.granted = time.Duration(be.Uint64(buf[26+holderLen+renewalsLen:]))
-		} else {
-			l.granted = l.End - seconds(l.lease) // as early as the snapshot tells
-		}
-		nq := int(be.Uint32(buf[18+holderLen+renewalsLen+epochLen:]))
+		l.renewals = be.Uint32(buf[at:])
+		l.granted = time.Duration(be.Uint64(buf[at+4:]))
+		nq := int(be.Uint32(buf[at+12:]))
 		for range nq {
 			if _, err := io.ReadFull(br, buf[:waitEntryLen]); err != nil {
 				return replicated{}, err
 			}
-			l.queue = append(l.queue, waitEntry{node: be.Uint64(buf[:]), id: be.Uint64(buf[8:]), Waiting: engine.Waiting{
-				Deadline: time.Duration(be.Uint64(buf[16:])),
-				Arrived:  time.Duration(be.Uint64(buf[24:])),
-				Lease:    seconds(be.Uint16(buf[32:])),
-			}})
+			w := waitEntry{node: be.Uint64(buf[:]), id: be.Uint64(buf[8:])}
+			at := 16
+			if requesterLen > 0 {
+				w.requester = engine.Requester(be.Uint64(buf[at:]))
+				at += 8
+			}
+			w.Waiting = engine.Waiting{
+				Deadline: time.Duration(be.Uint64(buf[at:])),
+				Arrived:  time.Duration(be.Uint64(buf[at+8:])),
+				Lease:    seconds(be.Uint16(buf[at+16:])),
+			}
+			l.queue = append(l.queue, w)
 		}
 		s.queued += nq
 		s.locks[string(kb)] = l
 		s.tenantKeys[tenantOf(string(kb))]++
 	}
+	if version >= snapshotVersion {
+		if err := restoreTombstones(br, s.tombstones); err != nil {
+			return replicated{}, err
+		}
+	}
 	return s, nil
+}
+
+// restoreTombstones lays the tombstones of a version 8 snapshot again, in
+// the order saved.
+func restoreTombstones(br *bufio.Reader, ts *engine.Tombstones[string]) error {
+	var buf [8]byte
+	if _, err := io.ReadFull(br, buf[:]); err != nil {
+		return err
+	}
+	text := func() (string, error) {
+		n, err := br.ReadByte()
+		if err != nil {
+			return "", err
+		}
+		b := make([]byte, n)
+		_, err = io.ReadFull(br, b)
+		return string(b), err
+	}
+	for range binary.BigEndian.Uint64(buf[:]) {
+		tenant, err := text()
+		if err != nil {
+			return err
+		}
+		if _, err := io.ReadFull(br, buf[:]); err != nil {
+			return err
+		}
+		r := engine.Requester(binary.BigEndian.Uint64(buf[:]))
+		key, err := text()
+		if err != nil {
+			return err
+		}
+		if _, err := io.ReadFull(br, buf[:]); err != nil {
+			return err
+		}
+		ts.Lay(tenant, r, []byte(key), time.Duration(binary.BigEndian.Uint64(buf[:])))
+	}
+	return nil
 }

@@ -40,11 +40,11 @@ import (
 //	magic u16 (0x4c52, "LR") | kind u8 | length u32 | CRC-32C u32 of the payload | payload
 //
 // with kind 'M' (a raftpb.MessageBatch), 'C' (a raftpb.Chunk of a
-// snapshot) or 'L' (lockd's own messages between nodes: grant claims and
-// their verdicts, claims.go). The checksum is there because Raft does not check what an
-// entry holds: one flipped bit that TCP's own checksum missed would be
-// stored and applied by one replica only, and its lock table would no
-// longer be the others'. A peer speaking anything else, or a frame that
+// snapshot) or 'L' (lockd's own messages between nodes: format
+// statements and send-agains, peerlink.go). The checksum is there
+// because Raft does not check what an entry holds: one flipped bit that
+// TCP's own checksum missed would be stored and applied by one replica
+// only, and its lock table would no longer be the others'. A peer speaking anything else, or a frame that
 // fails its checksum, is disconnected, so nodes of a build with another
 // transport cannot join (all nodes must run the same build).
 const (
@@ -129,8 +129,8 @@ type raftTransportFactory struct {
 	// streamsOpened, when set, counts the message connections dialed,
 	// redials included: one per peer while the links hold.
 	streamsOpened *atomic.Uint64
-	// onPeer, when set, takes the frames of kind 'L' (claims.go).
-	onPeer func(body []byte, sink verdictSink)
+	// onPeer, when set, takes the frames of kind 'L' (peerlink.go).
+	onPeer func(body []byte, sink replySink)
 	// listener, when set, is the bound port to serve (Config.RaftListener).
 	listener net.Listener
 	// budget bounds the frame bodies read at once (framebudget.go); nil:
@@ -171,9 +171,9 @@ type raftTransport struct {
 	sources       *raftSources // nil: frames unchecked
 	onMessages    raftio.MessageHandler
 	onChunk       raftio.ChunkHandler
-	onPeer        func(body []byte, sink verdictSink) // nil: 'L' frames are ignored
-	framesSent    *atomic.Uint64                      // nil: not counted
-	streamsOpened *atomic.Uint64                      // nil: not counted
+	onPeer        func(body []byte, sink replySink) // nil: 'L' frames are ignored
+	framesSent    *atomic.Uint64                    // nil: not counted
+	streamsOpened *atomic.Uint64                    // nil: not counted
 	budget        *frameBudget
 
 	mu      sync.Mutex
@@ -382,7 +382,7 @@ func (p *peerConn) readBody(r io.Reader, h frameHeader, small []byte) (body []by
 type peerConn struct {
 	t      *raftTransport
 	conn   net.Conn
-	sink   *servedSink // claims' verdicts back on this connection, once one came
+	sink   *servedSink // replies on this connection, once one came
 	remote string
 	cert   *x509.Certificate // nil: plain TCP
 	// member is set once the connection has shown it comes from a member

@@ -28,42 +28,47 @@ import (
 	"github.com/lni/dragonboat/v4"
 )
 
-// Log formats: what a group may write.
+// Log formats: what a group may write. Formats 1 and 2 were written by
+// the builds before the first release (with grant claims, witnesses and
+// revokes); this build reads neither, and refuses their data dirs at
+// start (checkMeta), since nothing of them was released.
 const (
-	// logFormat1 is every build up to the pinned previous build
-	// (testdata/upgrade-from): batch version 1, commands A R K D L E F C P
-	// V, snapshot version 5. It is a group's format until it is raised (a
-	// replicated format of 0 is format 1), and the format of any node that
-	// states none.
-	logFormat1 = 1
-	// logFormat2 adds cmdFormat, the epoch leader's revokes of the grants
-	// no follower witnessed (cmdRevokeUnwitnessed), and snapshot version 6
-	// (the group's format in the snapshot).
-	logFormat2 = 2
+	// logFormat3 is the oldest format this build reads, and every
+	// group's when it is created: batch version 2, commands A R K D F C
+	// N, snapshot version 7.
+	logFormat3 = 3
+	// logFormat4 adds SPEC §6a: acquires tagged with their requester
+	// (cmdAcquireBy), ABANDON (cmdAbandon), and snapshot version 8 (the
+	// requesters of grants and waiters, and the tombstones). A node
+	// serves §6a only once every group is at format 4 (ServesAbandon).
+	logFormat4 = 4
+	// logFormatBase is the format a new group starts at, and the oldest
+	// this build reads.
+	logFormatBase = logFormat3
 	// logFormatNewest is the newest format this build reads and states.
-	logFormatNewest = logFormat2
+	logFormatNewest = logFormat4
 )
 
 // The statement of a node's format, inside a transport frame of kind
-// 'L' (claims.go, onPeerFrame):
+// 'L' (peerlink.go, onPeerFrame):
 //
 //	'n' | node u64 | format u32
 //
 // A node sends its own to a peer, which records it and answers with its
-// own on the same connection. Builds of format 1 ignore a message kind
-// they do not know and never send one: a peer that does not answer
-// states format 1.
+// own on the same connection. A peer that does not answer states none.
 const (
 	peerFormat   = 'n'
 	statementLen = 1 + 8 + 4
 	// statementInterval is how often a node states its format to its
 	// peers while one of its groups is below logFormatNewest, and the
-	// leaders look at raising them.
-	statementInterval = time.Second
+	// leaders look at raising them: often, because a node's clients get
+	// SPEC §6a only on connections greeted once every group rose
+	// (ServesAbandon), and a new cluster starts at the base format.
+	statementInterval = 250 * time.Millisecond
 	// statementFresh is how long a peer's statement counts: a peer
 	// restarted on an older build stops answering, and its statement
 	// lapses before a leader could raise a format on it.
-	statementFresh = 3 * statementInterval
+	statementFresh = 3 * time.Second
 	// statementTimeout bounds one exchange of statements with a peer.
 	statementTimeout = 500 * time.Millisecond
 )
@@ -123,20 +128,20 @@ func readStatement(b []byte) (node uint64, format uint32, ok bool) {
 
 // onStatement records a peer's statement and, on a connection the peer
 // opened (sink), answers with this node's own.
-func (n *Node) onStatement(b []byte, sink verdictSink) {
+func (n *Node) onStatement(b []byte, sink replySink) {
 	node, format, ok := readStatement(b)
 	if !ok || node == 0 || node == n.cfg.NodeID {
 		return
 	}
 	n.formats.record(node, format, n.clock())
 	if sink != nil {
-		sink.sendVerdicts(appendStatement(nil, n.cfg.NodeID, logFormatNewest))
+		sink.reply(appendStatement(nil, n.cfg.NodeID, logFormatNewest))
 	}
 }
 
 // exchangeStatements states this node's format to the peer at addr and
-// returns the peer's, 0 when it does not answer within statementTimeout
-// (a build of format 1, or a peer that is down).
+// returns the peer's, an error when it does not answer within
+// statementTimeout (a peer that is down).
 func (n *Node) exchangeStatements(ctx context.Context, addr string) (uint64, uint32, error) {
 	ctx, cancel := context.WithTimeout(ctx, statementTimeout)
 	defer cancel()
@@ -257,8 +262,7 @@ func (n *Node) raiseFormat(ctx context.Context, g *group) {
 			}
 		}
 	}
-	// A batch of its own: a build of format 1 that replays it skips it
-	// alone (it skips the rest of a batch at a kind it does not know).
+	// A batch of its own: no request's command waits on the raise.
 	b := make([]byte, headerLen, headerLen+16)
 	putHeader(b, time.Now().UnixNano(), 1)
 	b = appendFormat(b, logFormatNewest)
@@ -279,8 +283,8 @@ func (n *Node) snapshotGroup(ctx context.Context, g *group) bool {
 }
 
 // leaveHaltedGroup hands the leadership of g, whose replica here halted,
-// to a peer: a halted leader would announce epochs and judge claims on a
-// state it no longer applies.
+// to a peer: a halted leader would time leases and propose their ends on
+// a state it no longer applies.
 func (n *Node) leaveHaltedGroup(g *group) {
 	if n.Leader(g.idx) != n.cfg.NodeID {
 		return
@@ -291,10 +295,13 @@ func (n *Node) leaveHaltedGroup(g *group) {
 }
 
 // checkJoinerFormat refuses to add the node id at addr to g when its build
-// cannot read g's format: it must state one at least as new.
+// cannot read g's format: it must state one at least as new. A group at
+// the base format needs no statement: every build that joins it reads
+// the base (a build of the formats before it halts at the group's first
+// batch, batchVersion).
 func (n *Node) checkJoinerFormat(ctx context.Context, g *group, id uint64, addr string) error {
 	f := g.fsm.Load()
-	if f == nil || f.format() <= logFormat1 {
+	if f == nil || f.format() <= logFormatBase {
 		return nil
 	}
 	node, format, err := n.exchangeStatements(ctx, addr)
@@ -302,8 +309,7 @@ func (n *Node) checkJoinerFormat(ctx context.Context, g *group, id uint64, addr 
 	case err == nil && node != id:
 		return fmt.Errorf("group %d: %s answered as node %d, not %d: %w", g.shardID, addr, node, id, ErrMemberFormat)
 	case err != nil:
-		// A build of format 1 does not answer.
-		return fmt.Errorf("group %d is at log format %d; node %d at %s stated none (%v): it runs a build that reads format 1 only: %w",
+		return fmt.Errorf("group %d is at log format %d; node %d at %s stated none (%v): %w",
 			g.shardID, f.format(), id, addr, err, ErrMemberFormat)
 	case format < f.format():
 		return fmt.Errorf("group %d is at log format %d; node %d at %s reads up to %d: %w", g.shardID, f.format(), id, addr, format, ErrMemberFormat)
@@ -311,12 +317,11 @@ func (n *Node) checkJoinerFormat(ctx context.Context, g *group, id uint64, addr 
 	return nil
 }
 
-// format is the group's log format as this replica applied it (1 until
-// raised).
+// format is the group's log format as this replica applied it.
 func (f *fsm) format() uint32 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return max(f.state.format, logFormat1)
+	return f.state.format
 }
 
 // unreadable is what in the batch cmd this build cannot apply — a batch
@@ -346,7 +351,7 @@ func unreadable(cmd []byte) error {
 		}
 		if kind == cmdFormat {
 			if format := binary.BigEndian.Uint32(b[1:]); format > logFormatNewest {
-				return fmt.Errorf("%w log format %d (this build reads 1 to %d)", errUnknownCommand, format, logFormatNewest)
+				return fmt.Errorf("%w log format %d (this build reads %d to %d)", errUnknownCommand, format, logFormatBase, logFormatNewest)
 			}
 		}
 		var ok bool
@@ -413,7 +418,7 @@ func (n *Node) HaltedGroups() map[int]string {
 func (n *Node) LogFormat(idx int) int {
 	f := n.groups[idx].fsm.Load()
 	if f == nil {
-		return logFormat1
+		return logFormatBase
 	}
 	return int(f.format())
 }

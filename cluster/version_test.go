@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"reflect"
 	"strconv"
@@ -20,11 +21,25 @@ import (
 const testBuild = "lockd v9.9.9-test"
 
 // A replica that meets what its build cannot read — a command kind in the
-// middle of a batch, a batch version, a log format above its newest —
-// halts at that entry: nothing of it or after it applies (not even the
+// middle of a batch, a batch version, a log format above its newest, the
+// batches and the revokes of the unreleased formats before logFormatBase
+// — halts at that entry: nothing of it or after it applies (not even the
 // commands before the unknown one in its batch), it refuses to snapshot,
 // and it says which build met what.
 func TestReplicaHaltsOnWhatItCannotRead(t *testing.T) {
+	withVersion := func(v byte) []byte {
+		b := logBatch(2e9, acquireCmd(1, 2, 0, 1<<20, "b"))
+		b[0] = v
+		return b
+	}
+	// oldKind is a command of the formats before logFormatBase: its kind
+	// and 24 bytes of fields (cmdRevoke and cmdRevokeUnwitnessed took back
+	// a grant by node, token and epoch).
+	oldKind := func(kind byte) func([]byte) []byte {
+		return func(b []byte) []byte {
+			return appendText(append(append(b, kind), make([]byte, 24)...), "t", []byte("a"))
+		}
+	}
 	for _, tc := range []struct {
 		name string
 		bad  []byte
@@ -33,13 +48,13 @@ func TestReplicaHaltsOnWhatItCannotRead(t *testing.T) {
 		{"unknown command kind mid-batch", logBatch(2e9, acquireCmd(1, 2, 0, 1<<20, "b"),
 			func(b []byte) []byte { return appendText(append(b, 'Z'), "", nil) },
 			acquireCmd(1, 3, 0, 1<<20, "c")), `command kind 'Z'`},
-		{"unknown batch version", func() []byte {
-			b := logBatch(2e9, acquireCmd(1, 2, 0, 1<<20, "b"))
-			b[0] = batchVersion + 1
-			return b
-		}(), "batch version 2"},
+		{"unknown batch version", withVersion(batchVersion + 1), fmt.Sprintf("batch version %d", batchVersion+1)},
+		{"a batch of the formats before the base", withVersion(1), "batch version 1"},
 		{"log format above this build's", logBatch(2e9, acquireCmd(1, 2, 0, 1<<20, "b"),
-			func(b []byte) []byte { return appendFormat(b, logFormatNewest+1) }), "log format 3"},
+			func(b []byte) []byte { return appendFormat(b, logFormatNewest+1) }), fmt.Sprintf("log format %d", logFormatNewest+1)},
+		{"a revoke of the formats before the base", logBatch(2e9, oldKind('V')), `command kind 'V'`},
+		{"an unwitnessed revoke of the formats before the base", logBatch(2e9, oldKind('W')), `command kind 'W'`},
+		{"an epoch of the formats before the base", logBatch(2e9, oldKind('P')), `command kind 'P'`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := detachedFSM()
@@ -83,40 +98,59 @@ func TestReplicaHaltsOnWhatItCannotRead(t *testing.T) {
 	}
 }
 
-// A group writes snapshot version 5 until its format is 2, then version
-// 6 with the format in it; a snapshot of a version or format this build
-// does not read halts the replica instead of failing (which stops the
-// process) or being skipped, and a readable one resumes it.
-func TestSnapshotVersionFollowsFormat(t *testing.T) {
+// A group writes snapshot version 7, which restores exactly; a snapshot
+// of a version or format this build does not read — a newer one, or one
+// of the unreleased formats before logFormatBase — halts the replica
+// instead of failing (which stops the process) or being skipped, and a
+// readable one resumes it.
+func TestSnapshotVersions(t *testing.T) {
 	f := detachedFSM()
 	f.g.n.cfg.Build = testBuild
 	f.Update(sm.Entry{Index: 1, Cmd: logBatch(1e9, acquireCmd(1, 1, 0, 1<<20, "a"))})
-	var v5 bytes.Buffer
-	if err := f.SaveSnapshot(&v5, nil, nil); err != nil || v5.Bytes()[0] != 5 {
-		t.Fatalf("format 1: snapshot version %d (%v), want 5", v5.Bytes()[0], err)
-	}
-	f.Update(sm.Entry{Index: 2, Cmd: logBatch(1e9, func(b []byte) []byte { return appendFormat(b, logFormat2) })})
-	if f.format() != logFormat2 {
-		t.Fatalf("format %d after cmdFormat 2", f.format())
-	}
-	var v6 bytes.Buffer
-	if err := f.SaveSnapshot(&v6, nil, nil); err != nil || v6.Bytes()[0] != 6 {
-		t.Fatalf("format 2: snapshot version %d (%v), want 6", v6.Bytes()[0], err)
+	var v7 bytes.Buffer
+	if err := f.SaveSnapshot(&v7, nil, nil); err != nil || v7.Bytes()[0] != 7 {
+		t.Fatalf("snapshot version %d (%v), want 7", v7.Bytes()[0], err)
 	}
 	g := detachedFSM()
-	if err := g.RecoverFromSnapshot(bytes.NewReader(v6.Bytes()), nil, nil); err != nil || g.format() != logFormat2 || g.tokenOf(lockKey([]byte("t"), []byte("a"))) != 1 {
-		t.Fatalf("restore of version 6: %v, format %d", err, g.format())
+	if err := g.RecoverFromSnapshot(bytes.NewReader(v7.Bytes()), nil, nil); err != nil || g.format() != logFormatBase ||
+		!reflect.DeepEqual(stateOf(g), stateOf(f)) {
+		t.Fatalf("restore of version 7: %v, format %d, state %+v, want %+v", err, g.format(), stateOf(g), stateOf(f))
+	}
+	// Format 4: version 8, with the requesters and the tombstones.
+	raised := detachedFSM()
+	raised.Update(sm.Entry{Index: 1, Cmd: logBatch(1e9, func(b []byte) []byte { return appendFormat(b, logFormat4) },
+		func(b []byte) []byte { return appendAcquire(b, 1, 1, 30, 0, 1<<20, 7, "t", []byte("a")) },
+		func(b []byte) []byte {
+			return appendAcquire(b, 1, 2, 30, int64(time.Minute), 1<<20, 8, "t", []byte("a"))
+		},
+		func(b []byte) []byte { return appendAbandon(b, 1, 3, 9, "t", []byte("b")) })})
+	var v8 bytes.Buffer
+	if err := raised.SaveSnapshot(&v8, nil, nil); err != nil || v8.Bytes()[0] != 8 {
+		t.Fatalf("format 4: snapshot version %d (%v), want 8", v8.Bytes()[0], err)
+	}
+	g8 := detachedFSM()
+	if err := g8.RecoverFromSnapshot(bytes.NewReader(v8.Bytes()), nil, nil); err != nil || !reflect.DeepEqual(stateOf(g8), stateOf(raised)) ||
+		g8.state.locks[lockKey([]byte("t"), []byte("a"))].requester != 7 || g8.state.tombstones.Len() != 1 {
+		t.Fatalf("restore of version 8: %v, state %+v, want %+v", err, stateOf(g8), stateOf(raised))
 	}
 
-	newer := bytes.Clone(v6.Bytes())
-	newer[0] = snapshotVersion + 1
-	formatAbove := bytes.Clone(v6.Bytes())
-	binary.BigEndian.PutUint32(formatAbove[1+8+8+8+1+8+16:], logFormatNewest+1)
+	withVersion := func(v byte) []byte {
+		b := bytes.Clone(v7.Bytes())
+		b[0] = v
+		return b
+	}
+	formatAbove := bytes.Clone(v7.Bytes())
+	binary.BigEndian.PutUint32(formatAbove[1+8+8+8+1+8:], logFormatNewest+1)
 	for _, tc := range []struct {
 		name string
 		snap []byte
 		says string
-	}{{"newer version", newer, "snapshot version 7"}, {"newer format", formatAbove, "log format 3"}} {
+	}{
+		{"newer version", withVersion(snapshotVersion + 1), fmt.Sprintf("snapshot version %d", snapshotVersion+1)},
+		{"the version of format 2", withVersion(6), "snapshot version 6"},
+		{"the version of format 1", withVersion(5), "snapshot version 5"},
+		{"newer format", formatAbove, fmt.Sprintf("log format %d", logFormatNewest+1)},
+	} {
 		h := detachedFSM()
 		h.g.n.cfg.Build = testBuild
 		if err := h.RecoverFromSnapshot(bytes.NewReader(tc.snap), nil, nil); err != nil {
@@ -129,7 +163,7 @@ func TestSnapshotVersionFollowsFormat(t *testing.T) {
 		if h.tokenOf(lockKey([]byte("t"), []byte("a"))) != 0 {
 			t.Errorf("%s: the unreadable snapshot's locks were taken in", tc.name)
 		}
-		if err := h.RecoverFromSnapshot(bytes.NewReader(v6.Bytes()), nil, nil); err != nil || h.halted.Load() != nil {
+		if err := h.RecoverFromSnapshot(bytes.NewReader(v7.Bytes()), nil, nil); err != nil || h.halted.Load() != nil {
 			t.Errorf("%s: a readable snapshot after it: %v, halted %v", tc.name, err, h.halted.Load())
 		}
 	}
@@ -191,9 +225,10 @@ func gaugeOf(t *testing.T, n *Node, name string) float64 {
 }
 
 // A group's format rises only once every member stated it reads the
-// newer one: not while a member is down (it states nothing, as a build of
-// format 1 does), and as soon as it is back. After the raise the replicas
-// snapshot in version 6.
+// newer one: not while a member is down (it states nothing, as a node
+// of an older build does), and as soon as it is back. A node serves §6a
+// (ServesAbandon) only once every group rose. After the raise the
+// replicas snapshot in version 8.
 func TestFormatRisesWhenEveryMemberReadsIt(t *testing.T) {
 	tc := newTestCluster(t, 3, func(c *Config) { c.Groups = 2 })
 	tc.stop(3)
@@ -208,14 +243,20 @@ func TestFormatRisesWhenEveryMemberReadsIt(t *testing.T) {
 		return n1.formats.passes.Load() >= p1+2 && n2.formats.passes.Load() >= p2+2
 	})
 	for i := range 2 {
-		if f1, f2 := n1.LogFormat(i), n2.LogFormat(i); f1 != logFormat1 || f2 != logFormat1 {
+		if f1, f2 := n1.LogFormat(i), n2.LogFormat(i); f1 != logFormat3 || f2 != logFormat3 {
 			t.Fatalf("group %d rose to format %d/%d with member 3 down", i+1, f1, f2)
 		}
+	}
+	if n1.ServesAbandon() || n2.ServesAbandon() {
+		t.Fatal("§6a served while the groups are at format 3")
 	}
 	n3 := tc.restart(3)
 	for _, n := range []*Node{n1, n2, n3} {
 		for i := range 2 {
-			waitUntil(t, 15*time.Second, "the format to rise on every replica", func() bool { return n.LogFormat(i) == logFormat2 })
+			waitUntil(t, 15*time.Second, "the format to rise on every replica", func() bool { return n.LogFormat(i) == logFormat4 })
+		}
+		if !n.ServesAbandon() {
+			t.Errorf("node %d does not serve §6a with every group at format 4", n.ID())
 		}
 	}
 	var snap bytes.Buffer
@@ -225,14 +266,13 @@ func TestFormatRisesWhenEveryMemberReadsIt(t *testing.T) {
 	}
 }
 
-// A node that states no format (a build of format 1 does not answer the
-// statement) is not added to a group whose format is 2, with an error
+// A node that states no format is not added to a group whose format is 4 (above the base), with an error
 // that says why; a node of this build is.
 func TestAddMemberRefusesAnOlderFormat(t *testing.T) {
 	tc := newTestCluster(t, 1, func(c *Config) { c.Groups = 2 })
 	n := tc.node(1)
 	for i := range 2 {
-		waitUntil(t, 10*time.Second, "a one-node group's format to rise", func() bool { return n.LogFormat(i) == logFormat2 })
+		waitUntil(t, 10*time.Second, "a one-node group's format to rise", func() bool { return n.LogFormat(i) == logFormat4 })
 	}
 	silent, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -251,7 +291,7 @@ func TestAddMemberRefusesAnOlderFormat(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err = n.AddMember(ctx, 2, silent.Addr().String())
-	if !errors.Is(err, ErrMemberFormat) || !strings.Contains(err.Error(), "log format 2") || !strings.Contains(err.Error(), "format 1 only") {
+	if !errors.Is(err, ErrMemberFormat) || !strings.Contains(err.Error(), "log format 4") || !strings.Contains(err.Error(), "stated none") {
 		t.Fatalf("AddMember of a silent node: %v, want ErrMemberFormat naming the formats", err)
 	}
 	m, err := n.Members(ctx)

@@ -15,6 +15,8 @@ import (
 type wire struct {
 	nc  net.Conn
 	buf []byte
+	// flags are the GREETING's (codec.GreetingAbandon: SPEC §6a served).
+	flags uint8
 }
 
 func dialWire(addr string) (*wire, error) {
@@ -37,6 +39,7 @@ func newWire(nc net.Conn) (*wire, error) {
 		nc.Close()
 		return nil, fmt.Errorf("first frame %q", g.Op)
 	}
+	w.flags = g.Flags
 	return w, nil
 }
 

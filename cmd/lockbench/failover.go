@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"time"
 
 	"github.com/lockd/lockd/bench"
 )
@@ -22,6 +23,7 @@ type failoverOptions struct {
 	lockdBin string
 	etcdBin  string
 	dataDir  string
+	stopFor  time.Duration
 	// set names the flags given on the command line: the shared ones
 	// (--duration, --callers, ...) replace the failover defaults only then.
 	set map[string]bool
@@ -29,10 +31,11 @@ type failoverOptions struct {
 
 func (f *failoverOptions) register(fs *flag.FlagSet) func() error {
 	clusters := fs.String("cluster", bench.FailoverLockd, "failover: comma-separated systems to start a 3-node cluster of and measure: lockd, etcd")
-	faults := fs.String("fault", bench.FaultKill, "failover: comma-separated faults: kill (kill -9, started again 2 s later), term (SIGTERM, started again once it has exited, 2 s at the soonest), stop (SIGSTOP for 3 s, then SIGCONT)")
+	faults := fs.String("fault", bench.FaultKill, "failover: comma-separated faults: kill (kill -9, started again 2 s later), term (SIGTERM, started again once it has exited, 2 s at the soonest), stop (SIGSTOP for --stop-for, then SIGCONT)")
 	victims := fs.String("victim", bench.VictimLeader, "failover: comma-separated victims: leader (of the cluster's group), follower")
 	fs.StringVar(&f.lockdBin, "lockd-bin", "", "failover: the lockd binary to start (default: lockd beside lockbench, else on the PATH)")
 	fs.StringVar(&f.etcdBin, "etcd-bin", "etcd", "failover: the etcd binary to start")
+	fs.DurationVar(&f.stopFor, "stop-for", bench.DefaultFailoverFrozen, "failover: how long the stop fault keeps the victim frozen (SIGSTOP to SIGCONT)")
 	fs.StringVar(&f.dataDir, "data-dir", "", "failover: where the clusters' data directories go, on disk (default: $TMPDIR or /tmp)")
 	return func() error {
 		f.set = map[string]bool{}
@@ -40,6 +43,9 @@ func (f *failoverOptions) register(fs *flag.FlagSet) func() error {
 		f.clusters, f.faults, f.victims = splitList(*clusters), splitList(*faults), splitList(*victims)
 		if len(f.clusters) == 0 || len(f.faults) == 0 || len(f.victims) == 0 {
 			return usageError{errors.New("--cluster, --fault and --victim need at least one value each")}
+		}
+		if f.stopFor <= 0 {
+			return usageError{fmt.Errorf("--stop-for %v: want a positive duration", f.stopFor)}
 		}
 		return nil
 	}
@@ -81,7 +87,7 @@ func runFailovers(ctx context.Context, o *options, stderr io.Writer) ([]*bench.R
 				if ctx.Err() != nil {
 					return nil, ctx.Err()
 				}
-				cfg := bench.FailoverConfig{System: system, Bin: bin, Fault: fault, Victim: victim, Dir: f.dataDir}
+				cfg := bench.FailoverConfig{System: system, Bin: bin, Fault: fault, Victim: victim, Dir: f.dataDir, Frozen: f.stopFor}
 				if f.set["duration"] {
 					cfg.Duration = o.duration
 				}
