@@ -290,6 +290,10 @@ func (ss *session) handleFrame(req *codec.Request, fieldErr error) bool {
 		ss.appendError(req.Owner, codec.BadRequest)
 		return true
 	}
+	if req.Op == codec.OpAcquire {
+		// Any ACQUIRE, answered or refused, ends the time for SESSION.
+		ss.sawAcquire = true
+	}
 	if ss.srv.draining.Load() {
 		ss.appendError(req.Owner, codec.ShuttingDown)
 		ss.mu.Lock()
@@ -427,7 +431,6 @@ func secretOrDecoy(secret []byte, known bool) []byte {
 // acquire answers an ACQUIRE at once or leaves it queued. It never closes
 // the connection itself: a shutting_down answer closes it once idle.
 func (ss *session) acquire(req *codec.Request) bool {
-	ss.sawAcquire = true
 	ss.mu.Lock()
 	if ss.pending.len() >= ss.srv.cfg.MaxConnInflight {
 		ss.mu.Unlock()
