@@ -2,7 +2,9 @@ package client
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -95,5 +97,25 @@ func TestAbandonIsSentOnlyToAServerThatOffersIt(t *testing.T) {
 	}
 	if n := len(offers.seen(codec.OpAbandon)); n != 1 {
 		t.Fatalf("%d ABANDONs reached the server that offers them, want 1", n)
+	}
+}
+
+// The client_id is a bearer secret (SPEC §6a): printing a Client, as a
+// debugging caller might, shows none of its bytes in any verb.
+func TestPrintingAClientDoesNotShowItsClientID(t *testing.T) {
+	p := startAbandonPeer(t, grant)
+	c := newClient(t, p, newFakeClock(), nil)
+	id := *c.clientID
+	printed := fmt.Sprintf("%v %+v %#v", c, c, c)
+	for name, form := range map[string]string{
+		"decimal bytes": strings.Trim(fmt.Sprint(id), "[]"),
+		"Go syntax":     strings.TrimPrefix(fmt.Sprintf("%#v", id), "[16]uint8"),
+		"hex":           hex.EncodeToString(id[:]),
+		"HEX":           strings.ToUpper(hex.EncodeToString(id[:])),
+		"raw":           string(id[:]),
+	} {
+		if strings.Contains(printed, form) {
+			t.Errorf("printing the client shows its client_id (%s)", name)
+		}
 	}
 }

@@ -234,8 +234,9 @@ type Client struct {
 	releaseReserve int
 	// clientID is sent in the SESSION of every connection (SPEC §6a): a
 	// bearer secret that lets this client, and only it, abandon its own
-	// ACQUIREs.
-	clientID [codec.ClientIDLen]byte
+	// ACQUIREs. Held through a pointer so that printing a Client (%v,
+	// %+v, %#v) shows an address, never the bytes.
+	clientID *[codec.ClientIDLen]byte
 
 	slots []slot
 	next  atomic.Uint64 // round-robin start of session picks
@@ -343,6 +344,7 @@ func dial(ctx context.Context, cfg Config, clk clock) (*Client, error) {
 		slots:          make([]slot, cfg.Sessions),
 		compQueue:      make(chan compensation, cfg.CompensationQueue),
 		stopping:       make(chan struct{}),
+		clientID:       new([codec.ClientIDLen]byte),
 	}
 	rand.Read(c.clientID[:])
 	c.lifetime, c.stop = context.WithCancel(context.Background())
