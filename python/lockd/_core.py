@@ -233,14 +233,24 @@ def encode(kind: int, owner: int, key: bytes, lease: int, wait: int, token: int)
     return b"P" + _OWNER.pack(owner) + b"\n"
 
 
-def new_client_id() -> bytes:
+class ClientID:
     """The 16 random bytes that name a client instance on all its
-    connections (§6a): a bearer secret, never logged."""
-    return secrets.token_bytes(16)
+    connections (§6a): a bearer secret. It shows only as a placeholder in
+    repr and str, so that printing a client, its vars or a traceback's
+    locals never reveals it; the bytes leave only in a SESSION frame."""
 
+    __slots__ = ("_secret",)
 
-def session_frame(owner: int, client_id: bytes) -> bytes:
-    return b"S" + _OWNER.pack(owner) + client_id + b"\n"
+    def __init__(self):
+        self._secret = secrets.token_bytes(16)
+
+    def __repr__(self):
+        return "ClientID(<secret>)"
+
+    __str__ = __repr__
+
+    def session_frame(self, owner: int) -> bytes:
+        return b"S" + _OWNER.pack(owner) + self._secret + b"\n"
 
 
 def session_answer(f: Frame, owner: int):

@@ -350,3 +350,21 @@ def test_a_cancelled_acquire_that_may_have_left_is_abandoned(scripted):
     (_, _, a_fixed, _), = srv.requests(b"A")
     (_, _, x_fixed, x_text), = srv.requests(b"X")
     assert (struct.unpack(">QQ", x_fixed)[1], x_text) == (owner_of(a_fixed), b"k")
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_printing_a_client_does_not_show_its_client_id(scripted, api):
+    """Like TestPrintingAClientDoesNotShowItsClientID: the client_id is a
+    bearer secret; the client, its attributes and their values print
+    without it, as a debugging caller or a traceback's locals would."""
+    srv = scripted(grant_all(), flags=ABANDON_FLAG)
+    with client_of(api, srv.addr) as c:
+        c.acquire("k", min_work_budget=0)
+        client = c if api == "blocking" else c.client
+        attrs = vars(client)
+        printed = " ".join([repr(client), str(client), repr(attrs), str(attrs)]
+                           + [f"{v!r} {v!s}" for v in attrs.values()])
+    (_, fixed, _), = [f for f in frames_on(srv, 0) if f[0] == b"S"]
+    client_id = fixed[8:]
+    for form in (repr(client_id), client_id.hex(), client_id.hex().upper(), str(list(client_id))):
+        assert form not in printed, f"printing the client shows its client_id as {form}"
