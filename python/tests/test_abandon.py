@@ -368,3 +368,28 @@ def test_printing_a_client_does_not_show_its_client_id(scripted, api):
     client_id = fixed[8:]
     for form in (repr(client_id), client_id.hex(), client_id.hex().upper(), str(list(client_id))):
         assert form not in printed, f"printing the client shows its client_id as {form}"
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_an_abandon_is_sent_only_to_a_server_that_offers_it(scripted, api):
+    """Like TestAbandonIsSentOnlyToAServerThatOffersIt: in a pool where one
+    server sets GREETING bit1 and another does not (a rolling upgrade),
+    SESSION and ABANDON go only where the bit is set; elsewhere they are
+    unknown ops that would close a session other calls share."""
+    offers = scripted(serving(cut_the_first), flags=ABANDON_FLAG)
+    plain = scripted(grant_all())
+    with client_of(api, [offers.addr, plain.addr]) as c:
+        for _ in range(10):  # round-robin: the first to reach `offers` is cut
+            try:
+                c.acquire("k", min_work_budget=0)
+            except lockd.Indeterminate as e:
+                assert "ABANDON" in str(e)
+                break
+        else:
+            pytest.fail("no acquire reached the server that offers ABANDON")
+        deadline = time.monotonic() + 10
+        while c.stats.abandons_released == 0 and not plain.requests(b"X") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = vars(c.stats).copy()
+    assert plain.requests(b"S") == [] and plain.requests(b"X") == []
+    assert len(offers.requests(b"X")) == 1 and stats["abandons_released"] == 1
