@@ -269,3 +269,21 @@ func TestSessionAfterARefusedAcquireClosesTheConnection(t *testing.T) {
 		})
 	}
 }
+
+// An ABANDON whose own owner is in flight on the connection is E
+// dup_owner, the connection open, and does nothing: no tombstone
+// refuses the request it named.
+func TestAbandonWithAnOwnerInFlightIsDupOwner(t *testing.T) {
+	s := startServer(t, nil)
+	holder := dial(t, s)
+	holder.mustAcquire(1, "k")
+
+	c := dial(t, s)
+	c.session(1, testClientID)
+	c.acquire(5, 30, 10, "k") // queued: owner 5 is in flight
+	c.send(codec.AppendAbandon(nil, 5, 9, "other"))
+	c.expectError(5, codec.DupOwner)
+	c.expectOpen()
+	c.acquire(9, 30, 0, "other")
+	c.expect(codec.OpAcquired, 9)
+}
