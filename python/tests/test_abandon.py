@@ -393,3 +393,41 @@ def test_an_abandon_is_sent_only_to_a_server_that_offers_it(scripted, api):
         stats = vars(c.stats).copy()
     assert plain.requests(b"S") == [] and plain.requests(b"X") == []
     assert len(offers.requests(b"X")) == 1 and stats["abandons_released"] == 1
+
+
+def down_on_acquire(holder):
+    """A §6a script that goes down at the first ACQUIRE it gets: it cuts
+    that connection and stops accepting, a node killed after the request
+    may have reached it. ABANDON is answered RELEASED."""
+    def on_acquire(index, conn, owner, fixed):
+        srv = holder[0]
+        with contextlib.suppress(OSError):
+            srv.sock.shutdown(socket.SHUT_RDWR)
+        conn.shutdown(socket.SHUT_RDWR)
+        return False
+    return serving(on_acquire)
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_an_abandon_goes_to_another_node_when_one_is_down(scripted, api):
+    """Like TestAbandonGoesToAnotherNodeWhenOneIsDown: the ABANDON of an
+    acquire whose node went down is sent to another node of the client."""
+    a_holder, b_holder = [], []
+    a = scripted(down_on_acquire(a_holder), flags=ABANDON_FLAG)
+    b = scripted(down_on_acquire(b_holder), flags=ABANDON_FLAG)
+    a_holder.append(a)
+    b_holder.append(b)
+    with client_of(api, [a.addr, b.addr]) as c:
+        with pytest.raises(lockd.Indeterminate) as e:
+            c.acquire("k", min_work_budget=0)
+        assert "ABANDON" in str(e.value)
+        deadline = time.monotonic() + 10
+        while c.stats.abandons_released == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = vars(c.stats).copy()
+    down, up = (a, b) if a.requests(b"A") else (b, a)
+    (_, _, a_fixed, _), = down.requests(b"A")
+    assert up.requests(b"A") == [] and down.requests(b"X") == []
+    (_, _, x_fixed, x_text), = up.requests(b"X")
+    assert struct.unpack(">QQ", x_fixed)[1] == owner_of(a_fixed) and x_text == b"k"
+    assert stats["abandons_released"] == 1 and stats["abandons_given_up"] == 0
