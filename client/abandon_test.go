@@ -91,10 +91,10 @@ func TestSessionIsSentOncePerConnectionWhenTheGreetingOffersAbandon(t *testing.T
 		}
 		ids[fs[0].clientID]++
 	}
-	if len(ids) != 2 || ids[other.clientID] != 1 || ids[c.clientID] != conns-1 {
+	if len(ids) != 2 || ids[*other.clientID] != 1 || ids[*c.clientID] != conns-1 {
 		t.Fatalf("client_ids %v: want one per client, the same on all its connections", ids)
 	}
-	if c.clientID == ([codec.ClientIDLen]byte{}) {
+	if *c.clientID == ([codec.ClientIDLen]byte{}) {
 		t.Fatal("client_id is zero")
 	}
 }

@@ -94,138 +94,20 @@ package client
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"errors"
-	"fmt"
 	"math"
-	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/lockd/lockd/codec"
-	"github.com/lockd/lockd/internal/defaults"
 )
 
+// reconnectMin and reconnectMax bound the backoff of a slot's redials.
 const (
-	defaultMaxInFlight       = 4096
-	defaultWaitSessions      = 64
-	defaultWaitSpares        = 2
-	defaultDialTimeout       = 5 * time.Second
-	defaultCompensationQueue = 256
-	defaultSilenceTimeout    = 2 * time.Second
-	// minSilenceTimeout keeps a session from being closed by a scheduling
-	// hiccup, and its PINGs few.
-	minSilenceTimeout   = 100 * time.Millisecond
-	compensationWorkers = 4
-	// maxAttempts bounds the retries of one call; each needs a session to
-	// fail under it, so real calls end at their deadline long before.
-	maxAttempts = 16
-	// maxPickRounds bounds how often one call waits for a session to
-	// become ready.
-	maxPickRounds = 1024
-	reconnectMin  = 50 * time.Millisecond
-	reconnectMax  = 2 * time.Second
-	// releaseBackoffMin and releaseBackoffMax space the retries of a
-	// release that every session was too full to take, or that a draining
-	// or leaderless server refused: such a refusal comes back at once, and
-	// retrying at once would spend the release's 5 s in a few
-	// milliseconds.
-	releaseBackoffMin = 20 * time.Millisecond
-	releaseBackoffMax = 500 * time.Millisecond
+	reconnectMin = 50 * time.Millisecond
+	reconnectMax = 2 * time.Second
 )
-
-// Config configures Dial.
-type Config struct {
-	// Addrs are the servers, "host:port"; at least one. Sessions are
-	// spread over them and move on to the next address when one fails.
-	Addrs []string
-	// Tenant is the tenant's name; required with Secret. Empty with no
-	// Secret means the server's default tenant, without HELLO.
-	Tenant string
-	// Secret is the tenant's shared secret. With a secret the client
-	// authenticates and insists that the server proves the secret too.
-	Secret []byte
-	// Sessions is the number of shared, pipelined sessions, which carry
-	// releases and acquires with Wait 0; default one per address in Addrs.
-	Sessions int
-	// MaxInFlight caps the acquires queued or in flight per shared
-	// session; default 4096, the server's default per connection.
-	// Releases have a reserve of a quarter more, so that a pool full of
-	// acquires can still release.
-	MaxInFlight int
-	// WaitSessions caps the wait sessions, each carrying one acquire with
-	// a Wait at a time; default 64.
-	WaitSessions int
-	// WaitSpares is how many idle wait sessions the client keeps
-	// connected ahead of need; default 2, negative for none (the first
-	// waiting acquire then waits for a dial).
-	WaitSpares int
-	// DialTimeout bounds a connect plus handshake; default 5 s.
-	DialTimeout time.Duration
-	// CompensationQueue bounds the compensating releases waiting to be
-	// sent; default 256. When it is full, a lock the client could not hand
-	// over is left to its lease, and Stats counts it.
-	CompensationQueue int
-	// SilenceTimeout closes a session that hears nothing from its server
-	// for this long while a request is in flight on it, as if that
-	// request's deadline had come (SPEC §6a): an acquire in flight ends
-	// ErrIndeterminate and is abandoned, a release or renewal moves to
-	// another session. While a request waits, the client sends PING every
-	// third of it, so a live server, even one holding a waiting acquire
-	// for minutes, always breaks the silence; a session is closed after
-	// at least SilenceTimeout of silence and at most about a third more.
-	// Default 2 s; at least 100 ms.
-	SilenceTimeout time.Duration
-	// Dialer opens connections; default a net.Dialer.
-	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)
-	// TLS, when set, runs every session over TLS with this configuration
-	// (the server's TLS port, lockd serve --tls-listen), the handshake
-	// within DialTimeout. An empty ServerName is taken from each address's
-	// host. LoadTLSConfig builds one from PEM files.
-	TLS *tls.Config
-}
-
-func (cfg Config) normalize() (Config, error) {
-	if len(cfg.Addrs) == 0 {
-		return cfg, fmt.Errorf("%w: no server address", ErrConfig)
-	}
-	for _, a := range cfg.Addrs {
-		if a == "" {
-			return cfg, fmt.Errorf("%w: empty server address", ErrConfig)
-		}
-	}
-	if cfg.Tenant != "" && !codec.ValidTenant([]byte(cfg.Tenant)) {
-		return cfg, fmt.Errorf("%w: tenant %q is not 1..32 bytes of [A-Za-z0-9._-]", ErrConfig, cfg.Tenant)
-	}
-	if len(cfg.Secret) != 0 && cfg.Tenant == "" {
-		return cfg, fmt.Errorf("%w: a secret needs a tenant", ErrConfig)
-	}
-	if cfg.Sessions < 0 || cfg.MaxInFlight < 0 || cfg.WaitSessions < 0 || cfg.DialTimeout < 0 || cfg.CompensationQueue < 0 || cfg.SilenceTimeout < 0 {
-		return cfg, fmt.Errorf("%w: negative Sessions, MaxInFlight, WaitSessions, DialTimeout, CompensationQueue or SilenceTimeout", ErrConfig)
-	}
-	cfg.Addrs = append([]string(nil), cfg.Addrs...)
-	cfg.Secret = append([]byte(nil), cfg.Secret...)
-	cfg.Sessions = defaults.Or(cfg.Sessions, len(cfg.Addrs))
-	cfg.MaxInFlight = defaults.Or(cfg.MaxInFlight, defaultMaxInFlight)
-	cfg.WaitSessions = defaults.Or(cfg.WaitSessions, defaultWaitSessions)
-	switch {
-	case cfg.WaitSpares == 0:
-		cfg.WaitSpares = min(defaultWaitSpares, cfg.WaitSessions)
-	case cfg.WaitSpares > cfg.WaitSessions:
-		return cfg, fmt.Errorf("%w: WaitSpares %d exceeds WaitSessions %d", ErrConfig, cfg.WaitSpares, cfg.WaitSessions)
-	}
-	cfg.DialTimeout = defaults.Or(cfg.DialTimeout, defaultDialTimeout)
-	cfg.CompensationQueue = defaults.Or(cfg.CompensationQueue, defaultCompensationQueue)
-	cfg.SilenceTimeout = defaults.Or(cfg.SilenceTimeout, defaultSilenceTimeout)
-	if cfg.SilenceTimeout < minSilenceTimeout {
-		return cfg, fmt.Errorf("%w: SilenceTimeout %v is below %v", ErrConfig, cfg.SilenceTimeout, minSilenceTimeout)
-	}
-	if cfg.Dialer == nil {
-		cfg.Dialer = (&net.Dialer{}).DialContext
-	}
-	return cfg, nil
-}
 
 // Client is a pool of sessions to lockd. It is safe for concurrent use.
 type Client struct {
@@ -234,8 +116,9 @@ type Client struct {
 	releaseReserve int
 	// clientID is sent in the SESSION of every connection (SPEC §6a): a
 	// bearer secret that lets this client, and only it, abandon its own
-	// ACQUIREs.
-	clientID [codec.ClientIDLen]byte
+	// ACQUIREs. Held through a pointer so that printing a Client (%v,
+	// %+v, %#v) shows an address, never the bytes.
+	clientID *[codec.ClientIDLen]byte
 
 	slots []slot
 	next  atomic.Uint64 // round-robin start of session picks
@@ -343,6 +226,7 @@ func dial(ctx context.Context, cfg Config, clk clock) (*Client, error) {
 		slots:          make([]slot, cfg.Sessions),
 		compQueue:      make(chan compensation, cfg.CompensationQueue),
 		stopping:       make(chan struct{}),
+		clientID:       new([codec.ClientIDLen]byte),
 	}
 	rand.Read(c.clientID[:])
 	c.lifetime, c.stop = context.WithCancel(context.Background())
@@ -479,198 +363,6 @@ func (c *Client) nextOwner() (uint64, error) {
 	}
 }
 
-// newRequest returns a pooled request with the single deadline of the
-// call: the one the call's duration gives, or the context's if that is
-// earlier.
-func (c *Client) newRequest(ctx context.Context, kind opKind, owner uint64, key string, now, deadline time.Time) *request {
-	// Rebased on now, so that the one deadline of the call is monotonic
-	// even when the context's deadline carries only a wall-clock reading.
-	if d, ok := ctx.Deadline(); ok {
-		if left := d.Sub(now); left < deadline.Sub(now) {
-			deadline = now.Add(left)
-		}
-	}
-	req := c.requests.Get().(*request)
-	req.kind, req.owner, req.key, req.deadline = kind, owner, key, deadline
-	return req
-}
-
-// freeRequest pools req again; its timer is stopped already, by the wait
-// that armed it.
-func (c *Client) freeRequest(req *request) {
-	*req = request{done: req.done, handoff: req.handoff, timer: req.timer, heapIndex: notInHeap}
-	c.requests.Put(req)
-}
-
-// errPoolFull is a pick that found every ready session at its limit.
-var errPoolFull = errors.New("every session is at its in-flight limit")
-
-// errDeadline is a pick that reached the call's deadline.
-var errDeadline = errors.New("operation deadline reached")
-
 // errClientClosing is the cause recorded on the sessions Close ends; it is
 // not ErrClosed, which promises that nothing was sent.
 var errClientClosing = errors.New("session closed by Client.Close")
-
-// pick enqueues req on a ready shared session, round-robin, waiting for
-// one to become ready if none is. Waiting is the local queue of SPEC §6:
-// its end at the deadline is certainly unsent.
-func (c *Client) pick(ctx context.Context, req *request, limit int) (*session, error) {
-	// A context already done must not reach a writer: once taken, the
-	// request could only end by closing a session other calls share.
-	if ctx.Err() != nil {
-		req.expired = true
-		return nil, context.Cause(ctx)
-	}
-	n := uint64(len(c.slots))
-	for range maxPickRounds {
-		ready := c.ready.Load()
-		full := false
-		start := c.next.Add(1)
-		for i := range n {
-			s := c.slots[(start+i)%n].session.Load()
-			if s == nil || (req.kind == opAbandon && !s.servesAbandon) {
-				continue
-			}
-			switch s.enqueue(req, limit) {
-			case enqueued:
-				return s, nil
-			case sessionFull:
-				full = true
-			}
-		}
-		if full {
-			return nil, errPoolFull
-		}
-		if _, err := waitLocally(c, ctx, req, ready.ch); err != nil {
-			return nil, err
-		}
-	}
-	return nil, ErrNotConnected
-}
-
-// pickWait enqueues a waiting acquire alone on a wait session.
-func (c *Client) pickWait(ctx context.Context, req *request) (*session, error) {
-	if ctx.Err() != nil {
-		req.expired = true
-		return nil, context.Cause(ctx)
-	}
-	for range maxPickRounds {
-		s, err := c.waits.take(ctx, req)
-		if err != nil {
-			return nil, err
-		}
-		if s.enqueue(req, 1) == enqueued {
-			return s, nil
-		}
-		// It closed since the pool handed it out; died accounts for it.
-	}
-	return nil, ErrNotConnected
-}
-
-// waitLocally waits for ch within req's deadline and ctx: a wait in the
-// client, before anything is sent, so its end is certainly unsent.
-func waitLocally[T any](c *Client, ctx context.Context, req *request, ch <-chan T) (T, error) {
-	req.timer.Reset(req.deadline.Sub(c.clock.Now()))
-	defer req.timer.Stop()
-	var zero T
-	select {
-	case v := <-ch:
-		return v, nil
-	case <-req.timer.C():
-		req.expired = true
-		return zero, errDeadline
-	case <-ctx.Done():
-		req.expired = true
-		return zero, context.Cause(ctx)
-	case <-c.stopping:
-		return zero, ErrClosed
-	}
-}
-
-// await waits for req's outcome. The session ends it at its deadline; a
-// context that ends first abandons it, or, when it is watched, has ended
-// it already, unless it ended before the request entered the session.
-func (c *Client) await(ctx context.Context, s *session, req *request) outcome {
-	if req.watch != nil {
-		if req.watch.ended.Load() {
-			return s.abandon(req)
-		}
-		<-req.done
-		return req.out
-	}
-	if done := ctx.Done(); done != nil {
-		select {
-		case <-req.done:
-			return req.out
-		case <-done:
-			return s.abandon(req)
-		}
-	}
-	<-req.done
-	return req.out
-}
-
-// exchange runs req until it has an outcome no retry may change. A
-// certainly-unsent attempt moves to another session with the same owner.
-// A release (retrySent) is also retried when it may have been lost — a
-// repeat cannot turn into a second grant — and, after a backoff, when
-// every session was full or a draining or leaderless server refused it.
-// pick's error means the last attempt was never enqueued.
-func (c *Client) exchange(ctx context.Context, req *request, limit int, retrySent bool) (outcome, error) {
-	out := outNone
-	backoff := releaseBackoffMin
-	waiting := req.kind == opAcquire && !req.immediate
-	if !waiting {
-		req.watch = c.watchFor(ctx)
-	}
-	for range maxAttempts {
-		var s *session
-		var err error
-		if waiting {
-			s, err = c.pickWait(ctx, req)
-		} else {
-			s, err = c.pick(ctx, req, limit)
-		}
-		if retrySent && errors.Is(err, errPoolFull) && c.pause(ctx, req, &backoff) {
-			continue
-		}
-		if err != nil {
-			return outNone, err
-		}
-		out = c.await(ctx, s, req)
-		if waiting {
-			c.waits.put(s)
-		}
-		if out == outLost {
-			req.mayHaveLeft = true
-		}
-		refused := out == outRejected && (req.reason == codec.ShuttingDown || req.reason == codec.Unavailable)
-		switch {
-		case req.expired:
-			return out, nil
-		case out == outUnsent, retrySent && out == outLost:
-		case retrySent && refused:
-			if !c.pause(ctx, req, &backoff) {
-				return out, nil
-			}
-		default:
-			return out, nil
-		}
-	}
-	if out == outUnsent {
-		return outNone, ErrNotConnected
-	}
-	return out, nil
-}
-
-// pause waits out *backoff, doubling it, and reports false when the call's
-// deadline or context comes first.
-func (c *Client) pause(ctx context.Context, req *request, backoff *time.Duration) bool {
-	t := c.clock.NewTimer()
-	defer t.Stop()
-	t.Reset(*backoff)
-	*backoff = min(2**backoff, releaseBackoffMax)
-	_, err := waitLocally(c, ctx, req, t.C())
-	return err == nil
-}

@@ -6,6 +6,10 @@ import (
 	"time"
 )
 
+// compensationWorkers send the queued compensations, so that one waiting
+// for a silent server does not hold up the others.
+const compensationWorkers = 4
+
 // compensation is work the client owes a server after a call ended
 // without handing the caller what the server did: the release of a grant
 // the delivery gate refused (SPEC §6), or the ABANDON of an ACQUIRE that

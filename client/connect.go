@@ -64,7 +64,7 @@ func (c *Client) declareSession(conn net.Conn, rr *codec.ResponseReader, addr st
 	if err != nil {
 		return err
 	}
-	if _, err := conn.Write(codec.AppendSession(nil, owner, c.clientID)); err != nil {
+	if _, err := conn.Write(codec.AppendSession(nil, owner, *c.clientID)); err != nil {
 		return fmt.Errorf("session with %s: %w", addr, err)
 	}
 	var resp codec.Response

@@ -2,6 +2,9 @@ package client
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -156,5 +159,22 @@ func TestReleaseOnASilentSessionIsRetriedElsewhere(t *testing.T) {
 	rel := p.seen(codec.OpRelease)
 	if st := c.Stats(); st.SilentSessions != 1 || len(rel) != 2 || rel[0].conn == rel[1].conn {
 		t.Fatalf("stats %+v, releases %+v: want the silent session closed and the release sent again on another", st, rel)
+	}
+}
+
+// TestProtocolDocStatesTheSilenceTimeout: docs/protocol.md states the
+// silence timeout's default and floor that Config applies.
+func TestProtocolDocStatesTheSilenceTimeout(t *testing.T) {
+	doc, err := os.ReadFile("../docs/protocol.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		fmt.Sprintf("`Config.SilenceTimeout` (default %g s, at least %d ms)", defaultSilenceTimeout.Seconds(), minSilenceTimeout.Milliseconds()),
+		fmt.Sprintf("silence timeout (default %g s, an", defaultSilenceTimeout.Seconds()),
+	} {
+		if !strings.Contains(strings.Join(strings.Fields(string(doc)), " "), want) {
+			t.Errorf("docs/protocol.md does not say %q", want)
+		}
 	}
 }

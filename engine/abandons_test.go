@@ -90,3 +90,32 @@ func TestTombstoneBoundIsPerTenantAcrossShards(t *testing.T) {
 		}
 	}
 }
+
+// TestAbandonPassesNoAdmissionGate: with the key, waiter and in-flight
+// gates all closed (a new acquire answered Busy), an ABANDON still
+// releases its grant, the head waiter is granted, and another drops its
+// waiter (SPEC §6a: like RELEASE, no admission gate).
+func TestAbandonPassesNoAdmissionGate(t *testing.T) {
+	clock := NewFakeClock()
+	e := New(Config{Clock: clock, Shards: 1, MaxKeys: 2, MaxWaiters: 2, MaxInflight: 2})
+	ns := e.Namespace("t")
+	c1, c2 := NewSessionKey([16]byte{1}), NewSessionKey([16]byte{2})
+	var rec recorder
+	e.Acquire(ns, []byte("a"), 1, c1.Requester(1), time.Minute, 0, nil)
+	e.Acquire(ns, []byte("b"), 2, c1.Requester(2), time.Minute, 0, nil)
+	e.Acquire(ns, []byte("a"), 3, c2.Requester(3), time.Minute, time.Minute, &rec)
+	e.Acquire(ns, []byte("b"), 4, c2.Requester(4), time.Minute, time.Minute, &rec)
+	if r, _ := e.Acquire(ns, []byte("c"), 5, 0, time.Minute, 0, nil); r.Outcome != Busy {
+		t.Fatalf("a new acquire with every gate full: %v, want Busy", r.Outcome)
+	}
+	if r := e.Abandon(ns, []byte("a"), c1.Requester(1)); r.Outcome != Released {
+		t.Fatalf("abandon of the grant with the gates closed: %v, want Released", r.Outcome)
+	}
+	if r := e.Abandon(ns, []byte("b"), c2.Requester(4)); r.Outcome != NotHeld {
+		t.Fatalf("abandon of the waiter with the gates closed: %v, want NotHeld", r.Outcome)
+	}
+	got := rec.take()
+	if len(got) != 2 || got[0].owner != 3 || got[0].r.Outcome != Granted || got[1].owner != 4 || got[1].r.Outcome != TimedOut {
+		t.Fatalf("waiters resolved %+v, want 3 Granted and 4 TimedOut", got)
+	}
+}

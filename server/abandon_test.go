@@ -243,3 +243,47 @@ func TestSessionAfterWelcome(t *testing.T) {
 	alpha2.send(codec.AppendAbandon(nil, 2, 7, "k"))
 	alpha2.expect(codec.OpReleased, 2)
 }
+
+// SESSION comes before any ACQUIRE (SPEC §6a), an ACQUIRE refused for
+// one of its fields included: after it, SESSION is E bad_request and the
+// connection closes.
+func TestSessionAfterARefusedAcquireClosesTheConnection(t *testing.T) {
+	s := startServer(t, nil)
+	for _, tc := range []struct {
+		name   string
+		frame  []byte
+		owner  uint64
+		reason codec.Reason
+	}{
+		{"bad key", codec.AppendAcquire(nil, 1, 30, 0, "a b"), 1, codec.BadKey},
+		{"bad lease", codec.AppendAcquire(nil, 1, 0, 0, "k"), 1, codec.BadLease},
+		{"owner 0", codec.AppendAcquire(nil, 0, 30, 0, "k"), 0, codec.BadOwner},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dial(t, s)
+			c.send(tc.frame)
+			c.expectError(tc.owner, tc.reason)
+			c.send(codec.AppendSession(nil, 2, testClientID))
+			c.expectError(2, codec.BadRequest)
+			c.expectClosed()
+		})
+	}
+}
+
+// An ABANDON whose own owner is in flight on the connection is E
+// dup_owner, the connection open, and does nothing: no tombstone
+// refuses the request it named.
+func TestAbandonWithAnOwnerInFlightIsDupOwner(t *testing.T) {
+	s := startServer(t, nil)
+	holder := dial(t, s)
+	holder.mustAcquire(1, "k")
+
+	c := dial(t, s)
+	c.session(1, testClientID)
+	c.acquire(5, 30, 10, "k") // queued: owner 5 is in flight
+	c.send(codec.AppendAbandon(nil, 5, 9, "other"))
+	c.expectError(5, codec.DupOwner)
+	c.expectOpen()
+	c.acquire(9, 30, 0, "other")
+	c.expect(codec.OpAcquired, 9)
+}

@@ -39,6 +39,9 @@ MAX_OWNER = (1 << 64) - 1
 # nothing for the silence timeout is closed like one whose deadline came;
 # PING goes out after a third of it without a word from the server.
 DEFAULT_SILENCE_TIMEOUT = 2.0
+# The shortest silence_timeout, as in the Go client: a shorter one would
+# close a session on a scheduling hiccup, and PING many times a second.
+MIN_SILENCE_TIMEOUT = 0.1
 # The Go client's defaults for the same options.
 DEFAULT_COMPENSATION_QUEUE = 256
 DEFAULT_DIAL_TIMEOUT = 5.0
@@ -233,14 +236,24 @@ def encode(kind: int, owner: int, key: bytes, lease: int, wait: int, token: int)
     return b"P" + _OWNER.pack(owner) + b"\n"
 
 
-def new_client_id() -> bytes:
+class ClientID:
     """The 16 random bytes that name a client instance on all its
-    connections (§6a): a bearer secret, never logged."""
-    return secrets.token_bytes(16)
+    connections (§6a): a bearer secret. It shows only as a placeholder in
+    repr and str, so that printing a client, its vars or a traceback's
+    locals never reveals it; the bytes leave only in a SESSION frame."""
 
+    __slots__ = ("_secret",)
 
-def session_frame(owner: int, client_id: bytes) -> bytes:
-    return b"S" + _OWNER.pack(owner) + client_id + b"\n"
+    def __init__(self):
+        self._secret = secrets.token_bytes(16)
+
+    def __repr__(self):
+        return "ClientID(<secret>)"
+
+    __str__ = __repr__
+
+    def session_frame(self, owner: int) -> bytes:
+        return b"S" + _OWNER.pack(owner) + self._secret + b"\n"
 
 
 def session_answer(f: Frame, owner: int):
@@ -534,8 +547,9 @@ INF = float("inf")
 
 def check_options(compensation_queue, silence_timeout, dial_timeout):
     """The Go client's rule for its options: 0 means the default, a
-    negative value is refused. Returns (compensation_queue,
-    silence_timeout, dial_timeout) with the defaults in place."""
+    negative value is refused, and so is a silence_timeout below
+    MIN_SILENCE_TIMEOUT. Returns (compensation_queue, silence_timeout,
+    dial_timeout) with the defaults in place."""
     if isinstance(compensation_queue, bool) or not isinstance(compensation_queue, int):
         raise errors.Config(f"compensation_queue {compensation_queue!r} is not an int")
     if compensation_queue < 0:
@@ -543,6 +557,8 @@ def check_options(compensation_queue, silence_timeout, dial_timeout):
     for name, v in (("silence_timeout", silence_timeout), ("dial_timeout", dial_timeout)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < INF:
             raise errors.Config(f"{name} {v!r} is not a non-negative number of seconds")
+    if 0 < silence_timeout < MIN_SILENCE_TIMEOUT:
+        raise errors.Config(f"silence_timeout {silence_timeout!r} is below {MIN_SILENCE_TIMEOUT} s")
     return (compensation_queue or DEFAULT_COMPENSATION_QUEUE, silence_timeout or DEFAULT_SILENCE_TIMEOUT,
             dial_timeout or DEFAULT_DIAL_TIMEOUT)
 

@@ -180,7 +180,7 @@ class AsyncClient:
         self._tls = tls
         compensation_queue, self._silence, self._dial_timeout = core.check_options(
             compensation_queue, silence_timeout, dial_timeout)
-        self._client_id = core.new_client_id()
+        self._client_id = core.ClientID()
         self._clock = _clock
         self._owners = core.Owners(_first_owner)
         self._max_in_flight = max_in_flight
@@ -247,7 +247,7 @@ class AsyncClient:
                     hs.welcome(await s.next_handshake_frame())
                 if hs.serves_abandon:
                     owner = self._owners.next()
-                    s.transport.write(core.session_frame(owner, self._client_id))
+                    s.transport.write(self._client_id.session_frame(owner))
                     core.session_answer(await s.next_handshake_frame(), owner)
         except BaseException as e:
             s.pool = None

@@ -127,7 +127,7 @@ class Client:
         self._dialer = dialer
         compensation_queue, self._silence, self._dial_timeout = core.check_options(
             compensation_queue, silence_timeout, dial_timeout)
-        self._client_id = core.new_client_id()
+        self._client_id = core.ClientID()
         self._clock = _clock
         self._owners = core.Owners(_first_owner)
         self._max_in_flight = max_in_flight
@@ -198,7 +198,7 @@ class Client:
             if hs.serves_abandon:
                 owner = self._owners.next()
                 sock.settimeout(left())
-                sock.sendall(core.session_frame(owner, self._client_id))
+                sock.sendall(self._client_id.session_frame(owner))
                 core.session_answer(self._read_frame(sock, decoder, addr, left), owner)
             # Blocking from here, but a send or a recv gives up its turn
             # after POLL (SO_SNDTIMEO, SO_RCVTIMEO) to look at deadlines.

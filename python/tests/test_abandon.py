@@ -350,3 +350,84 @@ def test_a_cancelled_acquire_that_may_have_left_is_abandoned(scripted):
     (_, _, a_fixed, _), = srv.requests(b"A")
     (_, _, x_fixed, x_text), = srv.requests(b"X")
     assert (struct.unpack(">QQ", x_fixed)[1], x_text) == (owner_of(a_fixed), b"k")
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_printing_a_client_does_not_show_its_client_id(scripted, api):
+    """Like TestPrintingAClientDoesNotShowItsClientID: the client_id is a
+    bearer secret; the client, its attributes and their values print
+    without it, as a debugging caller or a traceback's locals would."""
+    srv = scripted(grant_all(), flags=ABANDON_FLAG)
+    with client_of(api, srv.addr) as c:
+        c.acquire("k", min_work_budget=0)
+        client = c if api == "blocking" else c.client
+        attrs = vars(client)
+        printed = " ".join([repr(client), str(client), repr(attrs), str(attrs)]
+                           + [f"{v!r} {v!s}" for v in attrs.values()])
+    (_, fixed, _), = [f for f in frames_on(srv, 0) if f[0] == b"S"]
+    client_id = fixed[8:]
+    for form in (repr(client_id), client_id.hex(), client_id.hex().upper(), str(list(client_id))):
+        assert form not in printed, f"printing the client shows its client_id as {form}"
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_an_abandon_is_sent_only_to_a_server_that_offers_it(scripted, api):
+    """Like TestAbandonIsSentOnlyToAServerThatOffersIt: in a pool where one
+    server sets GREETING bit1 and another does not (a rolling upgrade),
+    SESSION and ABANDON go only where the bit is set; elsewhere they are
+    unknown ops that would close a session other calls share."""
+    offers = scripted(serving(cut_the_first), flags=ABANDON_FLAG)
+    plain = scripted(grant_all())
+    with client_of(api, [offers.addr, plain.addr]) as c:
+        for _ in range(10):  # round-robin: the first to reach `offers` is cut
+            try:
+                c.acquire("k", min_work_budget=0)
+            except lockd.Indeterminate as e:
+                assert "ABANDON" in str(e)
+                break
+        else:
+            pytest.fail("no acquire reached the server that offers ABANDON")
+        deadline = time.monotonic() + 10
+        while c.stats.abandons_released == 0 and not plain.requests(b"X") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = vars(c.stats).copy()
+    assert plain.requests(b"S") == [] and plain.requests(b"X") == []
+    assert len(offers.requests(b"X")) == 1 and stats["abandons_released"] == 1
+
+
+def down_on_acquire(holder):
+    """A §6a script that goes down at the first ACQUIRE it gets: it cuts
+    that connection and stops accepting, a node killed after the request
+    may have reached it. ABANDON is answered RELEASED."""
+    def on_acquire(index, conn, owner, fixed):
+        srv = holder[0]
+        with contextlib.suppress(OSError):
+            srv.sock.shutdown(socket.SHUT_RDWR)
+        conn.shutdown(socket.SHUT_RDWR)
+        return False
+    return serving(on_acquire)
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_an_abandon_goes_to_another_node_when_one_is_down(scripted, api):
+    """Like TestAbandonGoesToAnotherNodeWhenOneIsDown: the ABANDON of an
+    acquire whose node went down is sent to another node of the client."""
+    a_holder, b_holder = [], []
+    a = scripted(down_on_acquire(a_holder), flags=ABANDON_FLAG)
+    b = scripted(down_on_acquire(b_holder), flags=ABANDON_FLAG)
+    a_holder.append(a)
+    b_holder.append(b)
+    with client_of(api, [a.addr, b.addr]) as c:
+        with pytest.raises(lockd.Indeterminate) as e:
+            c.acquire("k", min_work_budget=0)
+        assert "ABANDON" in str(e.value)
+        deadline = time.monotonic() + 10
+        while c.stats.abandons_released == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stats = vars(c.stats).copy()
+    down, up = (a, b) if a.requests(b"A") else (b, a)
+    (_, _, a_fixed, _), = down.requests(b"A")
+    assert up.requests(b"A") == [] and down.requests(b"X") == []
+    (_, _, x_fixed, x_text), = up.requests(b"X")
+    assert struct.unpack(">QQ", x_fixed)[1] == owner_of(a_fixed) and x_text == b"k"
+    assert stats["abandons_released"] == 1 and stats["abandons_given_up"] == 0

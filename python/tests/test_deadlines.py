@@ -235,7 +235,8 @@ def test_compensation_queue_size_follows_the_go_rule(scripted, api):
     """Like TestDialRefusesAnUnusableConfig and
     TestCompensationQueueFullLeavesTheLockToItsLease: a negative size is
     refused, 0 is the default 256, never unbounded. The silence and dial
-    timeouts follow the same rule."""
+    timeouts follow the same rule, and a silence timeout below 0.1 s is
+    refused, as TestDialRefusesAnUnusableConfig checks in Go."""
     answer_releases = threading.Event()
 
     def script(index, conn, frames):
@@ -249,7 +250,7 @@ def test_compensation_queue_size_follows_the_go_rule(scripted, api):
     srv = scripted(script)
     n = 300
     if api == "blocking":
-        for bad in (dict(compensation_queue=-1), dict(silence_timeout=-1), dict(dial_timeout=-0.5)):
+        for bad in (dict(compensation_queue=-1), dict(silence_timeout=-1), dict(silence_timeout=0.05), dict(dial_timeout=-0.5)):
             with pytest.raises(lockd.Config):
                 lockd.Client(srv.addr, **bad)
         with lockd.Client(srv.addr, compensation_queue=0) as c:
@@ -260,7 +261,7 @@ def test_compensation_queue_size_follows_the_go_rule(scripted, api):
             answer_releases.set()
     else:
         async def main():
-            for bad in (dict(compensation_queue=-1), dict(silence_timeout=-1), dict(dial_timeout=-0.5)):
+            for bad in (dict(compensation_queue=-1), dict(silence_timeout=-1), dict(silence_timeout=0.05), dict(dial_timeout=-0.5)):
                 with pytest.raises(lockd.Config):
                     lockd.AsyncClient(srv.addr, **bad)
             async with lockd.AsyncClient(srv.addr, compensation_queue=0) as c:
