@@ -128,10 +128,10 @@ func TestAdminRefusesNonLoopbackWithoutTheFlag(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "0.0.0.0:0") || !strings.Contains(err.Error(), "--insecure-admin") {
 		t.Fatalf("admin on every interface: %v; want a refusal naming the address and --insecure-admin", err)
 	}
-	if err := checkExposure(Config{Listen: "127.0.0.1:0", Admin: "0.0.0.0:0", InsecureAdmin: true}); err != nil {
+	if err := exposureError(Config{Listen: "127.0.0.1:0", Admin: "0.0.0.0:0", InsecureAdmin: true}); err != nil {
 		t.Fatalf("with --insecure-admin: %v", err)
 	}
-	if err := checkExposure(Config{Listen: "127.0.0.1:0", Admin: "localhost:0"}); err != nil {
+	if err := exposureError(Config{Listen: "127.0.0.1:0", Admin: "localhost:0"}); err != nil {
 		t.Fatalf("loopback: %v", err)
 	}
 }
@@ -316,7 +316,7 @@ func TestAdminTokenGuardsRoutes(t *testing.T) {
 			t.Errorf("%s without the token: %d, want 200", path, code)
 		}
 	}
-	if err := checkExposure(Config{Listen: "127.0.0.1:0", Admin: "0.0.0.0:0", AdminToken: token}); err != nil {
+	if err := exposureError(Config{Listen: "127.0.0.1:0", Admin: "0.0.0.0:0", AdminToken: token}); err != nil {
 		t.Fatalf("a non-loopback admin endpoint with a token: %v", err)
 	}
 }

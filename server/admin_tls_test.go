@@ -112,11 +112,11 @@ func TestAdminClientCertificatesGuardRoutes(t *testing.T) {
 		}
 	}
 
-	if err := checkExposure(Config{Listen: "127.0.0.1:0", Admin: "0.0.0.0:0", AdminTLS: s.cfg.AdminTLS}); err != nil {
+	if err := exposureError(Config{Listen: "127.0.0.1:0", Admin: "0.0.0.0:0", AdminTLS: s.cfg.AdminTLS}); err != nil {
 		t.Fatalf("a non-loopback admin endpoint taking client certificates: %v", err)
 	}
 	noClientCA := &tls.Config{Certificates: s.cfg.AdminTLS.Certificates}
-	if err := checkExposure(Config{Listen: "127.0.0.1:0", Admin: "0.0.0.0:0", AdminTLS: noClientCA}); err == nil || !strings.Contains(err.Error(), "--admin-tls-client-ca") {
+	if err := exposureError(Config{Listen: "127.0.0.1:0", Admin: "0.0.0.0:0", AdminTLS: noClientCA}); err == nil || !strings.Contains(err.Error(), "--admin-tls-client-ca") {
 		t.Fatalf("a non-loopback HTTPS admin endpoint that authenticates no one: %v, want refused", err)
 	}
 }

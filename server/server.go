@@ -238,7 +238,7 @@ type Server struct {
 // Start listens on cfg.Listen and serves until Close.
 func Start(cfg Config) (*Server, error) {
 	cfg.applyDefaults()
-	if err := checkExposure(cfg); err != nil {
+	if err := errors.Join(CheckExposure(cfg)...); err != nil {
 		return nil, err
 	}
 	if (cfg.TLSListen == "") != (cfg.TLS == nil) {
@@ -408,32 +408,35 @@ func (m *loggedMark) Reserve(mark uint64) error {
 	return err
 }
 
-// checkExposure refuses auth off on an address other machines can reach,
-// the TLS port's included, and the admin endpoint without authentication
-// (a token or client certificates) on one.
-func checkExposure(cfg Config) error {
+// CheckExposure applies the rule New refuses a configuration by: auth
+// off on an address other machines can reach (the TLS port's included),
+// and the admin endpoint without authentication (a token or client
+// certificates) on one. It returns one error per problem, so that
+// `lockd serve --check-config` can list them all.
+func CheckExposure(cfg Config) []error {
+	var problems []error
 	for _, listen := range []string{cfg.Listen, cfg.TLSListen} {
 		if listen == "" || cfg.Auth != nil || cfg.InsecureNoAuth {
 			continue
 		}
 		loopback, err := netaddr.IsLoopback(listen)
-		if err != nil {
-			return fmt.Errorf("server: listen address %q: %w", listen, err)
-		}
-		if !loopback {
-			return fmt.Errorf("server: refusing to listen on non-loopback %q with auth off: give --auth-file, or --insecure-no-auth to accept the risk", listen)
+		switch {
+		case err != nil:
+			problems = append(problems, fmt.Errorf("server: listen address %q: %w", listen, err))
+		case !loopback:
+			problems = append(problems, fmt.Errorf("server: refusing to listen on non-loopback %q with auth off: give --auth-file, or --insecure-no-auth to accept the risk", listen))
 		}
 	}
 	if cfg.Admin != "" && !cfg.InsecureAdmin && !cfg.adminAuthenticates() {
 		loopback, err := netaddr.IsLoopback(cfg.Admin)
-		if err != nil {
-			return fmt.Errorf("server: admin address %q: %w", cfg.Admin, err)
-		}
-		if !loopback {
-			return fmt.Errorf("server: refusing the admin endpoint on non-loopback %q without authentication: give --admin-token-file or --admin-tls-client-ca, keep it on 127.0.0.1, or give --insecure-admin to accept the risk", cfg.Admin)
+		switch {
+		case err != nil:
+			problems = append(problems, fmt.Errorf("server: admin address %q: %w", cfg.Admin, err))
+		case !loopback:
+			problems = append(problems, fmt.Errorf("server: refusing the admin endpoint on non-loopback %q without authentication: give --admin-token-file or --admin-tls-client-ca, keep it on 127.0.0.1, or give --insecure-admin to accept the risk", cfg.Admin))
 		}
 	}
-	return nil
+	return problems
 }
 
 // Addr is the address the server listens on (with the real port when

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"errors"
 	"net"
 	"strings"
 	"testing"
@@ -261,7 +262,7 @@ func TestRefusesExposedAddressWithoutAuth(t *testing.T) {
 		{Config{Listen: "0.0.0.0:7420", InsecureNoAuth: true}, true},
 		{Config{Listen: "0.0.0.0:7420", Auth: map[string][]byte{"t": {1}}}, true},
 	} {
-		if err := checkExposure(tt.cfg); (err == nil) != tt.ok {
+		if err := exposureError(tt.cfg); (err == nil) != tt.ok {
 			t.Errorf("%+v: err = %v", tt.cfg, err)
 		}
 	}
@@ -561,3 +562,7 @@ func TestGrantToClosingConnectionIsReleased(t *testing.T) {
 		return other.recv().Op == codec.OpAcquired
 	})
 }
+
+// exposureError is CheckExposure's problems as the one error Start
+// returns.
+func exposureError(cfg Config) error { return errors.Join(CheckExposure(cfg)...) }

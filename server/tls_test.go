@@ -325,7 +325,7 @@ func TestTLSPortExposureAndConfig(t *testing.T) {
 		{Config{Listen: "127.0.0.1:7420", TLSListen: "0.0.0.0:7422", InsecureNoAuth: true}, true},
 		{Config{Listen: "127.0.0.1:7420", TLSListen: "0.0.0.0:7422", Auth: map[string][]byte{"t": {1}}}, true},
 	} {
-		if err := checkExposure(tt.cfg); (err == nil) != tt.ok {
+		if err := exposureError(tt.cfg); (err == nil) != tt.ok {
 			t.Errorf("%+v: err = %v", tt.cfg, err)
 		}
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -15,7 +16,7 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/cluster"
-	"github.com/lockd/lockd/internal/netaddr"
+	"github.com/lockd/lockd/server"
 	"golang.org/x/sys/unix"
 )
 
@@ -109,26 +110,22 @@ func checkAddresses(opts serveOptions) []error {
 	return problems
 }
 
-// checkExposure applies serve's rule for the client and admin ports: on
-// an address other machines reach, the client port needs --auth-file (or
-// --insecure-no-auth) and the admin port --admin-token-file or
-// --admin-tls-client-ca (or --insecure-admin).
+// checkExposure applies serve's rule for the client and admin ports
+// (server.CheckExposure) to the configuration as it will be once its
+// files load: a file named but unreadable is reported by loadFiles, and
+// here counts as given.
 func checkExposure(opts serveOptions) []error {
 	cfg := opts.server
-	var problems []error
-	exposed := func(addr string) bool {
-		loopback, err := netaddr.IsLoopback(addr)
-		return err == nil && !loopback
+	if opts.authFile != "" && cfg.Auth == nil {
+		cfg.Auth = map[string][]byte{}
 	}
-	for _, listen := range []string{cfg.Listen, cfg.TLSListen} {
-		if listen != "" && opts.authFile == "" && !cfg.InsecureNoAuth && exposed(listen) {
-			problems = append(problems, fmt.Errorf("client port %s is reachable from other machines with auth off: give --auth-file, or --insecure-no-auth to accept the risk", listen))
-		}
+	if opts.adminTokenFile != "" && cfg.AdminToken == nil {
+		cfg.AdminToken = []byte{}
 	}
-	if cfg.Admin != "" && opts.adminTokenFile == "" && opts.adminTLS[2] == "" && !cfg.InsecureAdmin && exposed(cfg.Admin) {
-		problems = append(problems, fmt.Errorf("admin endpoint %s is reachable from other machines without authentication: give --admin-token-file or --admin-tls-client-ca, or --insecure-admin to accept the risk", cfg.Admin))
+	if opts.adminTLS[2] != "" && (cfg.AdminTLS == nil || cfg.AdminTLS.ClientCAs == nil) {
+		cfg.AdminTLS = &tls.Config{ClientCAs: x509.NewCertPool()}
 	}
-	return problems
+	return server.CheckExposure(cfg)
 }
 
 // checkDataDir checks that lockd can create or write dir, without

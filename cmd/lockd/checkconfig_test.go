@@ -72,8 +72,8 @@ func TestCheckConfigNamesEveryProblem(t *testing.T) {
 		{"--raft-tls-cert", missing},
 		{"--peers 2 10.0.0.2:x", "port"},
 		{"--data-dir", "not a directory"},
-		{"client port 0.0.0.0:7420", "--auth-file"},
-		{"admin endpoint 0.0.0.0:7421", "--admin-token-file"},
+		{`listen on non-loopback "0.0.0.0:7420"`, "--auth-file"},
+		{`admin endpoint on non-loopback "0.0.0.0:7421"`, "--admin-token-file"},
 	} {
 		found := false
 		for _, l := range lines {
