@@ -124,6 +124,11 @@ type Config struct {
 	// stays wherever elections put it (placement.go).
 	FixedLeaders bool
 
+	// StatementInterval is how often the node states its log format to
+	// its peers, and its leaders look at raising their groups' formats,
+	// while a group is below the newest (version.go); default 250 ms.
+	StatementInterval time.Duration
+
 	// AttemptTimeout bounds one Raft proposal attempt, so that a proposal
 	// lost with a dead leader is sent again to the next one; default two
 	// election timeouts, at least 100 ms.
@@ -171,6 +176,7 @@ func (c *Config) applyDefaults() error {
 	c.SnapshotEntries = defaults.Or(c.SnapshotEntries, DefaultSnapshotEntries)
 	c.CompactionOverhead = defaults.Or(c.CompactionOverhead, DefaultCompactionOverhead)
 	c.ProposeTimeout = defaults.Or(c.ProposeTimeout, DefaultProposeTimeout)
+	c.StatementInterval = defaults.Or(c.StatementInterval, defaultStatementInterval)
 	c.ExecShards = defaults.Or(c.ExecShards, 1)
 	c.LogDBShards = defaults.Or(c.LogDBShards, 1)
 	c.MaxKeys = defaults.Or(c.MaxKeys, engine.DefaultMaxKeys)

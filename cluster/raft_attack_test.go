@@ -216,7 +216,11 @@ func TestProcessesForgedFramesRightAfterAnAddition(t *testing.T) {
 	unused := freePorts(t, 2*3)
 	for round := range 3 {
 		id := uint64(4 + round)
+		// The groups' log format is above the base by now: the member's
+		// address must state that it reads it (AddMember).
+		stopStating := stateFormatAt(t, fmt.Sprintf("127.0.0.1:%d", unused[2*round]), id)
 		adminMembers(t, target, id, fmt.Sprintf("127.0.0.1:%d", unused[2*round]))
+		stopStating()
 		for range 5 {
 			if err := forgeUntilClosed(raftAddr, forged(id, fmt.Sprintf("127.0.0.1:%d", unused[2*round+1]))); err != nil {
 				t.Fatalf("round %d: a forged frame of the member just added: %v, want the connection closed", round, err)
@@ -918,4 +922,31 @@ func TestRaftSourcesRefuseAnUnknownSenderAtAMembersAddress(t *testing.T) {
 			t.Errorf("%s: keep source %v, %v; want refused %v, keep source %v", c.what, keep, err, c.refuse, c.keep)
 		}
 	}
+}
+
+// stateFormatAt answers, at addr, every statement of a log format with
+// node id's, of this build's newest format: a node added there passes
+// AddMember's format check without running. The returned func stops it.
+func stateFormatAt(t *testing.T, addr string, id uint64) func() {
+	t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+			if kind, body, err := readFrame(conn, nil, nil); err == nil && kind == frameLockd && len(body) > 0 && body[0] == peerFormat {
+				_ = writeFrame(conn, frameLockd, appendStatement(nil, id, logFormatNewest), time.Second)
+			}
+			conn.Close()
+		}
+	}()
+	return func() { ln.Close(); <-done }
 }

@@ -59,12 +59,11 @@ const (
 const (
 	peerFormat   = 'n'
 	statementLen = 1 + 8 + 4
-	// statementInterval is how often a node states its format to its
-	// peers while one of its groups is below logFormatNewest, and the
-	// leaders look at raising them: often, because a node's clients get
-	// SPEC §6a only on connections greeted once every group rose
-	// (ServesAbandon), and a new cluster starts at the base format.
-	statementInterval = 250 * time.Millisecond
+	// defaultStatementInterval is Config.StatementInterval's default:
+	// often, because a node's clients get SPEC §6a only on connections
+	// greeted once every group rose (ServesAbandon), and a new cluster
+	// starts at the base format.
+	defaultStatementInterval = 250 * time.Millisecond
 	// statementFresh is how long a peer's statement counts: a peer
 	// restarted on an older build stops answering, and its statement
 	// lapses before a leader could raise a format on it.
@@ -207,7 +206,7 @@ func (n *Node) peersOfGroups() map[uint64]string {
 // instead of replaying past a format it cannot read), and hands off the
 // leadership of a group whose replica halted.
 func (n *Node) formatLoop(ctx context.Context) {
-	tick := time.NewTicker(statementInterval)
+	tick := time.NewTicker(n.cfg.StatementInterval)
 	defer tick.Stop()
 	snapshotted := make([]uint32, len(n.groups)) // the format each group's snapshot was asked at
 	for {
