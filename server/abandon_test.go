@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/rs/zerolog"
@@ -39,6 +40,39 @@ func TestGreetingAdvertisesAbandonOnlyWhenServed(t *testing.T) {
 	c.send(codec.AppendSession(nil, 1, testClientID))
 	c.expectError(1, codec.BadRequest)
 	c.expectClosed()
+}
+
+// laterAbandonBackend starts serving §6a after the server started, as a
+// cluster node does once its groups' log format has risen.
+type laterAbandonBackend struct {
+	grantingBackend
+	serves atomic.Bool
+}
+
+func (b *laterAbandonBackend) ServesAbandon() bool { return b.serves.Load() }
+
+// Each connection's GREETING says whether the backend serves §6a then,
+// and the connection keeps to what it was told.
+func TestGreetingAdvertisesAbandonOnceTheBackendServesIt(t *testing.T) {
+	b := new(laterAbandonBackend)
+	s := startServer(t, func(cfg *Config) { cfg.Backend = b })
+	before := dial(t, s)
+	if before.greeting.Flags&codec.GreetingAbandon != 0 {
+		t.Fatalf("bit1 set before the backend serves §6a: flags %#x", before.greeting.Flags)
+	}
+	b.serves.Store(true)
+	after := dial(t, s)
+	if after.greeting.Flags&codec.GreetingAbandon == 0 {
+		t.Fatalf("bit1 missing once the backend serves §6a: flags %#x", after.greeting.Flags)
+	}
+	after.session(1, testClientID)
+	after.send(codec.AppendAbandon(nil, 2, 7, "k"))
+	after.expect(codec.OpNotHeld, 2)
+	// The earlier connection was told §6a is not served: SESSION is still
+	// an unknown op there.
+	before.send(codec.AppendSession(nil, 1, testClientID))
+	before.expectError(1, codec.BadRequest)
+	before.expectClosed()
 }
 
 // An ACQUIRE whose answer its client never saw: the client abandons it

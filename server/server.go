@@ -189,15 +189,12 @@ type Server struct {
 	// asyncAnswers: RELEASE, KEEP and ABANDON answers come through the
 	// Waiter path.
 	asyncAnswers bool
-	// servesAbandon: the backend serves SPEC §6a, so GREETING sets bit1
-	// and SESSION and ABANDON are served.
-	servesAbandon bool
-	ager          acquireAger // nil when the backend cannot tell (metrics.go)
-	gnetEng       gnet.Engine
-	addr          string
-	metrics       metrics
-	admin         *adminServer
-	tlsPort       *tlsPort // nil without Config.TLSListen
+	ager         acquireAger // nil when the backend cannot tell (metrics.go)
+	gnetEng      gnet.Engine
+	addr         string
+	metrics      metrics
+	admin        *adminServer
+	tlsPort      *tlsPort // nil without Config.TLSListen
 
 	draining atomic.Bool
 	conns    atomic.Int64
@@ -265,7 +262,6 @@ func Start(cfg Config) (*Server, error) {
 		s.backend = engine.NewLocal(s.engine)
 	}
 	s.asyncAnswers = s.backend.AsyncAnswers()
-	s.servesAbandon = s.backend.ServesAbandon()
 	s.ager, _ = s.backend.(acquireAger)
 	booted := make(chan struct{})
 	h := &handler{srv: s, booted: booted}

@@ -45,6 +45,8 @@ type session struct {
 	sawRequest  bool // any frame was handled, so HELLO may no longer come
 	ns          engine.Namespace
 	tenant      string
+	// servesAbandon: this connection's GREETING set bit1 (SPEC §6a).
+	servesAbandon bool
 	// sessionKey is what the connection keeps of its SESSION's client_id
 	// (SPEC §6a), 0 before one; the client_id itself is never kept.
 	sessionKey engine.SessionKey
@@ -162,7 +164,10 @@ func newSession(s *Server, tr transport, b *batch) (*session, []byte, error) {
 		ss.ns = s.backend.Namespace(defaultTenant)
 	}
 	var flags uint8
-	if s.servesAbandon {
+	// Read per connection: a cluster node serves §6a only once every
+	// group's log format has risen, which happens after it started.
+	ss.servesAbandon = s.backend.ServesAbandon()
+	if ss.servesAbandon {
 		flags |= codec.GreetingAbandon
 	}
 	if s.cfg.Auth != nil {
@@ -344,9 +349,9 @@ func (ss *session) handleFrame(req *codec.Request, fieldErr error) bool {
 func (ss *session) outOfSessionOrder(op byte) bool {
 	switch op {
 	case codec.OpSession:
-		return !ss.srv.servesAbandon || ss.sessionKey != 0 || ss.sawAcquire
+		return !ss.servesAbandon || ss.sessionKey != 0 || ss.sawAcquire
 	case codec.OpAbandon:
-		return !ss.srv.servesAbandon || ss.sessionKey == 0
+		return !ss.servesAbandon || ss.sessionKey == 0
 	}
 	return false
 }
