@@ -942,7 +942,7 @@ func stateFormatAt(t *testing.T, addr string, id uint64) func() {
 				return
 			}
 			_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-			if kind, body, err := readFrame(conn, nil, nil); err == nil && kind == frameLockd && len(body) > 0 && body[0] == peerFormat {
+			if kind, body, err := readFrame(conn, nil); err == nil && kind == frameLockd && len(body) > 0 && body[0] == peerFormat {
 				_ = writeFrame(conn, frameLockd, appendStatement(nil, id, logFormatNewest), time.Second)
 			}
 			conn.Close()

@@ -85,17 +85,26 @@ func (e *Engine) abandonLocked(s *shard, h uint64, ns Namespace, key []byte, r R
 		e.abandons.nothing.Add(1)
 		return NotHeld
 	}
+	// Every queued copy of the request goes first (a client re-sending
+	// an owner may have queued it again), so that releasing its grant
+	// cannot hand the lock to the same abandoned request.
+	dropped := false
+	for w := ent.head; w != nil; {
+		next := w.next
+		if w.requester == r {
+			e.resolve(w, e.unqueue(s, w), Result{Outcome: TimedOut})
+			dropped = true
+		}
+		w = next
+	}
 	if AbandonGrant(ent.lease, ent.holder, r, now) == Released {
 		e.releaseLocked(s, h, ent, ent.lease.Token, now)
 		e.abandons.released.Add(1)
 		return Released
 	}
-	for w := ent.head; w != nil; w = w.next {
-		if w.requester == r {
-			e.resolve(w, e.unqueue(s, w), Result{Outcome: TimedOut})
-			e.abandons.dropped.Add(1)
-			return NotHeld
-		}
+	if dropped {
+		e.abandons.dropped.Add(1)
+		return NotHeld
 	}
 	e.abandons.nothing.Add(1)
 	return NotHeld

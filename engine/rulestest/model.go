@@ -362,6 +362,9 @@ func (m *Model) acquireAs(c *modelClient, k modelKey, owner uint64) error {
 		wait = time.Duration(1+m.rng.IntN(8)) * time.Second
 	}
 	m.counts.acquires++
+	// A re-sent owner may be queued again: its cancel is no longer one
+	// of a wait that is over.
+	m.finished = slices.DeleteFunc(m.finished, func(o uint64) bool { return o == owner })
 	req := RequesterOf(c.session, owner)
 	var r engine.Result
 	if req != 0 {
