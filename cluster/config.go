@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/lni/dragonboat/v4/config"
+	"github.com/lockd/lockd/cluster/raftnet"
 	"github.com/lockd/lockd/engine"
 	"github.com/lockd/lockd/internal/defaults"
 	"github.com/rs/zerolog"
@@ -62,8 +63,7 @@ const (
 	// of an idle cluster's CPU.
 	expiryHousekeeping = 250 * time.Millisecond
 	// expireRetry re-arms a due lease whose expire proposal may be lost.
-	expireRetry  = 500 * time.Millisecond
-	deploymentID = 0x6c6f636b64 // "lockd"
+	expireRetry = 500 * time.Millisecond
 	// proposalsInFlight per group and node: enough to overlap one batch's
 	// commit with the next one's send, few enough that requests arriving
 	// meanwhile are batched (group commit).
@@ -150,7 +150,7 @@ type Config struct {
 	InsecureRaft bool
 	// RaftFrameBudget bounds, in bytes, the bodies of the Raft frames
 	// past 64 KiB that peers' connections hold at once (framebudget.go);
-	// 0: DefaultRaftFrameBudget, at least MinRaftFrameBudget.
+	// 0: raftnet.DefaultFrameBudget, at least raftnet.MinFrameBudget.
 	RaftFrameBudget int
 
 	// Build names this binary's build (its version and commit), for the
@@ -177,11 +177,11 @@ func (c *Config) applyDefaults() error {
 	c.MaxWaiters = defaults.Or(c.MaxWaiters, engine.DefaultMaxWaiters)
 	c.MaxInflight = defaults.Or(c.MaxInflight, engine.DefaultMaxInflight)
 	if c.RaftFrameBudget == 0 {
-		c.RaftFrameBudget = DefaultRaftFrameBudget
+		c.RaftFrameBudget = raftnet.DefaultFrameBudget
 	}
 	switch {
-	case c.RaftFrameBudget < MinRaftFrameBudget:
-		return fmt.Errorf("cluster: --raft-frame-budget-mib %d: want >= %d (a frame of the largest size and room for members' frames)", c.RaftFrameBudget>>20, MinRaftFrameBudget>>20)
+	case c.RaftFrameBudget < raftnet.MinFrameBudget:
+		return fmt.Errorf("cluster: --raft-frame-budget-mib %d: want >= %d (a frame of the largest size and room for members' frames)", c.RaftFrameBudget>>20, raftnet.MinFrameBudget>>20)
 	case c.Groups < 0:
 		return fmt.Errorf("cluster: --groups %d: want >= 1, or 0 for the data dir's count", c.Groups)
 	case c.NodeID == 0:

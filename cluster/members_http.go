@@ -29,6 +29,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockd/lockd/cluster/raftnet"
 	"github.com/lockd/lockd/internal/adminjson"
 )
 
@@ -124,7 +125,7 @@ func (n *Node) probePeers(ctx context.Context, members []Member) {
 			continue
 		}
 		wg.Go(func() {
-			conn, err := dialRaft(ctx, n.cfg.RaftTLS, n.log, mb.Addr)
+			conn, err := raftnet.Dial(ctx, n.cfg.RaftTLS, n.log, mb.Addr)
 			if err != nil {
 				mb.Reachable = ReachableDown
 				return

@@ -36,6 +36,8 @@ import (
 	"github.com/lni/dragonboat/v4"
 	"github.com/lni/dragonboat/v4/config"
 	sm "github.com/lni/dragonboat/v4/statemachine"
+	"github.com/lockd/lockd/cluster/logdb"
+	"github.com/lockd/lockd/cluster/raftnet"
 	"github.com/lockd/lockd/engine"
 	"github.com/rs/zerolog"
 )
@@ -191,7 +193,7 @@ func Start(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	sources := &raftSources{}
+	sources := &raftnet.Sources{}
 	// Before the NodeHost: the transport may already take a peer's
 	// send-again, whose link goroutines end with it.
 	n.ctx, n.cancel = context.WithCancel(context.Background())
@@ -201,7 +203,7 @@ func Start(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("cluster: start NodeHost: %w", err)
 	}
 	n.nh = nh
-	sources.attach(nh)
+	sources.Attach(nh)
 	for i := range cfg.Groups {
 		g := n.newGroup(i)
 		n.groups = append(n.groups, g)
@@ -251,10 +253,10 @@ func newNode(cfg Config) (*Node, error) {
 // nodeHostConfig is the NodeHost's configuration: its dirs and RTT, the
 // log store, one step and one apply worker, the leader listener and
 // lockd's own transport.
-func (n *Node) nodeHostConfig(sources *raftSources) config.NodeHostConfig {
+func (n *Node) nodeHostConfig(sources *raftnet.Sources) config.NodeHostConfig {
 	cfg := n.cfg
 	nhc := config.NodeHostConfig{
-		DeploymentID:   deploymentID,
+		DeploymentID:   raftnet.DeploymentID,
 		NodeHostDir:    cfg.DataDir,
 		WALDir:         cfg.DataDir,
 		RTTMillisecond: uint64(max(cfg.RTT/time.Millisecond, 1)),
@@ -262,7 +264,7 @@ func (n *Node) nodeHostConfig(sources *raftSources) config.NodeHostConfig {
 		Expert:         config.ExpertConfig{LogDB: config.GetTinyMemLogDBConfig(), FS: cfg.FS},
 	}
 	nhc.Expert.LogDB.Shards = cfg.LogDBShards
-	nhc.Expert.LogDBFactory = commitLazyLogDBFactory{saves: &n.obs.logSaves}
+	nhc.Expert.LogDBFactory = logdb.Factory{Saves: &n.obs.logSaves}
 	nhc.Expert.Engine = config.GetDefaultEngineConfig()
 	nhc.Expert.Engine.ExecShards = cfg.ExecShards
 	// One apply worker: each of dragonboat's 16 default workers wakes 5
@@ -272,8 +274,8 @@ func (n *Node) nodeHostConfig(sources *raftSources) config.NodeHostConfig {
 	// 1024 callers (docs/cluster.md, Timing).
 	nhc.Expert.Engine.ApplyShards = 1
 	nhc.RaftEventListener = leaderListener{n}
-	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS, sources: sources, heard: n.heardFrom, budget: newFrameBudget(cfg.RaftFrameBudget, guestShare),
-		framesSent: &n.stats.raftFramesSent, streamsOpened: &n.stats.raftStreams, onPeer: n.onPeerFrame, listener: cfg.RaftListener}
+	nhc.Expert.TransportFactory = raftnet.Factory{Log: cfg.Logger, TLS: cfg.RaftTLS, Sources: sources, Heard: n.heardFrom, Budget: raftnet.NewFrameBudget(cfg.RaftFrameBudget),
+		FramesSent: &n.stats.raftFramesSent, StreamsOpened: &n.stats.raftStreams, OnPeer: n.onServedFrame, Listener: cfg.RaftListener}
 	return nhc
 }
 

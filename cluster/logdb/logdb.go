@@ -1,8 +1,9 @@
-package cluster
-
-// This file owns the node's Raft log store: dragonboat's Pebble LogDB
-// behind a wrapper that leaves a Raft state change of the commit index
-// alone unsaved until the next write that must be durable anyway.
+// Package logdb owns a cluster node's Raft log store: dragonboat's Pebble
+// LogDB behind a wrapper that leaves a Raft state change of the commit
+// index alone unsaved until the next write that must be durable anyway
+// (commitLazyLogDB). It knows nothing of locks, groups or the transport;
+// the cluster package plugs it into a NodeHost through Factory.
+package logdb
 
 import (
 	"fmt"
@@ -33,15 +34,15 @@ func newPebbleLogDB(config.NodeHostConfig, config.LogDBCallback, []string, []str
 // the wrapper open alike (the bytes on disk are the same).
 const pebbleLogDBName = "sharded-pebble"
 
-// commitLazyLogDBFactory makes the NodeHost's LogDB (NodeHostConfig's
+// Factory makes the NodeHost's LogDB (NodeHostConfig's
 // Expert.LogDBFactory).
-type commitLazyLogDBFactory struct {
-	saves *histogram.Histogram // the durable writes' latency, for /metrics
+type Factory struct {
+	Saves *histogram.Histogram // the durable writes' latency, for /metrics
 }
 
-func (commitLazyLogDBFactory) Name() string { return pebbleLogDBName }
+func (Factory) Name() string { return pebbleLogDBName }
 
-func (f commitLazyLogDBFactory) Create(nhc config.NodeHostConfig, cb config.LogDBCallback, dirs, walDirs []string) (raftio.ILogDB, error) {
+func (f Factory) Create(nhc config.NodeHostConfig, cb config.LogDBCallback, dirs, walDirs []string) (raftio.ILogDB, error) {
 	inner, err := newPebbleLogDB(nhc, cb, dirs, walDirs)
 	if err != nil {
 		return nil, err
@@ -58,7 +59,7 @@ func (f commitLazyLogDBFactory) Create(nhc config.NodeHostConfig, cb config.LogD
 			return nil, err
 		}
 	}
-	return newCommitLazyLogDB(inner, f.saves), nil
+	return newCommitLazyLogDB(inner, f.Saves), nil
 }
 
 // raftReplica names one replica of one Raft group in a LogDB.
