@@ -22,6 +22,9 @@ import (
 type fsm struct {
 	g *group
 
+	// mu guards state and the node-local fields below. Lock order: the
+	// node's regMu before mu (node.go); Update releases mu before it
+	// delivers answers, which take regMu.
 	mu    sync.Mutex
 	state replicated
 

@@ -23,8 +23,8 @@ import (
 // when it is given no factory. dragonboat exports no constructor for it
 // (it lives in an internal package), and a wrapper needs it as its inner
 // store: the only other LogDBs dragonboat offers (plugin/tan, plugin/tee)
-// keep another on-disk format, and tan was measured at 8.0 fsyncs per
-// commit over three nodes against Pebble's 5.8 (docs/cluster.md).
+// keep another on-disk format, and tan is slower here
+// (docs/cluster.md, Raft log).
 //
 //go:linkname newPebbleLogDB github.com/lni/dragonboat/v4/internal/logdb.NewDefaultLogDB
 func newPebbleLogDB(config.NodeHostConfig, config.LogDBCallback, []string, []string) (raftio.ILogDB, error)
@@ -70,8 +70,8 @@ type raftReplica struct{ shardID, replicaID uint64 }
 // (no entries, no snapshot, term and vote as last written) is not written
 // at once. Pebble commits every write with an fsync, and that update comes
 // once per commit on every replica (the leader learns the commit from the
-// acknowledgements, a follower from the next message), so it doubled the
-// fsyncs per commit, and the step worker that waits on it is the one the
+// acknowledgements, a follower from the next message), so writing it
+// doubles the fsyncs per commit, and the step worker that waits on it is the one the
 // next proposal needs. The held state goes out with the replica's next
 // write of entries, a snapshot or a term or vote, which is durable anyway.
 //
@@ -139,9 +139,8 @@ func (l *commitLazyLogDB) SaveRaftState(updates []pb.Update, worker uint64) erro
 	// readied on its own processor. Pebble's commit readies its WAL
 	// flusher after them and waits; the flusher then holds the processor
 	// in fdatasync with the senders queued behind it, and the entries
-	// reached the followers only after the leader's own sync had started
-	// (a median 280 µs after the request was read; 86 µs with this yield,
-	// docs/cluster.md, Raft log). Yielding lets the senders write
+	// reach the followers only after the leader's own sync has started
+	// (docs/cluster.md, Raft log). Yielding lets the senders write
 	// first.
 	runtime.Gosched()
 	start := time.Now()
