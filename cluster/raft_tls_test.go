@@ -47,15 +47,6 @@ func (w *logWatch) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (w *logWatch) wait(t *testing.T, what string) {
-	t.Helper()
-	select {
-	case <-w.seen:
-	case <-time.After(20 * time.Second):
-		t.Fatalf("no log line says %s (%q) in 20 s", what, w.want)
-	}
-}
-
 const refusedLog = "raft transport: TLS handshake refused"
 
 // A 3-node cluster with raft TLS elects every group's leader and serves
