@@ -292,7 +292,7 @@ type ClusterStats struct {
 	RaftFramesSent, RaftStreamsOpened                                                                           uint64
 	// RaftForgedAddresses counts, for the whole process, the addresses a
 	// frame from outside the membership gave a replica id first that the
-	// membership then superseded (raft_sources.go).
+	// membership then superseded (raftnet, raft_sources.go).
 	RaftForgedAddresses uint64
 }
 

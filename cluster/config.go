@@ -145,7 +145,7 @@ type Config struct {
 	// reach (checkRaftExposure).
 	InsecureRaft bool
 	// RaftFrameBudget bounds, in bytes, the bodies of the Raft frames
-	// past 64 KiB that peers' connections hold at once (framebudget.go);
+	// past 64 KiB that peers' connections hold at once (raftnet.FrameBudget);
 	// 0: raftnet.DefaultFrameBudget, at least raftnet.MinFrameBudget.
 	RaftFrameBudget int
 

@@ -77,9 +77,9 @@ func floodFrames(t *testing.T, raftAddr string, conns int) int {
 }
 
 // Twenty connections that each send a frame of the largest size in full,
-// from anyone who reaches a node's plain TCP Raft port, grew the node by
-// 2.1 GB before the frame budget (framebudget.go) and made it answer E
-// unavailable. The node they flood, its group's leader, now grows by at
+// from anyone who reaches a node's plain TCP Raft port, would grow a node
+// without a frame budget (raftnet.FrameBudget) by more than 1.4 GiB. The
+// node they flood, its group's leader, grows by at
 // most 200 MB (the budget is 128 MiB: half the flood comes from the
 // members' host), reads every frame, and keeps granting locks while they
 // arrive.

@@ -46,7 +46,7 @@ var routineRemarks = []string{
 }
 
 // ownTransportRemarks are dragonboat's warnings about its own transport
-// settings, which lockd replaces with its transport (transport.go, with
+// settings, which lockd replaces with its transport (raftnet, with
 // its own mutual TLS): they say nothing true of lockd, and are logged at
 // debug.
 var ownTransportRemarks = []string{"mutual TLS disabled"}
