@@ -83,10 +83,11 @@ func lockCycle(t *testing.T, p *proc, owner uint64, key string) {
 
 // Forged Raft frames from an attacker who reaches a node's Raft port
 // (plain TCP on loopback, the default there) are dropped with their
-// connection: one naming a member at another address made dragonboat's
-// address registry panic ("inconsistent target") and the node exit; one
-// naming an address that is not host:port panicked on its check, and one
-// naming no receiver on its delivery; one for no group of the node, naming
+// connection: one naming a member at another address (dragonboat's
+// address registry would panic, "inconsistent target", and the node
+// exit), one naming an address that is not host:port (dragonboat's check
+// panics on it), one naming no receiver (its delivery panics), one for
+// no group of the node, naming
 // no sender, or carrying a snapshot to install (dragonboat makes those
 // locally from the chunks it received) is not heard either. The node keeps
 // serving locks through its group.
@@ -112,7 +113,7 @@ func TestProcessesForgedRaftFramesAreDropped(t *testing.T) {
 		forged(99, "not-an-address", group), // the same from a sender not known as a member
 		forged(2, "127.0.0.1:1", 77),        // no group of this node
 		forged(0, "127.0.0.1:1", group),     // no sender
-		toNobody,                            // no receiver (dragonboat panicked on it)
+		toNobody,                            // no receiver (dragonboat panics on it)
 		install,                             // a snapshot to install, a message only made locally
 	} {
 		sendForged(t, raftAddr, mb)
@@ -171,10 +172,10 @@ func forgeUntilClosed(raftAddr string, mb pb.MessageBatch) error {
 
 // A frame naming a member added a moment ago, at another address than the
 // membership gives it, is refused: the node reads the memberships again
-// before it takes a sender for unknown. It read them at most every 50 ms,
-// so such a frame, sent while others kept that reading recent, reached
-// dragonboat's address registry with its address, and the registry
-// panicked ("inconsistent target") and the node exited. Each round adds a
+// before it takes a sender for unknown, even while other frames keep the
+// last reading recent; a frame that reached dragonboat's address registry
+// with its address would make the registry panic ("inconsistent target")
+// and the node exit. Each round adds a
 // member (on no running node) through the node attacked, then forges its
 // frames, then removes it.
 func TestProcessesForgedFramesRightAfterAnAddition(t *testing.T) {
@@ -234,11 +235,11 @@ func TestProcessesForgedFramesRightAfterAnAddition(t *testing.T) {
 // A frame naming a replica id the group does not have yet, at a made-up
 // address, is let through with that address (a joining or lagging node
 // must be able to answer senders it does not know as members yet), and
-// dragonboat's registry keeps it. When the operator then added that id at
-// its real address, every node told the forged one exited as it applied
-// the addition (the registry panicked on dragonboat's apply path). Now
-// each repairs it: it stays up, counts it, and dials the member's real
-// address, so the new node gets the group's log and serves locks.
+// dragonboat's registry keeps it. When the operator then adds that id at
+// its real address, the registry panics on dragonboat's apply path in
+// every node told the forged one; each repairs it instead: it stays up,
+// counts it, and dials the member's real address, so the new node gets
+// the group's log and serves locks.
 func TestProcessesForgedAddressOfAReplicaAddedLater(t *testing.T) {
 	procs, bin, dir := attackedCluster(t)
 	group := shardID(1, 0)

@@ -466,7 +466,7 @@ func heartbeatFrom(shard uint64, source string, senders ...uint64) *pb.MessageBa
 }
 
 // registryConflictOf makes the registry's conflict as dragonboat's
-// Registry.Add does, through a logger of lockd's, and reports whether it
+// Registry.Add does, through Panicf, and reports whether it
 // panicked.
 func registryConflictOf(log zerolog.Logger, shard, replica uint64, held, given string) (panicked bool) {
 	defer func() {

@@ -39,14 +39,15 @@ import (
 //
 //	magic u16 (0x4c52, "LR") | kind u8 | length u32 | CRC-32C u32 of the payload | payload
 //
-// with kind 'M' (a raftpb.MessageBatch), 'C' (a raftpb.Chunk of a
-// snapshot) or 'L' (lockd's own messages between nodes: format
-// statements and send-agains, the cluster package's peerlink.go). The checksum is there
-// because Raft does not check what an entry holds: one flipped bit that
-// TCP's own checksum missed would be stored and applied by one replica
-// only, and its lock table would no longer be the others'. A peer speaking anything else, or a frame that
-// fails its checksum, is disconnected, so nodes of a build with another
-// transport cannot join (all nodes must run the same build).
+// with kind 'M' (FrameMessages, a raftpb.MessageBatch), 'C' (FrameChunk,
+// a raftpb.Chunk of a snapshot) or 'L' (FrameLockd: lockd's own messages
+// between nodes, format statements and send-agains, which the cluster
+// package's peerlink.go reads). The checksum is there because Raft does
+// not check what an entry holds: one flipped bit that TCP's own checksum
+// missed would be stored and applied by one replica only, and its lock
+// table would no longer be the others'. A peer speaking anything else, or
+// a frame that fails its checksum, is disconnected, so nodes of a build
+// with another transport cannot join (all nodes must run the same build).
 const (
 	// DeploymentID is the dragonboat deployment id of every lockd node;
 	// frames of another are refused (checkOrigin).
