@@ -234,9 +234,10 @@ func TestRaftTransportSurvivesTheRegistryConflict(t *testing.T) {
 
 // Senders not known as members are pinned, and filed by dragonboat, up to
 // maxUnknownSenders: without a bound, frames naming new replica ids (one
-// frame can name millions) grew both by an entry each. Past the bound a new one is refused, while members
-// and senders already pinned still get through; a pinned sender that
-// becomes a member frees its room at the next reading.
+// frame can name millions) would grow both by an entry each. Past the
+// bound a new one is refused, while members and senders already pinned
+// still get through; a pinned sender that becomes a member frees its room
+// at the next reading.
 func TestRaftSourcesBoundTheUnknownSenders(t *testing.T) {
 	var members atomic.Pointer[map[uint64]string]
 	members.Store(&map[uint64]string{1: "127.0.0.1:7001", 2: "127.0.0.1:7002"})
