@@ -16,7 +16,7 @@ FUZZ_TARGETS := \
 	./server:FuzzServerFrameLoop \
 	./server:FuzzReliabilityServerAnswers \
 	./client:FuzzClientAnswers \
-	./cluster:FuzzRaftFrameReader
+	./cluster/raftnet:FuzzRaftFrameReader
 
 .PHONY: help build dist image test test-python bench bench-peers bench-cluster bench-python bench-failover bench-gate fault-test upgrade-test fuzz reliability run cluster clean
 

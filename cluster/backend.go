@@ -7,6 +7,7 @@ package cluster
 import (
 	"time"
 
+	"github.com/lockd/lockd/cluster/raftnet"
 	"github.com/lockd/lockd/engine"
 )
 
@@ -291,7 +292,7 @@ type ClusterStats struct {
 	RaftFramesSent, RaftStreamsOpened                                                                           uint64
 	// RaftForgedAddresses counts, for the whole process, the addresses a
 	// frame from outside the membership gave a replica id first that the
-	// membership then superseded (raft_sources.go).
+	// membership then superseded (raftnet, raft_sources.go).
 	RaftForgedAddresses uint64
 }
 
@@ -303,6 +304,6 @@ func (n *Node) ClusterStats() ClusterStats {
 		ProposeFailures: s.proposeFailures.Load(), Unavailable: s.unavailable.Load(),
 		OrphanReleases: s.orphanReleases.Load(), Expires: s.expires.Load(), LeaderTransfers: s.leaderTransfers.Load(),
 		RaftFramesSent: s.raftFramesSent.Load(), RaftStreamsOpened: s.raftStreams.Load(),
-		RaftForgedAddresses: forgedAddresses.Load(),
+		RaftForgedAddresses: raftnet.ForgedAddresses(),
 	}
 }

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -375,5 +376,37 @@ func TestFiveNodesSurviveTwoFailures(t *testing.T) {
 	}
 	if r2 := acquire(t, via, rec, 3, "five", 30*time.Second, 0); r2.Outcome != engine.Granted || r2.Token <= r.Token {
 		t.Fatalf("acquire with two of five down: %+v", r2)
+	}
+}
+
+// TestGroupsShareOneRaftStreamPerPeer: a node sends the messages of all
+// its groups bound for a peer on one connection, so that one frame carries
+// every group's heartbeats and entries for that peer. Every node proposes
+// in each of the four groups, so with three nodes some node leads two
+// groups and every node sends to a leader in several groups; each node
+// still dials each peer once.
+func TestGroupsShareOneRaftStreamPerPeer(t *testing.T) {
+	tc := newTestCluster(t, 3, nil)
+	groups := tc.cfgs[0].Groups
+	rec := newRecorder()
+	owner := uint64(0)
+	for id := uint64(1); id <= 3; id++ {
+		for g := range groups {
+			owner++
+			key := keyInGroup(fmt.Sprintf("streams/%d", id), g, groups)
+			r := acquire(t, tc.node(id), rec, owner, key, 30*time.Second, 0)
+			if r.Outcome != engine.Granted {
+				t.Fatalf("node %d, group %d: acquire %v", id, g, r)
+			}
+			owner++
+			if r := release(t, tc.node(id), rec, owner, key, r.Token); r.Outcome != engine.Released {
+				t.Fatalf("node %d, group %d: release %v", id, g, r)
+			}
+		}
+	}
+	for id := uint64(1); id <= 3; id++ {
+		if got := tc.node(id).ClusterStats().RaftStreamsOpened; got < 1 || got > 2 {
+			t.Errorf("node %d dialed %d Raft message connections, want one to each peer it sends to (1 or 2)", id, got)
+		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/lni/dragonboat/v4/config"
+	"github.com/lockd/lockd/cluster/raftnet"
 	"github.com/lockd/lockd/engine"
 	"github.com/lockd/lockd/internal/defaults"
 	"github.com/rs/zerolog"
@@ -26,24 +27,20 @@ const (
 	// group, so more groups mean smaller batches and more proposals for
 	// the same load; and a node steps and applies all its groups on one
 	// step worker and one apply worker (ExecShards, ApplyShards), so more
-	// groups buy it no parallelism. Measured with fsync on
-	// (docs/cluster.md, Performance): 16 groups gave about half the lock
-	// cycles/s of 3 at 64 and 256 callers and 1.8x the idle CPU; one
-	// group gave 1.16x the cycles/s of 3 at 1024 callers with a quarter
-	// less server CPU per cycle. What more groups do buy is leaders on
+	// groups buy it no parallelism (docs/cluster.md, Performance, has the
+	// paired runs). What more groups do buy is leaders on
 	// several nodes when clients spread evenly over the nodes (Leader
 	// placement), which spreads the leaders' work.
 	DefaultGroups = 1
 	// DefaultRTT, DefaultElectionRTT and DefaultHeartbeatRTT size what an
 	// idle cluster costs against how soon it notices a dead leader.
 	// dragonboat ticks every group on every node once per RTT and a
-	// leader heart-beats each follower every HeartbeatRTT ticks: at 10 ms
-	// and 5 RTTs (the earlier defaults) three idle nodes used 0.13–0.16
-	// cores, against 0.06–0.09 with a 50 ms tick, heartbeat 2, election 8;
-	// this 100 ms tick with heartbeat 1 and election 4 keeps both
-	// intervals and halves the ticks (docs/cluster.md, Timing). The
-	// election timeout stays at 400 ms (randomised to 400–800 ms), near
-	// the earlier 300 ms, because a dead leader's keys wait that long; a
+	// leader heart-beats each follower every HeartbeatRTT ticks, so an
+	// idle cluster's cost is mostly ticks and heartbeats: a 100 ms tick
+	// with heartbeat 1 and election 4 gives etcd's heartbeat interval
+	// with few ticks (docs/cluster.md, Time and Performance). The
+	// election timeout is 400 ms (randomised to 400–800 ms), not etcd's
+	// 1 s, because a dead leader's keys wait that long; a
 	// heartbeat every 100 ms (etcd's default) is four per election
 	// timeout, enough for CheckQuorum not to depose a leader that lost
 	// one or two. With one heartbeat per tick, the heartbeats of all the
@@ -58,12 +55,11 @@ const (
 	// wakes at its next lease deadline and when a group's leader changes,
 	// and at least this often for what is judged by elapsed time (silent
 	// peers, leader placement, orphan rechecks, and leases applied since,
-	// which last at least a second). Its earlier fixed 10 ms tick was half
-	// of an idle cluster's CPU.
+	// which last at least a second). A short fixed tick instead costs an
+	// idle cluster much of its CPU (docs/cluster.md, Performance).
 	expiryHousekeeping = 250 * time.Millisecond
 	// expireRetry re-arms a due lease whose expire proposal may be lost.
-	expireRetry  = 500 * time.Millisecond
-	deploymentID = 0x6c6f636b64 // "lockd"
+	expireRetry = 500 * time.Millisecond
 	// proposalsInFlight per group and node: enough to overlap one batch's
 	// commit with the next one's send, few enough that requests arriving
 	// meanwhile are batched (group commit).
@@ -154,8 +150,8 @@ type Config struct {
 	// reach (checkRaftExposure).
 	InsecureRaft bool
 	// RaftFrameBudget bounds, in bytes, the bodies of the Raft frames
-	// past 64 KiB that peers' connections hold at once (framebudget.go);
-	// 0: DefaultRaftFrameBudget, at least MinRaftFrameBudget.
+	// past 64 KiB that peers' connections hold at once (raftnet.FrameBudget);
+	// 0: raftnet.DefaultFrameBudget, at least raftnet.MinFrameBudget.
 	RaftFrameBudget int
 
 	// Build names this binary's build (its version and commit), for the
@@ -183,11 +179,11 @@ func (c *Config) applyDefaults() error {
 	c.MaxWaiters = defaults.Or(c.MaxWaiters, engine.DefaultMaxWaiters)
 	c.MaxInflight = defaults.Or(c.MaxInflight, engine.DefaultMaxInflight)
 	if c.RaftFrameBudget == 0 {
-		c.RaftFrameBudget = DefaultRaftFrameBudget
+		c.RaftFrameBudget = raftnet.DefaultFrameBudget
 	}
 	switch {
-	case c.RaftFrameBudget < MinRaftFrameBudget:
-		return fmt.Errorf("cluster: --raft-frame-budget-mib %d: want >= %d (a frame of the largest size and room for members' frames)", c.RaftFrameBudget>>20, MinRaftFrameBudget>>20)
+	case c.RaftFrameBudget < raftnet.MinFrameBudget:
+		return fmt.Errorf("cluster: --raft-frame-budget-mib %d: want >= %d (a frame of the largest size and room for members' frames)", c.RaftFrameBudget>>20, raftnet.MinFrameBudget>>20)
 	case c.Groups < 0:
 		return fmt.Errorf("cluster: --groups %d: want >= 1, or 0 for the data dir's count", c.Groups)
 	case c.NodeID == 0:
@@ -208,8 +204,8 @@ func (c *Config) applyDefaults() error {
 	}
 	// A request's acquire is proposed again until ProposeTimeout, the last
 	// attempt lasting two RTTs at least (proposeOnce); a tombstone (SPEC
-	// §6a) must outlast that with room to spare (docs/cluster.md,
-	// Undelivered grants).
+	// §6a) must outlast that with room to spare (docs/cluster.md, Why it
+	// is safe).
 	if c.ProposeTimeout+2*c.RTT > engine.TombstoneLife/2 {
 		return fmt.Errorf("cluster: propose timeout %v: want at most %v with the RTT's two attempts, half an abandon's tombstone life",
 			c.ProposeTimeout, engine.TombstoneLife/2)

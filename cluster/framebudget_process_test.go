@@ -2,9 +2,7 @@ package cluster
 
 import (
 	"bufio"
-	"encoding/binary"
 	"fmt"
-	"hash/crc32"
 	"io"
 	"net"
 	"os"
@@ -13,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/lockd/lockd/cluster/raftnet"
 )
 
 // vmRSS reads a process's resident set size, in bytes, from
@@ -43,11 +43,7 @@ func vmRSS(pid int) (int64, error) {
 // then closed by the node.
 func floodFrames(t *testing.T, raftAddr string, conns int) int {
 	t.Helper()
-	frame := make([]byte, frameHeaderLen+maxFrame)
-	putFrameHeader(frame, frameMessages, frame[frameHeaderLen:])
-	if crc32.Checksum(frame[frameHeaderLen:], castagnoliCRC) != binary.BigEndian.Uint32(frame[7:]) {
-		t.Fatal("flood frame without a valid checksum")
-	}
+	frame := raftnet.AppendFrame(nil, raftnet.FrameMessages, make([]byte, raftnet.MaxFrame))
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	full := 0
@@ -81,9 +77,9 @@ func floodFrames(t *testing.T, raftAddr string, conns int) int {
 }
 
 // Twenty connections that each send a frame of the largest size in full,
-// from anyone who reaches a node's plain TCP Raft port, grew the node by
-// 2.1 GB before the frame budget (framebudget.go) and made it answer E
-// unavailable. The node they flood, its group's leader, now grows by at
+// from anyone who reaches a node's plain TCP Raft port, would grow a node
+// without a frame budget (raftnet.FrameBudget) by more than 1.4 GiB. The
+// node they flood, its group's leader, grows by at
 // most 200 MB (the budget is 128 MiB: half the flood comes from the
 // members' host), reads every frame, and keeps granting locks while they
 // arrive.
@@ -120,7 +116,7 @@ func TestProcessesFrameFloodStaysWithinTheBudget(t *testing.T) {
 		peak = max(peak, rss)
 	}
 	t.Logf("%d flood frames of %d MiB: node %d grew from %d MiB to a peak of %d MiB; %d lock cycles through it meanwhile",
-		conns, maxFrame>>20, target.id, base>>20, peak>>20, grants)
+		conns, raftnet.MaxFrame>>20, target.id, base>>20, peak>>20, grants)
 	if grown := peak - base; grown > maxGrowth {
 		t.Fatalf("node %d grew by %d MiB under the flood, want at most %d MiB", target.id, grown>>20, maxGrowth>>20)
 	}

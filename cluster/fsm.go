@@ -22,6 +22,9 @@ import (
 type fsm struct {
 	g *group
 
+	// mu guards state and the node-local fields below. Lock order: the
+	// node's regMu before mu (node.go); Update releases mu before it
+	// delivers answers, which take regMu.
 	mu    sync.Mutex
 	state replicated
 
@@ -109,7 +112,8 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 // replica ends a lease before the client's own bound (send instant +
 // waited + lease). The expiry driver is not woken: a lease lasts at least
 // a second, so it ends after the driver's next pass (expiryHousekeeping),
-// and a wake-up per batch was one context switch per commit on every node.
+// and a wake-up per batch would cost a context switch per commit on every
+// node.
 func (f *fsm) takeLeases(now time.Duration) {
 	for _, e := range f.out.leases {
 		f.heap.Push(now+e.lease, e)

@@ -1,11 +1,11 @@
 package cluster
 
 import (
-	"fmt"
 	"strings"
 	"sync"
 
 	"github.com/lni/dragonboat/v4/logger"
+	"github.com/lockd/lockd/cluster/raftnet"
 	"github.com/rs/zerolog"
 )
 
@@ -46,7 +46,7 @@ var routineRemarks = []string{
 }
 
 // ownTransportRemarks are dragonboat's warnings about its own transport
-// settings, which lockd replaces with its transport (transport.go, with
+// settings, which lockd replaces with its transport (raftnet, with
 // its own mutual TLS): they say nothing true of lockd, and are logged at
 // debug.
 var ownTransportRemarks = []string{"mutual TLS disabled"}
@@ -118,22 +118,6 @@ func (z *zlog) Errorf(f string, a ...any) {
 	}
 }
 
-// dragonboatPanic is the value dragonboat's panics carry: its format
-// string tells which one it is, for the one the transport takes back
-// (raftTransport.deliverWithSource).
-type dragonboatPanic struct{ format, msg string }
-
-func (p dragonboatPanic) Error() string { return p.msg }
-
-// Panicf panics but for the registry conflict that supersedes an address
-// lockd filed for a sender outside the membership, which is repaired
-// instead (raft_sources.go): on dragonboat's apply path nothing could take
-// that panic back, and the node exited.
-func (z *zlog) Panicf(f string, a ...any) {
-	if f == registryConflict && repairRegistryConflict(z.l, a) {
-		return
-	}
-	p := dragonboatPanic{format: f, msg: fmt.Sprintf(f, a...)}
-	z.l.WithLevel(zerolog.PanicLevel).Msg(p.msg)
-	panic(p)
-}
+// Panicf is the transport's (raftnet.Panicf), which repairs the one
+// registry conflict that must not end the process.
+func (z *zlog) Panicf(f string, a ...any) { raftnet.Panicf(z.l, f, a...) }

@@ -12,8 +12,8 @@ package cluster
 // when a connection to the member's Raft address opens (with mutual TLS
 // when the transport has it), "down" when it does not within
 // probeTimeout, "self" for this node. Every peer is probed, whether or
-// not a group either of the two leads keeps them talking, so a killed
-// node reads "down" at once from any member. With lockd's
+// not a group either of the two leads keeps them talking, so a node that
+// is down reads "down" at once from any member. With lockd's
 // --admin-token-file every route here needs the bearer token (the admin
 // server checks it before this handler); without one the admin endpoint
 // stays on loopback unless the operator opens it.
@@ -29,6 +29,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/lockd/lockd/cluster/raftnet"
 	"github.com/lockd/lockd/internal/adminjson"
 )
 
@@ -124,7 +125,7 @@ func (n *Node) probePeers(ctx context.Context, members []Member) {
 			continue
 		}
 		wg.Go(func() {
-			conn, err := dialRaft(ctx, n.cfg.RaftTLS, n.log, mb.Addr)
+			conn, err := raftnet.Dial(ctx, n.cfg.RaftTLS, n.log, mb.Addr)
 			if err != nil {
 				mb.Reachable = ReachableDown
 				return

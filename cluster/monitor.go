@@ -20,12 +20,12 @@ import (
 // monitor then sleeps deeply, and the next system call wakes it with its
 // tick reset to 20 µs, which it keeps for at least 50 ticks before it
 // backs off (runtime.sysmon: a wake from a system call "resets idle and
-// delay"). At one caller that kept each follower's monitor waking every
-// few tens of microseconds for as long as the node worked: 19 % of the
-// three nodes' CPU and about half of a follower's context switches. With
-// one P in a system call the monitor never sleeps deeply and backs off to
-// its 10 ms tick, as it already did on a leader whose event loop waits in
-// epoll_wait (docs/cluster.md, Performance). The anchor needs a P of its
+// delay"). At one caller that keeps each follower's monitor waking every
+// few tens of microseconds for as long as the node works, a large share of
+// the nodes' CPU and context switches. With one P in a system call the
+// monitor never sleeps deeply and backs off to its 10 ms tick, as it does
+// on a leader whose event loop waits in epoll_wait (docs/cluster.md,
+// Performance). The anchor needs a P of its
 // own (lockd serve adds one): a goroutine that shared the anchor's P
 // would wait for the monitor to take it back.
 //

@@ -1,23 +1,42 @@
 // Package cluster is lockd's cluster mode: the engine's lock-rule core
 // applied to the replicated state of G dragonboat v4 Raft groups, every
 // group replicated on every node, keys placed by a stable hash of tenant
-// and key. A Node is one process's NodeHost plus a engine.Backend, so the
+// and key. A Node is one process's NodeHost plus an engine.Backend, so the
 // gnet server speaks the same wire protocol in both modes. It owns the
 // replication, the replicated time and state, and this node's requests;
 // it writes no lock rule of its own and never touches sockets of the
-// client protocol. Files by responsibility: node.go (start, stop, drain,
-// data dir), config.go, backend.go (the engine.Backend side), registry.go
-// (this node's requests and their answers), proposer.go (group commit),
-// command.go (the log's command format), version.go (the log format a
-// group may write, and a replica's halt on one it cannot read), state.go
-// (the replicated state), fsm.go (the dragonboat adapter), expiry.go (the
-// lease-expiry driver and the forget of a silent node's waiters) and
-// placement.go, orphans.go, membership.go and members_http.go (online
-// membership changes), transport.go, peerlink.go (the node's own
-// messages to its peers) and raft_tls.go (the Raft port), logdb.go (the
-// Raft log store), logger.go (dragonboat's logs), monitor.go (the runtime
-// monitor anchor), metrics.go, inspect.go (the read-only lock
-// inspection). docs/cluster.md describes the design.
+// client protocol. docs/cluster.md describes the design.
+//
+// Files by responsibility:
+//
+//   - node.go: the Node, start, stop, drain, the data dir's record.
+//   - config.go: the configuration, its defaults and checks; check.go:
+//     CheckConfig and the Raft exposure check.
+//   - backend.go: the engine.Backend side the server calls.
+//   - registry.go: this node's requests awaiting their group, their
+//     timers, and the routing of the state machine's answers to them.
+//   - proposer.go: a group's proposer (group commit, proposal slots,
+//     retries, re-sends on a leader change).
+//   - command.go: the log's batch and command format.
+//   - fsm.go: the dragonboat state machine adapter; state.go: the
+//     replicated state and the apply of each command.
+//   - expiry.go: the periodic pass of a group (lease ends, leader changes,
+//     silent peers' waiters) and the stamping of applied leases.
+//   - placement.go: leader placement; orphans.go: the release of grants
+//     nobody takes.
+//   - membership.go, members_http.go: online membership changes and
+//     their admin endpoint, and the liveness record of peers.
+//   - version.go: the log format a group may write, the format
+//     statements, and a replica's halt on what it cannot read.
+//   - peerlink.go: the node's own messages to its peers (frames of kind
+//     'L') and their dispatch.
+//   - logger.go: dragonboat's logs into zerolog; metrics.go: the
+//     Prometheus collector; monitor.go: the runtime monitor anchor;
+//     inspect.go: the read-only lock inspection.
+//
+// The Raft transport is cluster/raftnet and the Raft log store
+// cluster/logdb; this package reaches them only through their exported
+// factories and framing calls.
 package cluster
 
 import (
@@ -36,6 +55,8 @@ import (
 	"github.com/lni/dragonboat/v4"
 	"github.com/lni/dragonboat/v4/config"
 	sm "github.com/lni/dragonboat/v4/statemachine"
+	"github.com/lockd/lockd/cluster/logdb"
+	"github.com/lockd/lockd/cluster/raftnet"
 	"github.com/lockd/lockd/engine"
 	"github.com/rs/zerolog"
 )
@@ -52,6 +73,11 @@ type Node struct {
 	idBase  atomic.Uint64 // waiter/request ids: random base, then +1
 	idFirst uint64        // first id of this run (without the top bit)
 
+	// regMu guards the request registry (reg, timers). Lock order:
+	// regMu before a group's fsm.mu and group.mu. No path holds them
+	// together: the state machine hands its answers to the registry
+	// after it releases fsm.mu (group.deliver), and the registry releases
+	// regMu before it queues a command.
 	regMu   sync.Mutex
 	reg     map[uint64]*pending
 	timers  engine.DeadlineHeap[*pending] // stale once done or re-armed
@@ -191,7 +217,7 @@ func Start(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	sources := &raftSources{}
+	sources := &raftnet.Sources{}
 	// Before the NodeHost: the transport may already take a peer's
 	// send-again, whose link goroutines end with it.
 	n.ctx, n.cancel = context.WithCancel(context.Background())
@@ -201,7 +227,7 @@ func Start(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("cluster: start NodeHost: %w", err)
 	}
 	n.nh = nh
-	sources.attach(nh)
+	sources.Attach(nh)
 	for i := range cfg.Groups {
 		g := n.newGroup(i)
 		n.groups = append(n.groups, g)
@@ -251,10 +277,10 @@ func newNode(cfg Config) (*Node, error) {
 // nodeHostConfig is the NodeHost's configuration: its dirs and RTT, the
 // log store, one step and one apply worker, the leader listener and
 // lockd's own transport.
-func (n *Node) nodeHostConfig(sources *raftSources) config.NodeHostConfig {
+func (n *Node) nodeHostConfig(sources *raftnet.Sources) config.NodeHostConfig {
 	cfg := n.cfg
 	nhc := config.NodeHostConfig{
-		DeploymentID:   deploymentID,
+		DeploymentID:   raftnet.DeploymentID,
 		NodeHostDir:    cfg.DataDir,
 		WALDir:         cfg.DataDir,
 		RTTMillisecond: uint64(max(cfg.RTT/time.Millisecond, 1)),
@@ -262,18 +288,18 @@ func (n *Node) nodeHostConfig(sources *raftSources) config.NodeHostConfig {
 		Expert:         config.ExpertConfig{LogDB: config.GetTinyMemLogDBConfig(), FS: cfg.FS},
 	}
 	nhc.Expert.LogDB.Shards = cfg.LogDBShards
-	nhc.Expert.LogDBFactory = commitLazyLogDBFactory{saves: &n.obs.logSaves}
+	nhc.Expert.LogDBFactory = logdb.Factory{Saves: &n.obs.logSaves}
 	nhc.Expert.Engine = config.GetDefaultEngineConfig()
 	nhc.Expert.Engine.ExecShards = cfg.ExecShards
 	// One apply worker: each of dragonboat's 16 default workers wakes 5
 	// times a second even when idle, 80 of an idle node's ~250 goroutine
 	// wake-ups a second. Applying is cheap beside the fsync and the
-	// transport; one worker for 3 groups measured no slower at 256 and
-	// 1024 callers (docs/cluster.md, Timing).
+	// transport, and one worker for 3 groups is no slower at 256 and
+	// 1024 callers (docs/cluster.md, Performance).
 	nhc.Expert.Engine.ApplyShards = 1
 	nhc.RaftEventListener = leaderListener{n}
-	nhc.Expert.TransportFactory = raftTransportFactory{log: cfg.Logger, tls: cfg.RaftTLS, sources: sources, heard: n.heardFrom, budget: newFrameBudget(cfg.RaftFrameBudget, guestShare),
-		framesSent: &n.stats.raftFramesSent, streamsOpened: &n.stats.raftStreams, onPeer: n.onPeerFrame, listener: cfg.RaftListener}
+	nhc.Expert.TransportFactory = raftnet.Factory{Log: cfg.Logger, TLS: cfg.RaftTLS, Sources: sources, Heard: n.heardFrom, Budget: raftnet.NewFrameBudget(cfg.RaftFrameBudget),
+		FramesSent: &n.stats.raftFramesSent, StreamsOpened: &n.stats.raftStreams, OnPeer: n.onServedFrame, Listener: cfg.RaftListener}
 	return nhc
 }
 
@@ -318,8 +344,8 @@ func (n *Node) replicaConfig(g *group) config.Config {
 		ShardID:     g.shardID,
 		CheckQuorum: true,
 		// A node cut off keeps campaigning; without PreVote its raised
-		// term makes every healthy leader step down when the cut heals
-		// (measured: the majority stalled 0.3–0.9 s; with PreVote 6–25 ms).
+		// term makes every healthy leader step down when the cut heals,
+		// stalling the majority for most of a second.
 		PreVote:            true,
 		ElectionRTT:        n.cfg.ElectionRTT,
 		HeartbeatRTT:       n.cfg.HeartbeatRTT,
@@ -328,9 +354,8 @@ func (n *Node) replicaConfig(g *group) config.Config {
 		// No MaxInMemLogSize: with one, dragonboat refuses proposals
 		// while a replica's unapplied in-memory log is over it, and for
 		// that every follower reports its log to the leader each election
-		// timeout, a message per group and follower that an idle cluster
-		// paid about a fifth of its CPU for (measured, docs/cluster.md,
-		// Performance). Applying is the cheapest step of a commit here (an
+		// timeout, a message per group and follower that is a large share
+		// of an idle cluster's CPU (docs/cluster.md, Performance). Applying is the cheapest step of a commit here (an
 		// in-memory table), far below the fsync every replica makes before
 		// it acknowledges, so a replica's unapplied entries stay few; what
 		// goes into the log is bounded by the nodes' admission gates.

@@ -9,11 +9,15 @@ package cluster
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
+	"io"
 	"net"
 	"sync"
 	"time"
 
 	"github.com/lni/dragonboat/v4"
+	"github.com/lockd/lockd/cluster/raftnet"
+	"github.com/rs/zerolog"
 )
 
 // peerLinks is one link per peer this node has sent messages to.
@@ -55,9 +59,7 @@ func (ls *peerLinks) send(peer uint64, b []byte) {
 	}
 	ls.mu.Unlock()
 	l.mu.Lock()
-	at := len(l.out)
-	l.out = append(append(l.out, make([]byte, frameHeaderLen)...), b...)
-	putFrameHeader(l.out[at:], frameLockd, l.out[at+frameHeaderLen:])
+	l.out = raftnet.AppendFrame(l.out, raftnet.FrameLockd, b)
 	l.mu.Unlock()
 	select {
 	case l.wake <- struct{}{}:
@@ -100,7 +102,7 @@ func (l *peerLink) run(ctx context.Context) {
 			readerDone = make(chan struct{})
 			go func(c net.Conn) { defer close(readerDone); l.read(c) }(conn)
 		}
-		if err := writeWithin(conn, frames, raftWriteTimeout); err != nil {
+		if err := raftnet.WriteWithin(conn, frames, raftnet.WriteTimeout); err != nil {
 			conn.Close()
 			<-readerDone
 			conn = nil
@@ -111,9 +113,9 @@ func (l *peerLink) run(ctx context.Context) {
 func (l *peerLink) dial(ctx context.Context) (net.Conn, error) {
 	addr := l.n.peerAddr(l.peer)
 	if addr == "" {
-		return nil, errUnknownPeer
+		return nil, raftnet.ErrUnknownPeer
 	}
-	ctx, cancel := context.WithTimeout(ctx, raftDialTimeout)
+	ctx, cancel := context.WithTimeout(ctx, raftnet.DialTimeout)
 	defer cancel()
 	return dialRaft(ctx, l.n.cfg.RaftTLS, l.n.log, addr)
 }
@@ -124,11 +126,11 @@ func (l *peerLink) read(conn net.Conn) {
 	r := bufio.NewReaderSize(conn, 4096)
 	var buf []byte
 	for {
-		kind, body, err := readFrame(r, buf)
+		kind, body, err := raftnet.ReadFrame(r, buf)
 		if err != nil {
 			return
 		}
-		if kind == frameLockd {
+		if kind == raftnet.FrameLockd {
 			l.n.onPeerFrame(body, nil)
 		}
 		buf = body[:0]
@@ -156,22 +158,15 @@ func (n *Node) peerAddr(peer uint64) string {
 // replySink answers a peer's message on the connection it came by.
 type replySink interface{ reply(b []byte) }
 
-// servedSink is the accepting side of a peer's connection. Its replies
-// are short, and a peer that does not read one within replyWriteTimeout
-// loses the connection rather than stall the transport's reader.
-type servedSink struct {
-	mu   sync.Mutex
-	conn net.Conn
-}
+// replyFunc is the transport's reply on a connection a peer opened.
+type replyFunc func(b []byte)
 
-const replyWriteTimeout = 200 * time.Millisecond
+func (f replyFunc) reply(b []byte) { f(b) }
 
-func (s *servedSink) reply(b []byte) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if writeFrame(s.conn, frameLockd, b, replyWriteTimeout) != nil {
-		s.conn.Close()
-	}
+// onServedFrame takes a frame of kind 'L' that came on a connection the
+// peer opened, answered through the transport's reply.
+func (n *Node) onServedFrame(body []byte, reply func(b []byte)) {
+	n.onPeerFrame(body, replyFunc(reply))
 }
 
 // onPeerFrame dispatches a frame of kind 'L' from a peer: a format
@@ -191,10 +186,18 @@ func (n *Node) onPeerFrame(body []byte, sink replySink) {
 	}
 }
 
-// writeFrame writes one frame of kind with payload within timeout.
+// The transport's framing under the names version.go's format exchange
+// uses.
+const frameLockd = raftnet.FrameLockd
+
+func dialRaft(ctx context.Context, tlsCfg *tls.Config, log zerolog.Logger, addr string) (net.Conn, error) {
+	return raftnet.Dial(ctx, tlsCfg, log, addr)
+}
+
+func readFrame(r io.Reader, buf []byte) (kind byte, body []byte, err error) {
+	return raftnet.ReadFrame(r, buf)
+}
+
 func writeFrame(conn net.Conn, kind byte, payload []byte, timeout time.Duration) error {
-	b := make([]byte, frameHeaderLen+len(payload))
-	putFrameHeader(b, kind, payload)
-	copy(b[frameHeaderLen:], payload)
-	return writeWithin(conn, b, timeout)
+	return raftnet.WriteFrame(conn, kind, payload, timeout)
 }

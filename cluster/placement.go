@@ -20,7 +20,7 @@ import "time"
 // whether or not it is used, and one Raft batch per peer and tick carries
 // the heartbeats of all the groups a node leads; with the leaders spread
 // over three nodes an idle cluster sends three times the messages it
-// needs (measured: 1.2–1.4x etcd's idle CPU spread, 1.0x gathered). So a
+// needs (docs/cluster.md, Performance, has the idle CPU). So a
 // group that holds no lock and saw no command for placementIdleWindows
 // windows in a row hands its leadership to group 0's leader, under the
 // same pause and back-off as a move toward load. Holding no lock, it has

@@ -6,25 +6,22 @@ import (
 	"crypto/tls"
 	"fmt"
 	"io"
-	"net"
-	"os"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/lni/dragonboat/v4/config"
-	pb "github.com/lni/dragonboat/v4/raftpb"
+	"github.com/lockd/lockd/cluster/raftnet"
 	"github.com/lockd/lockd/engine"
 	"github.com/lockd/lockd/internal/testcerts"
 	"github.com/rs/zerolog"
 )
 
 // raftTLSFor writes a node certificate for 127.0.0.1 signed by ca and
-// loads it as LoadRaftTLS does from the flags.
+// loads it as LoadTLS does from the flags.
 func raftTLSFor(t *testing.T, ca *testcerts.CA, name string) *tls.Config {
 	t.Helper()
 	f := ca.WriteFiles(t, t.TempDir(), name, "127.0.0.1")
-	cfg, err := LoadRaftTLS(f.Cert, f.Key, f.CA)
+	cfg, err := raftnet.LoadTLS(f.Cert, f.Key, f.CA)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -50,81 +47,7 @@ func (w *logWatch) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (w *logWatch) wait(t *testing.T, what string) {
-	t.Helper()
-	select {
-	case <-w.seen:
-	case <-time.After(20 * time.Second):
-		t.Fatalf("no log line says %s (%q) in 20 s", what, w.want)
-	}
-}
-
 const refusedLog = "raft transport: TLS handshake refused"
-
-func startTLSTransport(t *testing.T, tlsCfg *tls.Config, log io.Writer) (*raftTransport, chan pb.MessageBatch) {
-	t.Helper()
-	batches := make(chan pb.MessageBatch, 16)
-	ln := raftListeners(t, 1)[0]
-	tr := raftTransportFactory{log: zerolog.New(log), tls: tlsCfg, listener: ln}.Create(config.NodeHostConfig{RaftAddress: ln.Addr().String()},
-		func(mb pb.MessageBatch) { batches <- mb },
-		func(pb.Chunk) bool { return true }).(*raftTransport)
-	if err := tr.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tr.Close() })
-	return tr, batches
-}
-
-// With raft TLS, nodes of one CA exchange frames; a node of another CA,
-// and a peer without TLS, are refused at the handshake and deliver
-// nothing.
-func TestRaftTransportMutualTLS(t *testing.T) {
-	ca, other := testcerts.NewCA(t, "lockd raft CA"), testcerts.NewCA(t, "another CA")
-	watch := watchLog(refusedLog)
-	server, batches := startTLSTransport(t, raftTLSFor(t, ca, "server"), watch)
-	client, _ := startTLSTransport(t, raftTLSFor(t, ca, "client"), io.Discard)
-	conn, err := client.GetConnection(context.Background(), server.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	want := pb.MessageBatch{DeploymentId: deploymentID, SourceAddress: client.addr, BinVer: 7,
-		Requests: []pb.Message{{Type: pb.Heartbeat, To: 2, From: 1, ShardID: 5, Term: 3}}}
-	if err := conn.SendMessageBatch(want); err != nil {
-		t.Fatal(err)
-	}
-	if got := receive(t, batches); got.SourceAddress != want.SourceAddress || len(got.Requests) != 1 {
-		t.Fatalf("got %+v", got)
-	}
-
-	intruder, _ := startTLSTransport(t, raftTLSFor(t, other, "intruder"), io.Discard)
-	if c, err := intruder.GetConnection(context.Background(), server.addr); err == nil {
-		c.Close()
-		t.Fatal("a node of another CA connected")
-	}
-	watch.wait(t, "the other CA's node was refused")
-
-	// A peer without TLS: its frame is not a handshake, so the server
-	// closes the connection without delivering it.
-	plain, err := net.Dial("tcp", server.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer plain.Close()
-	fc := &frameConn{conn: plain}
-	if err := fc.SendMessageBatch(want); err != nil {
-		t.Fatal(err)
-	}
-	_ = plain.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.Copy(io.Discard, plain); err != nil {
-		t.Fatalf("a peer without TLS: %v, want the connection closed", err)
-	}
-	select {
-	case mb := <-batches:
-		t.Fatalf("a frame without TLS was delivered: %+v", mb)
-	default:
-	}
-}
 
 // A 3-node cluster with raft TLS elects every group's leader and serves
 // locks across nodes.
@@ -212,20 +135,5 @@ func TestRaftTLSRefusesANodeOfAnotherCA(t *testing.T) {
 		if leader := nodes[0].Leader(i); leader == 3 {
 			t.Fatalf("group %d: the node of another CA leads", i)
 		}
-	}
-}
-
-// LoadRaftTLS refuses a key others can read, as every key file.
-func TestLoadRaftTLSRefusesReadableKey(t *testing.T) {
-	ca := testcerts.NewCA(t, "lockd raft CA")
-	f := ca.WriteFiles(t, t.TempDir(), "node1", "127.0.0.1")
-	if err := os.Chmod(f.Key, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := LoadRaftTLS(f.Cert, f.Key, f.CA); err == nil || !bytes.Contains([]byte(err.Error()), []byte("chmod 600")) {
-		t.Fatalf("a key others can read: %v", err)
-	}
-	if _, err := LoadRaftTLS(f.Cert, f.Cert, f.Key); err == nil {
-		t.Fatal("a certificate as the key was accepted")
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/cluster"
+	"github.com/lockd/lockd/cluster/raftnet"
 	"github.com/lockd/lockd/cmd/internal/envflag"
 	"github.com/lockd/lockd/cmd/internal/version"
 	"github.com/lockd/lockd/engine"
@@ -173,7 +174,7 @@ func loadFiles(opts *serveOptions) []error {
 		}
 	}
 	if opts.raftTLS[0] != "" {
-		if opts.clusterCfg.RaftTLS, err = cluster.LoadRaftTLS(opts.raftTLS[0], opts.raftTLS[1], opts.raftTLS[2]); err != nil {
+		if opts.clusterCfg.RaftTLS, err = raftnet.LoadTLS(opts.raftTLS[0], opts.raftTLS[1], opts.raftTLS[2]); err != nil {
 			problems = append(problems, fmt.Errorf("--raft-tls-cert, --raft-tls-key, --raft-tls-ca: %w", err))
 		}
 	}
@@ -291,7 +292,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.StringVar(&o.raftTLS[1], "raft-tls-key", "", "cluster: PEM private key of --raft-tls-cert (mode 0600)")
 	fs.StringVar(&o.raftTLS[2], "raft-tls-ca", "", "cluster: PEM CA certificates every node's certificate must verify against")
 	fs.BoolVar(&cc.InsecureRaft, "insecure-raft", false, "cluster: allow plain TCP Raft on a non-loopback --raft-addr (anyone who reaches it can disrupt the cluster); without it such an address needs --raft-tls-cert, --raft-tls-key and --raft-tls-ca")
-	fs.IntVar(&frameBudgetMiB, "raft-frame-budget-mib", cluster.DefaultRaftFrameBudget>>20, fmt.Sprintf("cluster: MiB of Raft frame bodies past 64 KiB that peers' connections hold at once (at least %d); a frame waits for its share rather than grow the node past it", cluster.MinRaftFrameBudget>>20))
+	fs.IntVar(&frameBudgetMiB, "raft-frame-budget-mib", raftnet.DefaultFrameBudget>>20, fmt.Sprintf("cluster: MiB of Raft frame bodies past 64 KiB that peers' connections hold at once (at least %d); a frame waits for its share rather than grow the node past it", raftnet.MinFrameBudget>>20))
 	envflag.DurationVar(fs, &cc.ProposeTimeout, "propose-timeout", cluster.DefaultProposeTimeout, "cluster: answer E unavailable when a group has not committed a request in this time")
 
 	if err := envflag.Apply(fs, lookupEnv); err != nil {

@@ -1,4 +1,4 @@
-package cluster
+package raftnet
 
 import (
 	"bufio"
@@ -46,14 +46,14 @@ func (bufferConn) SetWriteDeadline(time.Time) error { return nil }
 // addresses for one sender, nor a member's at another address than the
 // membership records.
 func FuzzRaftFrameReader(f *testing.F) {
-	good := pb.MessageBatch{DeploymentId: deploymentID, BinVer: raftio.TransportBinVersion, SourceAddress: fuzzMembers[2],
+	good := pb.MessageBatch{DeploymentId: DeploymentID, BinVer: raftio.TransportBinVersion, SourceAddress: fuzzMembers[2],
 		Requests: []pb.Message{{Type: pb.Heartbeat, ShardID: fuzzGroup, From: 2, To: 1, Term: 3}}}
-	f.Add(fuzzFrame(frameMessages, &good, good.SizeUpperLimit()))
+	f.Add(fuzzFrame(FrameMessages, &good, good.SizeUpperLimit()))
 	forged := good
 	forged.SourceAddress = "127.0.0.1:1"
-	f.Add(append(fuzzFrame(frameMessages, &good, good.SizeUpperLimit()), fuzzFrame(frameMessages, &forged, forged.SizeUpperLimit())...))
-	chunk := pb.Chunk{DeploymentId: deploymentID, BinVer: raftio.TransportBinVersion, ShardID: fuzzGroup, From: 3, ReplicaID: 1, Data: []byte("x")}
-	f.Add(fuzzFrame(frameChunk, &chunk, chunk.Size()))
+	f.Add(append(fuzzFrame(FrameMessages, &good, good.SizeUpperLimit()), fuzzFrame(FrameMessages, &forged, forged.SizeUpperLimit())...))
+	chunk := pb.Chunk{DeploymentId: DeploymentID, BinVer: raftio.TransportBinVersion, ShardID: fuzzGroup, From: 3, ReplicaID: 1, Data: []byte("x")}
+	f.Add(fuzzFrame(FrameChunk, &chunk, chunk.Size()))
 	f.Add([]byte{0x4c, 0x52, 'M', 0x04, 0x80, 0, 0, 0, 0, 0, 0, 1, 2, 3})
 
 	view := &sourcesView{groups: map[uint64]uint64{fuzzGroup: 1}, addrs: make(map[raftio.NodeInfo]string)}
@@ -61,7 +61,7 @@ func FuzzRaftFrameReader(f *testing.F) {
 		view.addrs[raftio.NodeInfo{ShardID: fuzzGroup, ReplicaID: id}] = addr
 	}
 	f.Fuzz(func(t *testing.T, stream []byte) {
-		sources := &raftSources{}
+		sources := &Sources{}
 		sources.view.Store(view)
 		var delivered []pb.MessageBatch
 		tr := &raftTransport{log: zerolog.Nop(), sources: sources,
@@ -71,7 +71,7 @@ func FuzzRaftFrameReader(f *testing.F) {
 		r := bufio.NewReader(bytes.NewReader(stream))
 		var payload []byte
 		for {
-			kind, body, err := readFrame(r, payload)
+			kind, body, err := ReadFrame(r, payload)
 			if err != nil {
 				break
 			}

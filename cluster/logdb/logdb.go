@@ -1,8 +1,9 @@
-package cluster
-
-// This file owns the node's Raft log store: dragonboat's Pebble LogDB
-// behind a wrapper that leaves a Raft state change of the commit index
-// alone unsaved until the next write that must be durable anyway.
+// Package logdb owns a cluster node's Raft log store: dragonboat's Pebble
+// LogDB behind a wrapper that leaves a Raft state change of the commit
+// index alone unsaved until the next write that must be durable anyway
+// (commitLazyLogDB). It knows nothing of locks, groups or the transport;
+// the cluster package plugs it into a NodeHost through Factory.
+package logdb
 
 import (
 	"fmt"
@@ -22,8 +23,8 @@ import (
 // when it is given no factory. dragonboat exports no constructor for it
 // (it lives in an internal package), and a wrapper needs it as its inner
 // store: the only other LogDBs dragonboat offers (plugin/tan, plugin/tee)
-// keep another on-disk format, and tan was measured at 8.0 fsyncs per
-// commit over three nodes against Pebble's 5.8 (docs/cluster.md).
+// keep another on-disk format, and tan is slower here
+// (docs/cluster.md, Raft log).
 //
 //go:linkname newPebbleLogDB github.com/lni/dragonboat/v4/internal/logdb.NewDefaultLogDB
 func newPebbleLogDB(config.NodeHostConfig, config.LogDBCallback, []string, []string) (raftio.ILogDB, error)
@@ -33,15 +34,15 @@ func newPebbleLogDB(config.NodeHostConfig, config.LogDBCallback, []string, []str
 // the wrapper open alike (the bytes on disk are the same).
 const pebbleLogDBName = "sharded-pebble"
 
-// commitLazyLogDBFactory makes the NodeHost's LogDB (NodeHostConfig's
+// Factory makes the NodeHost's LogDB (NodeHostConfig's
 // Expert.LogDBFactory).
-type commitLazyLogDBFactory struct {
-	saves *histogram.Histogram // the durable writes' latency, for /metrics
+type Factory struct {
+	Saves *histogram.Histogram // the durable writes' latency, for /metrics
 }
 
-func (commitLazyLogDBFactory) Name() string { return pebbleLogDBName }
+func (Factory) Name() string { return pebbleLogDBName }
 
-func (f commitLazyLogDBFactory) Create(nhc config.NodeHostConfig, cb config.LogDBCallback, dirs, walDirs []string) (raftio.ILogDB, error) {
+func (f Factory) Create(nhc config.NodeHostConfig, cb config.LogDBCallback, dirs, walDirs []string) (raftio.ILogDB, error) {
 	inner, err := newPebbleLogDB(nhc, cb, dirs, walDirs)
 	if err != nil {
 		return nil, err
@@ -58,7 +59,7 @@ func (f commitLazyLogDBFactory) Create(nhc config.NodeHostConfig, cb config.LogD
 			return nil, err
 		}
 	}
-	return newCommitLazyLogDB(inner, f.saves), nil
+	return newCommitLazyLogDB(inner, f.Saves), nil
 }
 
 // raftReplica names one replica of one Raft group in a LogDB.
@@ -69,8 +70,8 @@ type raftReplica struct{ shardID, replicaID uint64 }
 // (no entries, no snapshot, term and vote as last written) is not written
 // at once. Pebble commits every write with an fsync, and that update comes
 // once per commit on every replica (the leader learns the commit from the
-// acknowledgements, a follower from the next message), so it doubled the
-// fsyncs per commit, and the step worker that waits on it is the one the
+// acknowledgements, a follower from the next message), so writing it
+// doubles the fsyncs per commit, and the step worker that waits on it is the one the
 // next proposal needs. The held state goes out with the replica's next
 // write of entries, a snapshot or a term or vote, which is durable anyway.
 //
@@ -138,9 +139,8 @@ func (l *commitLazyLogDB) SaveRaftState(updates []pb.Update, worker uint64) erro
 	// readied on its own processor. Pebble's commit readies its WAL
 	// flusher after them and waits; the flusher then holds the processor
 	// in fdatasync with the senders queued behind it, and the entries
-	// reached the followers only after the leader's own sync had started
-	// (a median 280 µs after the request was read; 86 µs with this yield,
-	// docs/cluster.md, Raft log). Yielding lets the senders write
+	// reach the followers only after the leader's own sync has started
+	// (docs/cluster.md, Raft log). Yielding lets the senders write
 	// first.
 	runtime.Gosched()
 	start := time.Now()

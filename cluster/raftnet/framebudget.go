@@ -1,10 +1,10 @@
-package cluster
+package raftnet
 
 // This file owns the node-wide budget for the bodies of the Raft frames
 // the transport reads at once (frameBudget). A frame's body is held whole
 // until it is handed over, and without a bound on their sum twenty
-// connections that each send a 72 MiB frame grow a node by 2.1 GB
-// (measured), which anyone who reaches a plain TCP Raft port can do.
+// connections that each send a 72 MiB frame grow a node by more than
+// 1.4 GiB, which anyone who reaches a plain TCP Raft port can do.
 //
 // A frame whose body is at most frameReadStep is read without the budget:
 // heartbeats, votes and the replicate messages of ordinary lock traffic
@@ -13,11 +13,11 @@ package cluster
 // whole length once its header is in, and its reader waits, reading
 // nothing, until the budget grants it; only then is its buffer mapped.
 // A claim waits no longer than its sender's own write deadline
-// (raftWriteTimeout plus the length at raftWriteMinRate, from the
+// (WriteTimeout plus the length at raftWriteMinRate, from the
 // header's arrival): past that the sender has given up on the frame.
 // Once granted, the body's bytes must keep arriving at raftWriteMinRate
 // (serve's readBody), so a peer that declares a frame and then goes
-// silent gives its grant back after raftWriteTimeout, and one that
+// silent gives its grant back after WriteTimeout, and one that
 // trickles at the lowest rate allowed holds it for at most the frame's
 // write deadline.
 //
@@ -49,21 +49,21 @@ import (
 )
 
 const (
-	// DefaultRaftFrameBudget is a node's default budget: the guests'
+	// DefaultFrameBudget is a node's default budget: the guests'
 	// share, one frame of the largest size (a peer's first frame on a new
 	// connection may be a guest's, and must be admitted whole), and
 	// 56 MiB that only members use, room for a follower's catch-up batch
 	// of tens of MiB or 28 snapshot chunks (dragonboat's are 2 MiB)
 	// while guests hold their whole share. A flood from outside the
 	// membership thus grows a node by the guests' share, and all frames
-	// together by the budget (measured: 78 MiB for 20 frames of the
-	// largest size, half of them from the members' host; 2.1 GB without
-	// a budget).
-	DefaultRaftFrameBudget = 128 << 20
-	// MinRaftFrameBudget keeps the members' part at least 8 MiB.
-	MinRaftFrameBudget = maxFrame + 8<<20
+	// together by the budget (the cluster package's
+	// TestProcessesFrameFloodStaysWithinTheBudget floods a node with 20
+	// frames of the largest size; docs/cluster.md has its figures).
+	DefaultFrameBudget = 128 << 20
+	// MinFrameBudget keeps the members' part at least 8 MiB.
+	MinFrameBudget = MaxFrame + 8<<20
 	// guestShare is the most that guests' frames hold together.
-	guestShare = maxFrame
+	guestShare = MaxFrame
 	// budgetReadStep is how much of a granted body is read under one
 	// read deadline (readBody).
 	budgetReadStep = 1 << 20
@@ -75,7 +75,7 @@ var (
 )
 
 // frameBudget is the node-wide budget for frame bodies in flight.
-type frameBudget struct {
+type FrameBudget struct {
 	mu         sync.Mutex
 	total      int
 	guestShare int
@@ -109,16 +109,21 @@ func (c *budgetClaim) mapBody() ([]byte, error) {
 	return body, nil
 }
 
+// NewFrameBudget is a budget of total bytes (at least MinFrameBudget),
+// of which guests hold at most guestShare together.
+func NewFrameBudget(total int) *FrameBudget { return newFrameBudget(total, guestShare) }
+
 // newFrameBudget is a budget of total bytes, of which guests hold at most
-// guests together. A claim must fit both: serve claims at most maxFrame,
-// which Config's minimum and guestShare admit.
-func newFrameBudget(total, guests int) *frameBudget {
-	return &frameBudget{total: total, guestShare: min(guests, total)}
+// guests together. A claim must fit both: serve claims at most MaxFrame,
+// which MinFrameBudget and guestShare admit.
+
+func newFrameBudget(total, guests int) *FrameBudget {
+	return &FrameBudget{total: total, guestShare: min(guests, total)}
 }
 
 // wait waits until c is granted, expire fires or stop closes; a nil
 // error is a grant that release must give back.
-func (b *frameBudget) wait(c *budgetClaim, stop <-chan struct{}, expire <-chan time.Time) error {
+func (b *FrameBudget) wait(c *budgetClaim, stop <-chan struct{}, expire <-chan time.Time) error {
 	var err error
 	select {
 	case <-c.granted:
@@ -133,7 +138,7 @@ func (b *frameBudget) wait(c *budgetClaim, stop <-chan struct{}, expire <-chan t
 }
 
 // enqueue files a claim and grants what now fits, without waiting.
-func (b *frameBudget) enqueue(n int, member bool) *budgetClaim {
+func (b *FrameBudget) enqueue(n int, member bool) *budgetClaim {
 	c := &budgetClaim{n: n, member: member, granted: make(chan struct{})}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -149,7 +154,7 @@ func (b *frameBudget) enqueue(n int, member bool) *budgetClaim {
 // withdraw takes back a claim its reader no longer waits for: granted in
 // the meantime, its bytes are given back; still queued, it leaves its
 // queue, which may let the claims behind it through.
-func (b *frameBudget) withdraw(c *budgetClaim) {
+func (b *FrameBudget) withdraw(c *budgetClaim) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	select {
@@ -168,7 +173,7 @@ func (b *frameBudget) withdraw(c *budgetClaim) {
 
 // release gives back a granted claim's bytes, once its frame is handed
 // over or its connection is given up.
-func (b *frameBudget) release(c *budgetClaim) {
+func (b *FrameBudget) release(c *budgetClaim) {
 	if c.body != nil {
 		_ = unix.Munmap(c.body) // fails only on a range that was never mapped
 		c.body = nil
@@ -178,7 +183,7 @@ func (b *frameBudget) release(c *budgetClaim) {
 	b.giveBack(c)
 }
 
-func (b *frameBudget) giveBack(c *budgetClaim) {
+func (b *FrameBudget) giveBack(c *budgetClaim) {
 	b.held -= c.n
 	if !c.member {
 		b.guestsHeld -= c.n
@@ -188,7 +193,7 @@ func (b *frameBudget) giveBack(c *budgetClaim) {
 
 // grant grants the claims at the queues' heads that fit, members' first;
 // a member's claim that does not fit stops every grant until it does.
-func (b *frameBudget) grant() {
+func (b *FrameBudget) grant() {
 	for {
 		if len(b.members) > 0 {
 			c := b.members[0]
@@ -215,7 +220,7 @@ func (b *frameBudget) grant() {
 }
 
 // inUse reports the bytes granted and the claims waiting.
-func (b *frameBudget) inUse() (held, waiting int) {
+func (b *FrameBudget) inUse() (held, waiting int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.held, len(b.members) + len(b.guests)
@@ -224,7 +229,7 @@ func (b *frameBudget) inUse() (held, waiting int) {
 // fromMemberHost reports whether ip is the host of a member's Raft address
 // in the latest reading of the memberships; a member recorded by host name
 // is not matched.
-func (s *raftSources) fromMemberHost(ip net.IP) bool {
+func (s *Sources) fromMemberHost(ip net.IP) bool {
 	v := s.view.Load()
 	if v == nil || ip == nil {
 		return false

@@ -1,4 +1,4 @@
-package cluster
+package raftnet
 
 // This file owns the check of where a Raft frame says it comes from,
 // made by the transport before dragonboat sees the frame: each message
@@ -9,8 +9,8 @@ package cluster
 // Dragonboat trusts a message batch's source address: it files it in its
 // address registry under every sender replica the batch names, and panics
 // ("inconsistent target") when a replica already has another address
-// there. One forged frame naming a member at a made-up address killed the
-// process. So a batch whose senders are all members, at their recorded
+// there, which ends the process: one forged frame naming a member at a
+// made-up address would do it. So a batch whose senders are all members, at their recorded
 // address, reaches dragonboat with its source address cleared: its
 // registry then learns their addresses from the membership (log and
 // snapshots) only.
@@ -19,8 +19,8 @@ package cluster
 // replica's membership is what it has applied, which lags its group's —
 // a node joining knows none until the leader's entries arrive, and a node
 // restarted may not have applied the addition of the member it must now
-// vote with (it was refused, and two live members of three never elected
-// a leader). Its batches keep their source address, so that this node
+// vote with (refusing it leaves two live members of three unable to
+// elect a leader). Its batches keep their source address, so that this node
 // can answer, and the first address given for such a sender is the only
 // one accepted for it, so that the transport never gives dragonboat's
 // registry two; past maxUnknownSenders such senders, new ones are
@@ -38,9 +38,9 @@ package cluster
 // at another address (a frame from outside the membership gave a made-up
 // one, or a node changed address before it was added), dragonboat's
 // registry panics as it files the membership's address, on its apply path,
-// where nothing can take the panic back: the node exited. lockd records
-// every address it let through for an unknown sender (filedAddrs), and the
-// logger (zlog.Panicf) turns that panic, when the address the registry
+// where nothing can take the panic back and the process would end. lockd
+// records every address it let through for an unknown sender
+// (filedAddrs), and dragonboat's logger (Panicf) turns that panic, when the address the registry
 // held is one lockd filed for that replica so, into a repair: the registry
 // keeps the old address, the transport dials the membership's in its
 // place (dialAddr), and the repair is logged and counted
@@ -61,7 +61,7 @@ package cluster
 // someone who reaches it can speak as any member at its recorded address
 // (forged votes and heartbeats), and as replica ids the group does not
 // have yet at addresses no member has, up to maxUnknownSenders of them.
-// Mutual TLS (LoadRaftTLS) closes it: a peer's certificate must come from
+// Mutual TLS (LoadTLS) closes it: a peer's certificate must come from
 // the cluster's CA and name the host of the address it gives.
 
 import (
@@ -96,9 +96,9 @@ const (
 
 var errForeignSource = errors.New("cluster: raft frame from outside the group's membership")
 
-// raftSources checks frames against this node's view of its groups'
+// Sources checks frames against this node's view of its groups'
 // memberships; safe for concurrent use by the transport's connections.
-type raftSources struct {
+type Sources struct {
 	// shards reads every group this node runs, with its membership as
 	// this node's replica knows it (Pending while it knows none); nil
 	// until the NodeHost exists.
@@ -142,7 +142,7 @@ func newSourcesView(readAt time.Time, shards []dragonboat.ShardInfo) *sourcesVie
 }
 
 // attach makes s read nh's groups.
-func (s *raftSources) attach(nh *dragonboat.NodeHost) {
+func (s *Sources) Attach(nh *dragonboat.NodeHost) {
 	read := func() []dragonboat.ShardInfo {
 		info := nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true})
 		if info == nil { // closed
@@ -158,7 +158,7 @@ func (s *raftSources) attach(nh *dragonboat.NodeHost) {
 // sender is not a member as this replica knows). A batch that is refused
 // or names a sender not known as a member is checked again against a
 // reading of the memberships made after it arrived.
-func (s *raftSources) checkBatch(mb *pb.MessageBatch) (keepSource bool, err error) {
+func (s *Sources) checkBatch(mb *pb.MessageBatch) (keepSource bool, err error) {
 	arrived := time.Now()
 	if err := checkOrigin(mb.DeploymentId, mb.BinVer); err != nil {
 		return false, err
@@ -200,7 +200,7 @@ func (s *raftSources) checkBatch(mb *pb.MessageBatch) (keepSource bool, err erro
 // unpin forgets the addresses mb pinned for its senders, once dragonboat
 // refused the batch: its senders turned out to be members at another
 // address, which their own frames must still be able to give.
-func (s *raftSources) unpin(mb *pb.MessageBatch) {
+func (s *Sources) unpin(mb *pb.MessageBatch) {
 	s.pinMu.Lock()
 	defer s.pinMu.Unlock()
 	for i := range mb.Requests {
@@ -214,7 +214,7 @@ func (s *raftSources) unpin(mb *pb.MessageBatch) {
 
 // checkChunk reports whether a snapshot chunk comes from a member of its
 // group (a chunk carries no address).
-func (s *raftSources) checkChunk(c *pb.Chunk) error {
+func (s *Sources) checkChunk(c *pb.Chunk) error {
 	arrived := time.Now()
 	if err := checkOrigin(c.DeploymentId, c.BinVer); err != nil {
 		return err
@@ -230,7 +230,7 @@ func (s *raftSources) checkChunk(c *pb.Chunk) error {
 // which dragonboat would drop one by one: their sender is no peer, and its
 // connection is closed instead.
 func checkOrigin(deployment uint64, binVer uint32) error {
-	if deployment != deploymentID || binVer != raftio.TransportBinVersion {
+	if deployment != DeploymentID || binVer != raftio.TransportBinVersion {
 		return fmt.Errorf("%w: deployment %d version %d", errForeignSource, deployment, binVer)
 	}
 	return nil
@@ -241,7 +241,7 @@ func checkOrigin(deployment uint64, binVer uint32) error {
 // sourcesReadEvery has passed since the last. Callers queue on readMu, so
 // one reading serves every frame that arrived before it began. Before the
 // NodeHost exists there is nothing to read, and the last view stands.
-func (s *raftSources) readSince(arrived time.Time) *sourcesView {
+func (s *Sources) readSince(arrived time.Time) *sourcesView {
 	read := s.shards.Load()
 	if read == nil {
 		return s.view.Load()
@@ -281,7 +281,7 @@ func (s *raftSources) readSince(arrived time.Time) *sourcesView {
 // a reading of the memberships made now, it is a member's address (its
 // traffic is that member's) or the other is no member's, and when two
 // members superseded target with different addresses.
-func (s *raftSources) dialAddr(target string) string {
+func (s *Sources) dialAddr(target string) string {
 	to, redirected := unknownFiled.redirect(target)
 	if !redirected || to == "" {
 		return target
@@ -373,7 +373,7 @@ func (v *sourcesView) checkSender(shard, from uint64) error {
 }
 
 // validRaftAddr is what the transport tells dragonboat a Raft address
-// must be (raftTransportFactory.Validate): dragonboat panics when asked to
+// must be (Factory.Validate): dragonboat panics when asked to
 // file any other.
 func validRaftAddr(addr string) bool {
 	_, _, err := net.SplitHostPort(addr)
@@ -383,7 +383,7 @@ func validRaftAddr(addr string) bool {
 // unknownFiled is the process's record of the addresses lockd let
 // dragonboat file for senders outside the membership. It is process-wide
 // because the registry's panic, where it is read, reaches lockd through
-// dragonboat's logger, which is the process's (setupLogging installs it
+// dragonboat's logger, which is the process's (the cluster package installs it
 // once) and names no NodeHost; tests run several nodes in one process,
 // each filing here.
 var unknownFiled filedAddrs
@@ -391,6 +391,10 @@ var unknownFiled filedAddrs
 // forgedAddresses counts the registry conflicts repaired
 // (lockd_cluster_raft_forged_addresses_total), process-wide as the record.
 var forgedAddresses atomic.Uint64
+
+// ForgedAddresses is how many registry conflicts were repaired in this
+// process.
+func ForgedAddresses() uint64 { return forgedAddresses.Load() }
 
 // filedAddrs records, per sender and address, how many of the process's
 // nodes let that address through to their registry for that sender while
@@ -514,7 +518,7 @@ func parseDescribedNode(s string) (shard, replica uint64, ok bool) {
 	return shard, replica, errA == nil && errB == nil
 }
 
-// repairRegistryConflict is the logger's answer to dragonboat's registry
+// repairRegistryConflict is the answer to dragonboat's registry
 // conflict: true, once logged and counted, when the conflict supersedes an
 // address lockd filed for a sender outside the membership (the registry
 // keeps it, and returning from the panic there is safe: it is the last

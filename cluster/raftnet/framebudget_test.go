@@ -1,4 +1,4 @@
-package cluster
+package raftnet
 
 import (
 	"context"
@@ -23,7 +23,7 @@ func granted(c *budgetClaim) bool {
 	}
 }
 
-func checkBudget(t *testing.T, b *frameBudget, wantHeld, wantWaiting int) {
+func checkBudget(t *testing.T, b *FrameBudget, wantHeld, wantWaiting int) {
 	t.Helper()
 	if held, waiting := b.inUse(); held != wantHeld || waiting != wantWaiting {
 		t.Fatalf("budget holds %d with %d waiting, want %d with %d", held, waiting, wantHeld, wantWaiting)
@@ -154,7 +154,7 @@ func rawFrame(t *testing.T, from byte, addr string, n, sent int) net.Conn {
 	t.Cleanup(func() { c.Close() })
 	b := make([]byte, frameHeaderLen+sent)
 	binary.BigEndian.PutUint16(b, frameMagic)
-	b[2] = frameMessages
+	b[2] = FrameMessages
 	binary.BigEndian.PutUint32(b[3:], uint32(n))
 	if _, err := c.Write(b); err != nil {
 		t.Fatal(err)
@@ -167,12 +167,12 @@ func rawFrame(t *testing.T, from byte, addr string, n, sent int) net.Conn {
 // earlier frame or comes from a member's host; every grant comes back once
 // frames are handed over or their connections close mid-frame.
 func TestRaftTransportMembersPassGuestsAndGrantsComeBack(t *testing.T) {
-	sources := &raftSources{}
+	sources := &Sources{}
 	sources.view.Store(newSourcesView(time.Now(), []dragonboat.ShardInfo{{ShardID: 5, ReplicaID: 3,
 		Replicas: map[uint64]string{1: "127.0.0.1:7001", 2: "127.0.0.2:7002"}}}))
 	ln := raftListeners(t, 1)[0]
 	budget := newFrameBudget(3<<20, 2<<20)
-	server, batches, _ := startTransportAt(t, raftTransportFactory{listener: ln, sources: sources, budget: budget}, ln.Addr().String(), true)
+	server, batches, _ := startTransportAt(t, Factory{Listener: ln, Sources: sources, Budget: budget}, ln.Addr().String(), true)
 	client, _, _ := startTransport(t, true)
 	conn, err := client.GetConnection(context.Background(), server.addr)
 	if err != nil {
@@ -185,7 +185,7 @@ func TestRaftTransportMembersPassGuestsAndGrantsComeBack(t *testing.T) {
 			m.Type = pb.Replicate
 			m.Entries = []pb.Entry{{Index: 1, Term: 1, Cmd: make([]byte, entry)}}
 		}
-		return pb.MessageBatch{DeploymentId: deploymentID, BinVer: raftio.TransportBinVersion, SourceAddress: "127.0.0.1:7001", Requests: []pb.Message{m}}
+		return pb.MessageBatch{DeploymentId: DeploymentID, BinVer: raftio.TransportBinVersion, SourceAddress: "127.0.0.1:7001", Requests: []pb.Message{m}}
 	}
 	if err := conn.SendMessageBatch(batch(0)); err != nil { // shows the connection is member 1's
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package cluster
+package raftnet
 
 import (
 	"bufio"
@@ -29,38 +29,42 @@ import (
 // payload) and reads it with three or more. A proposal moves four to seven
 // batches (forward, replicate, acknowledge, commit notice), and on a
 // virtual machine each system call and each wake-up of the reading side
-// costs tens of microseconds: at low load they were about half of a
-// leader's CPU time. This transport sends a batch as one frame in one
-// write and reads through a buffer. Dragonboat above it still checks the
-// deployment id and binary version of every batch, batches messages per
-// target and reconnects.
+// costs tens of microseconds, a large share of a leader's CPU time at low
+// load. This transport sends a batch as one frame in one write and reads
+// through a buffer. Dragonboat above it still checks the deployment id
+// and binary version of every batch, batches messages per target and
+// reconnects.
 //
 // A frame is
 //
 //	magic u16 (0x4c52, "LR") | kind u8 | length u32 | CRC-32C u32 of the payload | payload
 //
-// with kind 'M' (a raftpb.MessageBatch), 'C' (a raftpb.Chunk of a
-// snapshot) or 'L' (lockd's own messages between nodes: format
-// statements and send-agains, peerlink.go). The checksum is there
-// because Raft does not check what an entry holds: one flipped bit that
-// TCP's own checksum missed would be stored and applied by one replica
-// only, and its lock table would no longer be the others'. A peer speaking anything else, or a frame that
-// fails its checksum, is disconnected, so nodes of a build with another
-// transport cannot join (all nodes must run the same build).
+// with kind 'M' (FrameMessages, a raftpb.MessageBatch), 'C' (FrameChunk,
+// a raftpb.Chunk of a snapshot) or 'L' (FrameLockd: lockd's own messages
+// between nodes, format statements and send-agains, which the cluster
+// package's peerlink.go reads). The checksum is there because Raft does
+// not check what an entry holds: one flipped bit that TCP's own checksum
+// missed would be stored and applied by one replica only, and its lock
+// table would no longer be the others'. A peer speaking anything else, or
+// a frame that fails its checksum, is disconnected, so nodes of a build
+// with another transport cannot join (all nodes must run the same build).
 const (
+	// DeploymentID is the dragonboat deployment id of every lockd node;
+	// frames of another are refused (checkOrigin).
+	DeploymentID   = 0x6c6f636b64 // "lockd"
 	frameMagic     = 0x4c52
 	frameHeaderLen = 2 + 1 + 4 + 4
-	frameMessages  = 'M'
-	frameChunk     = 'C'
-	frameLockd     = 'L'
-	// maxFrame bounds a frame: dragonboat's largest message batch (64 MiB)
+	FrameMessages  = 'M'
+	FrameChunk     = 'C'
+	FrameLockd     = 'L'
+	// MaxFrame bounds a frame: dragonboat's largest message batch (64 MiB)
 	// and some room. A frame past frameReadStep is read into a buffer
 	// mapped only once the node's frame budget grants its length
 	// (framebudget.go): a header alone cannot make this node allocate past
 	// the budget.
-	maxFrame      = 72 << 20
+	MaxFrame      = 72 << 20
 	frameReadStep = 64 << 10
-	// A connection's first frame must arrive within raftDialTimeout, as a
+	// A connection's first frame must arrive within DialTimeout, as a
 	// TLS handshake must; once a frame's header is in, the rest must
 	// arrive at raftWriteMinRate, as its sender writes it. Between frames
 	// of a peer that has shown it is a member there is no deadline: a
@@ -72,12 +76,12 @@ const (
 	// while one is sent; past these, a connection is closed at once.
 	maxRaftConns        = 256
 	maxRaftConnsPerHost = 16
-	// A frame's write may take raftWriteTimeout plus its length at
+	// A frame's write may take WriteTimeout plus its length at
 	// raftWriteMinRate; past that the peer is taken to have stopped
 	// reading, and dragonboat's sender reconnects.
-	raftWriteTimeout = 5 * time.Second
+	WriteTimeout     = 5 * time.Second
 	raftWriteMinRate = 1 << 20 // bytes per second
-	raftDialTimeout  = 5 * time.Second
+	DialTimeout      = 5 * time.Second
 	// acceptRetryMax caps the pause after a failed Accept (say, out of
 	// file descriptors); the transport keeps accepting until closed.
 	acceptRetryMax = time.Second
@@ -85,7 +89,7 @@ const (
 
 var (
 	errBadFrame    = errors.New("cluster: bad raft frame")
-	errUnknownPeer = errors.New("cluster: no Raft address known for the peer")
+	ErrUnknownPeer = errors.New("cluster: no Raft address known for the peer")
 	castagnoliCRC  = crc32.MakeTable(crc32.Castagnoli)
 )
 
@@ -101,80 +105,78 @@ var dragonboatStreams uint64
 
 // One stream per peer: the messages of all the groups bound for a peer go
 // out in one batch, one frame and one write, and the peer reads them with
-// one wake-up. With a stream per group, three groups led by one node sent
-// three frames per peer where one would do, at every heartbeat and under
-// load alike: measured at 1024 callers, 1.25x and 1.47x the lock cycles/s
-// of dragonboat's four streams per peer (paired runs, docs/cluster.md,
-// Performance). A group's messages still keep their order: they share one
-// queue.
+// one wake-up. With a stream per group, three groups led by one node send
+// three frames per peer where one does, at every heartbeat and under load
+// alike (docs/cluster.md, Performance, has the paired runs). A group's
+// messages still keep their order: they share one queue.
 func init() { dragonboatStreams = 1 }
 
-// raftTransportFactory plugs the transport into a NodeHost. With tls
-// (LoadRaftTLS) every connection is mutual TLS: a peer whose certificate
-// the CA did not sign is refused at the handshake, before a frame, and a
-// peer's certificate must name the host of the source address its frames
-// give.
-type raftTransportFactory struct {
-	log zerolog.Logger
-	tls *tls.Config
-	// sources checks where each frame comes from (raft_sources.go); nil
+// Factory plugs the transport into a NodeHost. With TLS (LoadTLS) every
+// connection is mutual TLS: a peer whose certificate the CA did not sign
+// is refused at the handshake, before a frame, and a peer's certificate
+// must name the host of the source address its frames give.
+type Factory struct {
+	Log zerolog.Logger
+	TLS *tls.Config
+	// Sources checks where each frame comes from (raft_sources.go); nil
 	// only in tests of the framing.
-	sources *raftSources
-	// heard, when set, is told of every peer a message batch came from
+	Sources *Sources
+	// Heard, when set, is told of every peer a message batch came from
 	// (the node's liveness record).
-	heard func(replica uint64)
-	// framesSent, when set, counts the message frames written to peers:
+	Heard func(replica uint64)
+	// FramesSent, when set, counts the message frames written to peers:
 	// each is one network hop, which is what a commit's latency is made of.
-	framesSent *atomic.Uint64
-	// streamsOpened, when set, counts the message connections dialed,
+	FramesSent *atomic.Uint64
+	// StreamsOpened, when set, counts the message connections dialed,
 	// redials included: one per peer while the links hold.
-	streamsOpened *atomic.Uint64
-	// onPeer, when set, takes the frames of kind 'L' (peerlink.go).
-	onPeer func(body []byte, sink replySink)
-	// listener, when set, is the bound port to serve (Config.RaftListener).
-	listener net.Listener
-	// budget bounds the frame bodies read at once (framebudget.go); nil:
-	// one of DefaultRaftFrameBudget.
-	budget *frameBudget
+	StreamsOpened *atomic.Uint64
+	// OnPeer, when set, takes the frames of kind FrameLockd, with a reply
+	// that answers on the connection the frame came by.
+	OnPeer func(body []byte, reply func(b []byte))
+	// Listener, when set, is the bound port to serve.
+	Listener net.Listener
+	// Budget bounds the frame bodies read at once (framebudget.go); nil:
+	// one of DefaultFrameBudget.
+	Budget *FrameBudget
 }
 
-func (f raftTransportFactory) Create(nhc config.NodeHostConfig, mh raftio.MessageHandler, ch raftio.ChunkHandler) raftio.ITransport {
+func (f Factory) Create(nhc config.NodeHostConfig, mh raftio.MessageHandler, ch raftio.ChunkHandler) raftio.ITransport {
 	onMessages := mh
-	if f.heard != nil {
+	if f.Heard != nil {
 		onMessages = func(mb pb.MessageBatch) {
 			for i := range mb.Requests {
-				f.heard(mb.Requests[i].From)
+				f.Heard(mb.Requests[i].From)
 			}
 			mh(mb)
 		}
 	}
-	return &raftTransport{addr: nhc.GetListenAddress(), bound: f.listener, log: f.log, tls: f.tls, sources: f.sources, onMessages: onMessages, onChunk: ch, onPeer: f.onPeer,
-		framesSent: f.framesSent, streamsOpened: f.streamsOpened, conns: make(map[net.Conn]struct{}), perHost: make(map[string]int),
+	return &raftTransport{addr: nhc.GetListenAddress(), bound: f.Listener, log: f.Log, tls: f.TLS, sources: f.Sources, onMessages: onMessages, onChunk: ch, onPeer: f.OnPeer,
+		framesSent: f.FramesSent, streamsOpened: f.StreamsOpened, conns: make(map[net.Conn]struct{}), perHost: make(map[string]int),
 		done: make(chan struct{}), budget: f.frameBudget()}
 }
 
-func (f raftTransportFactory) frameBudget() *frameBudget {
-	if f.budget != nil {
-		return f.budget
+func (f Factory) frameBudget() *FrameBudget {
+	if f.Budget != nil {
+		return f.Budget
 	}
-	return newFrameBudget(DefaultRaftFrameBudget, guestShare)
+	return NewFrameBudget(DefaultFrameBudget)
 }
 
-func (raftTransportFactory) Validate(addr string) bool { return validRaftAddr(addr) }
+func (Factory) Validate(addr string) bool { return validRaftAddr(addr) }
 
 // raftTransport is one NodeHost's listener and dialer.
 type raftTransport struct {
 	addr          string
 	bound         net.Listener // nil: Start listens on addr
 	log           zerolog.Logger
-	tls           *tls.Config  // nil: plain TCP
-	sources       *raftSources // nil: frames unchecked
+	tls           *tls.Config // nil: plain TCP
+	sources       *Sources    // nil: frames unchecked
 	onMessages    raftio.MessageHandler
 	onChunk       raftio.ChunkHandler
-	onPeer        func(body []byte, sink replySink) // nil: 'L' frames are ignored
-	framesSent    *atomic.Uint64                    // nil: not counted
-	streamsOpened *atomic.Uint64                    // nil: not counted
-	budget        *frameBudget
+	onPeer        func(body []byte, reply func(b []byte)) // nil: 'L' frames are ignored
+	framesSent    *atomic.Uint64                          // nil: not counted
+	streamsOpened *atomic.Uint64                          // nil: not counted
+	budget        *FrameBudget
 
 	mu      sync.Mutex
 	ln      net.Listener
@@ -289,7 +291,7 @@ func (t *raftTransport) serve(conn net.Conn) {
 	}
 	r := bufio.NewReaderSize(conn, 64<<10)
 	var small []byte // the buffer of frames up to frameReadStep, kept
-	if conn.SetReadDeadline(time.Now().Add(raftDialTimeout)) != nil {
+	if conn.SetReadDeadline(time.Now().Add(DialTimeout)) != nil {
 		return
 	}
 	for {
@@ -331,7 +333,7 @@ func (t *raftTransport) serve(conn net.Conn) {
 // raftWriteMinRate from its grant (framebudget.go).
 func (p *peerConn) readBody(r io.Reader, h frameHeader, small []byte) (body []byte, claim *budgetClaim, err error) {
 	arrived := time.Now()
-	last := arrived.Add(raftWriteTimeout + time.Duration(h.n)*time.Second/raftWriteMinRate)
+	last := arrived.Add(WriteTimeout + time.Duration(h.n)*time.Second/raftWriteMinRate)
 	if h.n <= frameReadStep {
 		if err := p.conn.SetReadDeadline(last); err != nil {
 			return nil, nil, err
@@ -360,7 +362,7 @@ func (p *peerConn) readBody(r io.Reader, h frameHeader, small []byte) (body []by
 	granted := time.Now()
 	for off := 0; off < h.n; {
 		end := min(h.n, off+budgetReadStep)
-		due := granted.Add(raftWriteTimeout + time.Duration(end)*time.Second/raftWriteMinRate)
+		due := granted.Add(WriteTimeout + time.Duration(end)*time.Second/raftWriteMinRate)
 		if due.After(last) {
 			due = last
 		}
@@ -399,7 +401,7 @@ type peerConn struct {
 func (p *peerConn) handle(kind byte, body []byte) error {
 	t := p.t
 	switch kind {
-	case frameMessages:
+	case FrameMessages:
 		var mb pb.MessageBatch
 		if err := mb.Unmarshal(body); err != nil {
 			return fmt.Errorf("%w: %w", errBadFrame, err)
@@ -419,7 +421,7 @@ func (p *peerConn) handle(kind byte, body []byte) error {
 			p.member = true       // every sender is a member at its address
 		}
 		t.onMessages(mb)
-	case frameChunk:
+	case FrameChunk:
 		var c pb.Chunk
 		if err := c.Unmarshal(body); err != nil {
 			return fmt.Errorf("%w: %w", errBadFrame, err)
@@ -432,12 +434,12 @@ func (p *peerConn) handle(kind byte, body []byte) error {
 		if !t.onChunk(c) {
 			return errors.New("raft transport: snapshot chunk refused")
 		}
-	case frameLockd:
+	case FrameLockd:
 		if t.onPeer != nil {
 			if p.sink == nil {
 				p.sink = &servedSink{conn: p.conn}
 			}
-			t.onPeer(body, p.sink)
+			t.onPeer(body, p.sink.reply)
 		}
 	}
 	return nil
@@ -446,6 +448,27 @@ func (p *peerConn) handle(kind byte, body []byte) error {
 // registryConflict is the format of the panic of dragonboat's address
 // registry when it is given a second address for a replica.
 const registryConflict = "inconsistent target for %s, %s:%s"
+
+// dragonboatPanic is the value dragonboat's panics carry (Panicf): its
+// format tells which one it is, for the one the transport takes back
+// (deliverWithSource).
+type dragonboatPanic struct{ format, msg string }
+
+func (p dragonboatPanic) Error() string { return p.msg }
+
+// Panicf is dragonboat's logger's Panicf: it panics, but for the registry
+// conflict that supersedes an address lockd filed for a sender outside
+// the membership, which is repaired instead (raft_sources.go): on
+// dragonboat's apply path nothing could take that panic back, and the
+// node would exit.
+func Panicf(log zerolog.Logger, f string, a ...any) {
+	if f == registryConflict && repairRegistryConflict(log, a) {
+		return
+	}
+	p := dragonboatPanic{format: f, msg: fmt.Sprintf(f, a...)}
+	log.WithLevel(zerolog.PanicLevel).Msg(p.msg)
+	panic(p)
+}
 
 // deliverWithSource hands dragonboat a batch that keeps its source
 // address, from a sender this node did not know as a member when it read
@@ -490,9 +513,9 @@ func (p *peerConn) checkCert(source string) error {
 }
 
 // handshake runs an accepted connection's TLS handshake within
-// raftDialTimeout and logs a peer it refused.
+// DialTimeout and logs a peer it refused.
 func (t *raftTransport) handshake(tc *tls.Conn) bool {
-	_ = tc.SetDeadline(time.Now().Add(raftDialTimeout))
+	_ = tc.SetDeadline(time.Now().Add(DialTimeout))
 	if err := tc.Handshake(); err != nil {
 		t.log.Warn().Err(err).Str("remote", tc.RemoteAddr().String()).
 			Msg("raft transport: TLS handshake refused; a peer needs a certificate signed by --raft-tls-ca")
@@ -504,7 +527,7 @@ func (t *raftTransport) handshake(tc *tls.Conn) bool {
 // frameHeader is what a frame's header declares.
 type frameHeader struct {
 	kind byte
-	n    int    // the payload's length, at most maxFrame
+	n    int    // the payload's length, at most MaxFrame
 	sum  uint32 // the payload's CRC-32C
 }
 
@@ -515,7 +538,7 @@ func readFrameHeader(r io.Reader) (frameHeader, error) {
 		return frameHeader{}, err
 	}
 	h := frameHeader{kind: hdr[2], n: int(binary.BigEndian.Uint32(hdr[3:])), sum: binary.BigEndian.Uint32(hdr[7:])}
-	if binary.BigEndian.Uint16(hdr[:]) != frameMagic || (h.kind != frameMessages && h.kind != frameChunk && h.kind != frameLockd) || h.n > maxFrame {
+	if binary.BigEndian.Uint16(hdr[:]) != frameMagic || (h.kind != FrameMessages && h.kind != FrameChunk && h.kind != FrameLockd) || h.n > MaxFrame {
 		return frameHeader{}, fmt.Errorf("%w: header %x", errBadFrame, hdr)
 	}
 	return h, nil
@@ -529,10 +552,10 @@ func (h frameHeader) check(body []byte) error {
 	return nil
 }
 
-// readFrame reads one frame into buf, grown as its bytes arrive: it
+// ReadFrame reads one frame into buf, grown as its bytes arrive: it
 // serves a node's own dialed connections, whose peer answers a question
 // the node asked, outside the budget of the frames peers send it.
-func readFrame(r io.Reader, buf []byte) (kind byte, body []byte, err error) {
+func ReadFrame(r io.Reader, buf []byte) (kind byte, body []byte, err error) {
 	h, err := readFrameHeader(r)
 	if err != nil {
 		return 0, nil, err
@@ -571,17 +594,17 @@ func (t *raftTransport) Close() error {
 }
 
 // dial connects to the peer dragonboat's registry places at target, or to
-// the membership's address that superseded target (raftSources.dialAddr).
+// the membership's address that superseded target (Sources.dialAddr).
 func (t *raftTransport) dial(ctx context.Context, target string) (net.Conn, error) {
 	if t.sources != nil {
 		target = t.sources.dialAddr(target)
 	}
-	return dialRaft(ctx, t.tls, t.log, target)
+	return Dial(ctx, t.tls, t.log, target)
 }
 
-// dialRaft connects to a peer's Raft port: mutual TLS when tlsCfg is set.
-func dialRaft(ctx context.Context, tlsCfg *tls.Config, log zerolog.Logger, target string) (net.Conn, error) {
-	d := net.Dialer{Timeout: raftDialTimeout}
+// Dial connects to a peer's Raft port: mutual TLS when tlsCfg is set.
+func Dial(ctx context.Context, tlsCfg *tls.Config, log zerolog.Logger, target string) (net.Conn, error) {
+	d := net.Dialer{Timeout: DialTimeout}
 	conn, err := d.DialContext(ctx, "tcp", target)
 	if err != nil {
 		return nil, err
@@ -594,7 +617,7 @@ func dialRaft(ctx context.Context, tlsCfg *tls.Config, log zerolog.Logger, targe
 	return conn, nil
 }
 
-// dialTLS runs the client side of the handshake within raftDialTimeout:
+// dialTLS runs the client side of the handshake within DialTimeout:
 // the peer's certificate must carry target's host and verify against the
 // CA.
 func dialTLS(ctx context.Context, tlsCfg *tls.Config, log zerolog.Logger, conn net.Conn, target string) (net.Conn, error) {
@@ -606,7 +629,7 @@ func dialTLS(ctx context.Context, tlsCfg *tls.Config, log zerolog.Logger, conn n
 	cfg := tlsCfg.Clone()
 	cfg.ServerName = host
 	tc := tls.Client(conn, cfg)
-	ctx, cancel := context.WithTimeout(ctx, raftDialTimeout)
+	ctx, cancel := context.WithTimeout(ctx, DialTimeout)
 	defer cancel()
 	if err := tc.HandshakeContext(ctx); err != nil {
 		conn.Close()
@@ -655,9 +678,9 @@ type frameConn struct {
 	// circuit breaker per peer address; after the peer restarts, a stale
 	// connection fails at its next write, and each failure trips the
 	// breaker again (0.5–1.5 s during which every message to the peer is
-	// dropped). Measured, with four streams per peer: a restarted node
-	// heard nothing from its leader for seconds, and a leader killed in
-	// that window left a group without a quorum that could commit. A frame
+	// dropped): a restarted node then hears nothing from its leader for
+	// seconds, and a leader lost in that window leaves a group without a
+	// quorum that can commit. A frame
 	// sent twice is harmless (Raft ignores what it already has), and a
 	// frame cut short on the old connection is discarded by the peer's
 	// reader.
@@ -670,13 +693,12 @@ func (c *frameConn) SendMessageBatch(mb pb.MessageBatch) error {
 	if onlyNotices(mb) {
 		// A leader's step worker that commits an entry readies the apply
 		// worker, whose answers clients wait for, and then the senders of
-		// the commit notices; the latest readied runs first, so the
-		// notices' writes went ahead of the apply (a median 266 µs from
-		// the acknowledgement to the apply in traces at one caller; 112
-		// µs with this yield, docs/cluster.md, Performance).
+		// the commit notices; the latest readied runs first, so without
+		// this yield the notices' writes go ahead of the apply
+		// (docs/cluster.md, Performance).
 		runtime.Gosched()
 	}
-	err := c.send(frameMessages, &mb, mb.SizeUpperLimit())
+	err := c.send(FrameMessages, &mb, mb.SizeUpperLimit())
 	if err == nil && c.framesSent != nil {
 		c.framesSent.Add(1)
 	}
@@ -697,7 +719,7 @@ func onlyNotices(mb pb.MessageBatch) bool {
 }
 
 func (c *frameConn) SendChunk(chunk pb.Chunk) error {
-	return c.send(frameChunk, &chunk, chunk.Size())
+	return c.send(FrameChunk, &chunk, chunk.Size())
 }
 
 // send writes one frame: header and payload in a single write.
@@ -709,14 +731,14 @@ func (c *frameConn) send(kind byte, m pb.Marshaler, sizeLimit int) error {
 	payload := pb.MustMarshalTo(m, b[frameHeaderLen:])
 	n := len(payload)
 	putFrameHeader(b, kind, payload)
-	deadline := raftWriteTimeout + time.Duration(n)*time.Second/raftWriteMinRate
-	err := writeWithin(c.conn, b[:frameHeaderLen+n], deadline)
+	deadline := WriteTimeout + time.Duration(n)*time.Second/raftWriteMinRate
+	err := WriteWithin(c.conn, b[:frameHeaderLen+n], deadline)
 	var ne net.Error
 	if err != nil && c.redial != nil && !(errors.As(err, &ne) && ne.Timeout()) {
 		if conn, derr := c.redial(); derr == nil {
 			c.conn.Close()
 			c.conn = conn
-			err = writeWithin(c.conn, b[:frameHeaderLen+n], deadline)
+			err = WriteWithin(c.conn, b[:frameHeaderLen+n], deadline)
 		}
 	}
 	if cap(c.buf) > 1<<20 {
@@ -733,11 +755,42 @@ func putFrameHeader(b []byte, kind byte, payload []byte) {
 	binary.BigEndian.PutUint32(b[7:], crc32.Checksum(payload, castagnoliCRC))
 }
 
-// writeWithin writes b to conn, giving up after d.
-func writeWithin(conn net.Conn, b []byte, d time.Duration) error {
+// WriteWithin writes b to conn, giving up after d.
+func WriteWithin(conn net.Conn, b []byte, d time.Duration) error {
 	if err := conn.SetWriteDeadline(time.Now().Add(d)); err != nil {
 		return err
 	}
 	_, err := conn.Write(b)
 	return err
+}
+
+// WriteFrame writes one frame of kind with payload within timeout.
+func WriteFrame(conn net.Conn, kind byte, payload []byte, timeout time.Duration) error {
+	return WriteWithin(conn, AppendFrame(nil, kind, payload), timeout)
+}
+
+// AppendFrame appends to dst one frame of kind with payload.
+func AppendFrame(dst []byte, kind byte, payload []byte) []byte {
+	at := len(dst)
+	dst = append(append(dst, make([]byte, frameHeaderLen)...), payload...)
+	putFrameHeader(dst[at:], kind, dst[at+frameHeaderLen:])
+	return dst
+}
+
+// servedSink is the accepting side of a peer's connection. Its replies
+// are short, and a peer that does not read one within replyWriteTimeout
+// loses the connection rather than stall the transport's reader.
+type servedSink struct {
+	mu   sync.Mutex
+	conn net.Conn
+}
+
+const replyWriteTimeout = 200 * time.Millisecond
+
+func (s *servedSink) reply(b []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if WriteFrame(s.conn, FrameLockd, b, replyWriteTimeout) != nil {
+		s.conn.Close()
+	}
 }

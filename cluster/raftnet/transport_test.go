@@ -1,8 +1,7 @@
-package cluster
+package raftnet
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net"
 	"reflect"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/lni/dragonboat/v4/config"
 	pb "github.com/lni/dragonboat/v4/raftpb"
-	"github.com/lockd/lockd/engine"
 )
 
 // startTransport listens on a free loopback port and forwards what it
@@ -19,12 +17,12 @@ import (
 func startTransport(t *testing.T, acceptChunks bool) (*raftTransport, chan pb.MessageBatch, chan pb.Chunk) {
 	t.Helper()
 	ln := raftListeners(t, 1)[0]
-	return startTransportAt(t, raftTransportFactory{listener: ln}, ln.Addr().String(), acceptChunks)
+	return startTransportAt(t, Factory{Listener: ln}, ln.Addr().String(), acceptChunks)
 }
 
 // startTransportAt is startTransport on addr, through f (listening on
 // addr itself unless f has a listener).
-func startTransportAt(t *testing.T, f raftTransportFactory, addr string, acceptChunks bool) (*raftTransport, chan pb.MessageBatch, chan pb.Chunk) {
+func startTransportAt(t *testing.T, f Factory, addr string, acceptChunks bool) (*raftTransport, chan pb.MessageBatch, chan pb.Chunk) {
 	t.Helper()
 	batches, chunks := make(chan pb.MessageBatch, 16), make(chan pb.Chunk, 16)
 	tr := f.Create(config.NodeHostConfig{RaftAddress: addr},
@@ -61,7 +59,7 @@ func TestRaftTransportDeliversBatchesAndChunks(t *testing.T) {
 	defer conn.Close()
 	for i := range 3 {
 		want := pb.MessageBatch{
-			DeploymentId: deploymentID, SourceAddress: client.addr, BinVer: 7,
+			DeploymentId: DeploymentID, SourceAddress: client.addr, BinVer: 7,
 			Requests: []pb.Message{{
 				Type: pb.Replicate, To: 2, From: 1, ShardID: 5, Term: 3, LogIndex: uint64(10 + i), Commit: 9,
 				Entries: []pb.Entry{{Term: 3, Index: uint64(11 + i), Cmd: []byte("acquire k")}},
@@ -80,7 +78,7 @@ func TestRaftTransportDeliversBatchesAndChunks(t *testing.T) {
 	}
 	defer snap.Close()
 	want := pb.Chunk{ShardID: 5, ReplicaID: 2, From: 1, ChunkId: 0, ChunkCount: 1, Index: 100, Term: 3,
-		Data: make([]byte, 3<<20), DeploymentId: deploymentID, BinVer: 7, FileSize: 3 << 20}
+		Data: make([]byte, 3<<20), DeploymentId: DeploymentID, BinVer: 7, FileSize: 3 << 20}
 	want.Data[12345] = 0xab
 	if err := snap.SendChunk(want); err != nil {
 		t.Fatal(err)
@@ -105,7 +103,7 @@ func TestRaftTransportStreamSurvivesAPeerRestart(t *testing.T) {
 	}
 	defer conn.Close()
 	batch := func(i int) pb.MessageBatch {
-		return pb.MessageBatch{DeploymentId: deploymentID, SourceAddress: client.addr, BinVer: 7,
+		return pb.MessageBatch{DeploymentId: DeploymentID, SourceAddress: client.addr, BinVer: 7,
 			Requests: []pb.Message{{Type: pb.Heartbeat, To: 2, From: 1, ShardID: 5, Term: uint64(i)}}}
 	}
 	if err := conn.SendMessageBatch(batch(0)); err != nil {
@@ -113,7 +111,7 @@ func TestRaftTransportStreamSurvivesAPeerRestart(t *testing.T) {
 	}
 	receive(t, batches)
 	server.Close()
-	_, restarted, _ := startTransportAt(t, raftTransportFactory{}, server.addr, true)
+	_, restarted, _ := startTransportAt(t, Factory{}, server.addr, true)
 	// The first writes after the restart may still vanish into the old
 	// connection before its reset arrives; what matters is that none fails
 	// and that the stream reaches the new process.
@@ -157,7 +155,7 @@ func TestRaftTransportDropsBadPeers(t *testing.T) {
 	}
 	defer raw2.Close()
 	damaged := &frameConn{conn: flipLastBit{raw2}}
-	if err := damaged.SendMessageBatch(pb.MessageBatch{DeploymentId: deploymentID, Requests: []pb.Message{{Type: pb.Heartbeat, To: 2}}}); err != nil {
+	if err := damaged.SendMessageBatch(pb.MessageBatch{DeploymentId: DeploymentID, Requests: []pb.Message{{Type: pb.Heartbeat, To: 2}}}); err != nil {
 		t.Fatal(err)
 	}
 	raw2.SetReadDeadline(time.Now().Add(5 * time.Second))
@@ -171,7 +169,7 @@ func TestRaftTransportDropsBadPeers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer snap.Close()
-	chunk := pb.Chunk{ShardID: 5, ChunkCount: 2, Data: []byte("x"), DeploymentId: deploymentID}
+	chunk := pb.Chunk{ShardID: 5, ChunkCount: 2, Data: []byte("x"), DeploymentId: DeploymentID}
 	if err := snap.SendChunk(chunk); err != nil {
 		t.Fatal(err)
 	}
@@ -221,38 +219,6 @@ func TestOnlyNoticesGiveWay(t *testing.T) {
 	} {
 		if got := onlyNotices(pb.MessageBatch{Requests: c.msgs}); got != c.want {
 			t.Errorf("%s: onlyNotices = %v, want %v", c.name, got, c.want)
-		}
-	}
-}
-
-// TestGroupsShareOneRaftStreamPerPeer: a node sends the messages of all
-// its groups bound for a peer on one connection, so that one frame carries
-// every group's heartbeats and entries for that peer. Every node proposes
-// in each of the four groups, so with three nodes some node leads two
-// groups and every node sends to a leader in several groups; each node
-// still dials each peer once.
-func TestGroupsShareOneRaftStreamPerPeer(t *testing.T) {
-	tc := newTestCluster(t, 3, nil)
-	groups := tc.cfgs[0].Groups
-	rec := newRecorder()
-	owner := uint64(0)
-	for id := uint64(1); id <= 3; id++ {
-		for g := range groups {
-			owner++
-			key := keyInGroup(fmt.Sprintf("streams/%d", id), g, groups)
-			r := acquire(t, tc.node(id), rec, owner, key, 30*time.Second, 0)
-			if r.Outcome != engine.Granted {
-				t.Fatalf("node %d, group %d: acquire %v", id, g, r)
-			}
-			owner++
-			if r := release(t, tc.node(id), rec, owner, key, r.Token); r.Outcome != engine.Released {
-				t.Fatalf("node %d, group %d: release %v", id, g, r)
-			}
-		}
-	}
-	for id := uint64(1); id <= 3; id++ {
-		if got := tc.node(id).ClusterStats().RaftStreamsOpened; got < 1 || got > 2 {
-			t.Errorf("node %d dialed %d Raft message connections, want one to each peer it sends to (1 or 2)", id, got)
 		}
 	}
 }
