@@ -186,7 +186,10 @@ func TestTokensMonotonicAcrossLeaderChanges(t *testing.T) {
 		t.Helper()
 		for attempt := 0; ; attempt++ {
 			owner++
-			r := acquire(t, tc.node(via), rec, owner, key, 30*time.Second, 0)
+			// An unavailable attempt, of this cycle or an earlier one, may
+			// still apply and hold the key until the server releases that
+			// late grant itself (SPEC §9): wait for it.
+			r := acquire(t, tc.node(via), rec, owner, key, 30*time.Second, 5*time.Second)
 			if r.Outcome == engine.Unavailable && attempt < 10 {
 				continue // an election in progress
 			}
