@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,6 +40,9 @@ type transport interface {
 type session struct {
 	srv *Server
 	tr  transport
+	// remote is the connection's remote address, for the origins table;
+	// zero when it is not a TCP address.
+	remote netip.AddrPort
 
 	serverNonce [codec.NonceLen]byte
 	welcomed    bool // a HELLO was accepted
@@ -104,7 +108,14 @@ func (r resolution) abandonIfGranted(s *Server) {
 // reservedAcquire until the backend has answered, or for an asynchronous
 // RELEASE or KEEP (cluster mode) the asyncOp it is to be answered as —
 // in flight for dup_owner all the same.
-type inFlight struct{ h engine.Handle }
+//
+// origin is an acquire's key as the origins table names it, so that its
+// grant can be recorded when delivered without the connection keeping
+// the key.
+type inFlight struct {
+	h      engine.Handle
+	origin uint64
+}
 
 // asyncOp marks an asynchronous RELEASE or KEEP in an inFlight; a
 // one-byte value in an interface allocates nothing.
@@ -113,12 +124,13 @@ type asyncOp opKind
 // reservedAcquire is an acquire the backend has not answered yet.
 var reservedAcquire = inFlight{h: asyncOp(opUnknown)}
 
-// queuedAcquire is an acquire the backend queued, with its handle.
-func queuedAcquire(h engine.Handle) inFlight {
+// queuedAcquire is an acquire of the key named origin that the backend
+// queued, with its handle; without one (nil), not answered yet.
+func queuedAcquire(h engine.Handle, origin uint64) inFlight {
 	if h == nil {
-		return reservedAcquire
+		h = reservedAcquire.h
 	}
-	return inFlight{h: h}
+	return inFlight{h: h, origin: origin}
 }
 
 // async is the op an asynchronous request is answered as, opUnknown for
@@ -144,6 +156,7 @@ func newSession(s *Server, tr transport, b *batch) (*session, []byte, error) {
 	ss := &session{
 		srv:     s,
 		tr:      tr,
+		remote:  remoteAddrPort(tr.remoteAddr()),
 		pending: newPendingTable(),
 		batch:   b,
 	}
@@ -438,7 +451,8 @@ func (ss *session) acquire(req *codec.Request) bool {
 		ss.batch.answeredAcquire(acquireBusy, ss.batch.arrived)
 		return false
 	}
-	ss.pending.put(req.Owner, reservedAcquire)
+	origin := ss.srv.origins.originKey(ss.tenant, req.Key)
+	ss.pending.put(req.Owner, queuedAcquire(nil, origin))
 	ss.mu.Unlock()
 
 	lease := time.Duration(req.LeaseSeconds) * time.Second
@@ -453,13 +467,13 @@ func (ss *session) acquire(req *codec.Request) bool {
 			ss.markCloseWhenIdleLocked()
 		}
 	case stillQueued:
-		ss.pending.put(req.Owner, queuedAcquire(w))
+		ss.pending.put(req.Owner, queuedAcquire(w, origin))
 	default:
 		// Resolved before Acquire returned: give its answer the handle
 		// an abandoned grant needs if the connection closes first.
 		for i := range ss.outbox {
 			if ss.outbox[i].owner == req.Owner {
-				ss.outbox[i].inFlight = queuedAcquire(w)
+				ss.outbox[i].inFlight = queuedAcquire(w, origin)
 			}
 		}
 	}
@@ -467,7 +481,7 @@ func (ss *session) acquire(req *codec.Request) bool {
 	if r.Outcome == engine.Queued {
 		return false
 	}
-	ss.appendResult(opAcquire, req.Owner, r)
+	ss.appendAcquireResult(req.Owner, origin, r)
 	ss.batch.answeredAcquire(acquireOutcomeOf(r.Outcome), ss.batch.arrived)
 	return false
 }
@@ -572,8 +586,10 @@ func (ss *session) deliverResolutions(closing bool) bool {
 		if async := r.async(); async != opUnknown {
 			op = async
 		}
-		ss.appendResult(op, r.owner, r.result)
-		if op == opAcquire {
+		if op != opAcquire {
+			ss.appendResult(op, r.owner, r.result)
+		} else {
+			ss.appendAcquireResult(r.owner, r.origin, r.result)
 			ss.batch.answeredAcquire(acquireOutcomeOf(r.result.Outcome), ss.srv.arrivalOf(r.wait(), ss.batch.arrived))
 			if r.result.Outcome == engine.Granted && r.result.Waited > 0 {
 				ss.batch.latency.queueWait.Observe(r.result.Waited)
