@@ -33,7 +33,7 @@ func TestOriginRecordDoesNotAllocate(t *testing.T) {
 	token := uint64(0)
 	if n := testing.AllocsPerRun(1000, func() {
 		token++
-		o.record(o.originKey("acme", key), token, remote)
+		o.record(o.originKey(o.tenantOrigin("acme"), key), token, remote)
 	}); n != 0 {
 		t.Fatalf("naming a key and recording its grant: %v allocs, want 0", n)
 	}

@@ -141,7 +141,7 @@ func (s *Server) lockStatus(tenant string, info engine.LockInfo) LockStatus {
 		st.NodeID = id.ID()
 	}
 	if info.Held {
-		if remote, ok := s.origins.lookup(s.origins.originKey(tenant, []byte(info.Key)), info.Token); ok {
+		if remote, ok := s.origins.lookup(s.origins.originKey(s.origins.tenantOrigin(tenant), []byte(info.Key)), info.Token); ok {
 			st.RemoteAddr = remote.String()
 		}
 	}

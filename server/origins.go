@@ -12,8 +12,10 @@ import (
 // address of the connection each recent grant was delivered on. A grant
 // is recorded when its A is written to its connection; inspection shows
 // the address only while the key's slot still holds that exact grant
-// (key and token), and nothing otherwise. It is a fixed array, written
-// from the connections' loops without a lock and without allocating.
+// (key and token), and nothing otherwise. It is a fixed array of slots,
+// each a seqlock of atomic words, written from the connections' loops
+// without a lock, without waiting and without allocating; a reader never
+// holds a writer up.
 
 // originSlots is how many grants the table remembers at most: a later
 // grant of a key whose slot is taken overwrites the older one. 65 536
@@ -23,13 +25,15 @@ const originSlots = 1 << 16
 // origins maps (tenant, key, token) to the remote address the grant went
 // to. Its zero value is not usable: see newOrigins.
 type origins struct {
-	seed  maphash.Seed
-	slots []originSlot
+	tenantSeed, keySeed maphash.Seed
+	slots               []originSlot
 }
 
-// originSlot is one recorded grant, a seqlock of atomic words: seq is odd
-// while a writer fills the slot, and a reader that sees it change reads
-// again. key is 0 while the slot is empty (originKey is never 0).
+// originSlot is one recorded grant: seq is odd while a writer fills the
+// slot, and a reader that sees it change reads again. key is 0 while the
+// slot is empty (originKey is never 0). The address is kept as words, not
+// as a netip.AddrPort, so that the table holds no pointer for the
+// collector to scan; the zone of a link-local IPv6 address is not kept.
 type originSlot struct {
 	seq   atomic.Uint64
 	key   atomic.Uint64
@@ -43,23 +47,24 @@ type originSlot struct {
 const originIPv4 = 1 << 16
 
 func newOrigins() *origins {
-	return &origins{seed: maphash.MakeSeed(), slots: make([]originSlot, originSlots)}
+	return &origins{tenantSeed: maphash.MakeSeed(), keySeed: maphash.MakeSeed(), slots: make([]originSlot, originSlots)}
 }
 
-// originKey names key of tenant in the table; never 0.
-func (o *origins) originKey(tenant string, key []byte) uint64 {
-	var h maphash.Hash
-	h.SetSeed(o.seed)
-	h.WriteString(tenant)
-	h.WriteByte(0) // no tenant is a prefix of another's bytes
-	h.Write(key)
-	return h.Sum64() | 1
+// tenantOrigin is the part of originKey that depends on the tenant alone,
+// which a connection computes once.
+func (o *origins) tenantOrigin(tenant string) uint64 { return maphash.String(o.tenantSeed, tenant) }
+
+// originKey names key of the tenant whose tenantOrigin is tenant; never
+// 0. The tenant's and the key's hashes have seeds of their own, so that
+// swapping a tenant's name and a key's does not give the same name.
+func (o *origins) originKey(tenant uint64, key []byte) uint64 {
+	return (tenant ^ maphash.Bytes(o.keySeed, key)) | 1
 }
 
 // record notes that the grant of token for the key named origin went to
-// remote. A writer that finds the slot being written by another leaves
-// it to that one: the slot then holds the other grant, and inspection of
-// this one shows no address rather than a wrong one.
+// remote. A writer that finds another one filling the slot leaves it to
+// that one: the slot then holds the other grant, and inspection of this
+// one shows no address rather than a wrong one.
 func (o *origins) record(origin, token uint64, remote netip.AddrPort) {
 	if !remote.IsValid() {
 		return

@@ -49,6 +49,9 @@ type session struct {
 	sawRequest  bool // any frame was handled, so HELLO may no longer come
 	ns          engine.Namespace
 	tenant      string
+	// tenantOrigin is the tenant's part of its keys' names in the
+	// origins table.
+	tenantOrigin uint64
 	// sessionKey is what the connection keeps of its SESSION's client_id
 	// (SPEC §6a), 0 before one; the client_id itself is never kept.
 	sessionKey engine.SessionKey
@@ -172,6 +175,7 @@ func newSession(s *Server, tr transport, b *batch) (*session, []byte, error) {
 	}
 	if s.cfg.Auth == nil {
 		ss.tenant = defaultTenant
+		ss.tenantOrigin = s.origins.tenantOrigin(defaultTenant)
 		ss.ns = s.backend.Namespace(defaultTenant)
 	}
 	var flags uint8
@@ -423,6 +427,7 @@ func (ss *session) handleHello(req *codec.Request, fieldErr error) bool {
 	}
 	ss.welcomed = true
 	ss.tenant = string(req.Tenant)
+	ss.tenantOrigin = ss.srv.origins.tenantOrigin(ss.tenant)
 	ss.ns = ss.srv.backend.Namespace(ss.tenant)
 	ss.batch.buf = codec.AppendWelcome(ss.batch.buf, serverMAC)
 	ss.batch.frames++
@@ -451,7 +456,7 @@ func (ss *session) acquire(req *codec.Request) bool {
 		ss.batch.answeredAcquire(acquireBusy, ss.batch.arrived)
 		return false
 	}
-	origin := ss.srv.origins.originKey(ss.tenant, req.Key)
+	origin := ss.srv.origins.originKey(ss.tenantOrigin, req.Key)
 	ss.pending.put(req.Owner, queuedAcquire(nil, origin))
 	ss.mu.Unlock()
 
