@@ -65,11 +65,13 @@ func (f *fsm) replicaNow() time.Duration {
 	return max(f.state.now, time.Duration(time.Now().UnixNano()))
 }
 
-// info is l, the lock of key, at now.
+// info is l, the lock of key, at now. The hold time is on the same clock
+// as the lease left, counted from the group's clock at the grant.
 func (l *lockState) info(key string, now time.Duration) engine.LockInfo {
 	info := engine.LockInfo{Key: key, Waiters: len(l.queue)}
 	if l.HeldAt(now) {
 		info.Held, info.Token, info.LeaseRemaining = true, l.Token, l.End-now
+		info.HeldFor, info.GrantNode = max(now-l.granted, 0), l.node
 	}
 	return info
 }

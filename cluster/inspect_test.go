@@ -29,9 +29,10 @@ func getLocks(t *testing.T, url string, v any) {
 
 // TestInspectionInClusterMode: every node answers the admin inspection
 // from its replica of the group's state, naming itself: a lock taken
-// through node 1 with a waiter queued through node 2 shows the same token
-// and queue on all three, the list is sorted across groups, and a lease
-// that lapsed shows as not held.
+// through node 1 with a waiter queued through node 2 shows the same token,
+// queue, hold time and grant node (1) on all three, and the address the
+// grant went to on node 1 alone, which delivered it; the list is sorted
+// across groups, and a lease that lapsed shows as not held.
 func TestInspectionInClusterMode(t *testing.T) {
 	tc := newTestCluster(t, 3, nil)
 	srvs := clusterServers(t, tc)
@@ -57,8 +58,20 @@ func TestInspectionInClusterMode(t *testing.T) {
 			getLocks(t, base+"/batch/1", &one)
 			return one.Waiters == 1
 		})
-		if !one.Held || one.Token != tokens[1] || one.Node != node || one.LeaseRemainingMs <= 0 || one.LeaseRemainingMs > 60_000 {
+		if !one.Held || one.Token != tokens[1] || one.Node != node || one.NodeID != uint64(i+1) || one.LeaseRemainingMs <= 0 || one.LeaseRemainingMs > 60_000 {
 			t.Errorf("%s: %+v, want token %d held with its lease, answered by %s", node, one, tokens[1], node)
+		}
+		// Held since its grant, on the group's clock, the clock its
+		// lease ends on: with the lease left, the minute's lease.
+		if one.HeldForMs <= 0 || one.HeldForMs+one.LeaseRemainingMs != 60_000 {
+			t.Errorf("%s: held for %d ms with %d ms left of a 60 s lease", node, one.HeldForMs, one.LeaseRemainingMs)
+		}
+		remote := ""
+		if i == 0 {
+			remote = c1.nc.LocalAddr().String()
+		}
+		if one.GrantNode != 1 || one.RemoteAddr != remote {
+			t.Errorf("%s: granted through node %d to %q, want node 1 and %q", node, one.GrantNode, one.RemoteAddr, remote)
 		}
 		var list []server.LockStatus
 		getLocks(t, base+"?prefix=batch/&limit=2", &list)

@@ -23,9 +23,13 @@ type LockInfo struct {
 	Token          uint64        // 0 unless Held
 	LeaseRemaining time.Duration // 0 unless Held
 	// HeldFor is how long ago the current token was granted; 0 unless
-	// Held, and 0 from a backend that does not record grant instants.
+	// Held.
 	HeldFor time.Duration
 	Waiters int
+	// GrantNode is, in cluster mode, the id of the node whose client's
+	// request got the token (the node that delivered the grant); 0 unless
+	// Held, and 0 from a backend without nodes.
+	GrantNode uint64
 }
 
 // Inspector is a backend that can show its locks. It is not part of

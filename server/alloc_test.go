@@ -3,6 +3,7 @@
 package server
 
 import (
+	"net"
 	"testing"
 	"time"
 )
@@ -20,5 +21,20 @@ func TestAcquireLatencyObservationDoesNotAllocate(t *testing.T) {
 		b.answers = b.answers[:0]
 	}); n != 0 {
 		t.Fatalf("observing a batch's acquire answers: %v allocs, want 0", n)
+	}
+}
+
+// Every ACQUIRE names its key in the origins table and every grant
+// delivered is recorded there.
+func TestOriginRecordDoesNotAllocate(t *testing.T) {
+	o := newOrigins()
+	key := []byte("jobs/nightly")
+	remote := remoteAddrPort(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 40001})
+	token := uint64(0)
+	if n := testing.AllocsPerRun(1000, func() {
+		token++
+		o.record(o.originKey(o.tenantOrigin("acme"), key), token, remote)
+	}); n != 0 {
+		t.Fatalf("naming a key and recording its grant: %v allocs, want 0", n)
 	}
 }

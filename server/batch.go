@@ -17,6 +17,16 @@ func (ss *session) appendResult(op opKind, owner uint64, r engine.Result) {
 	ss.batch.frames++
 }
 
+// appendAcquireResult is appendResult for an ACQUIRE of the key named
+// origin: a grant's A is where the origins table learns the address it
+// went to.
+func (ss *session) appendAcquireResult(owner, origin uint64, r engine.Result) {
+	ss.appendResult(opAcquire, owner, r)
+	if r.Outcome == engine.Granted {
+		ss.srv.origins.record(origin, r.Token, ss.remote)
+	}
+}
+
 func (ss *session) appendOwnerOnly(op opKind, respOp byte, owner uint64) {
 	ss.batch.buf = codec.AppendOwnerOnly(ss.batch.buf, respOp, owner)
 	ss.batch.frames++

@@ -38,14 +38,27 @@ type LockStatus struct {
 	Token            uint64 `json:"token"`              // 0 unless held
 	LeaseRemainingMs int64  `json:"lease_remaining_ms"` // 0 unless held
 	// HeldForMs is how long the current token has been held, rounded
-	// up; 0 when not held or when the backend does not record it
-	// (cluster mode).
+	// up; 0 when not held.
 	HeldForMs int64 `json:"held_for_ms"`
 	Waiters   int   `json:"waiters"`
 	// Node is the name (--node-name) of the server that answered: in
 	// cluster mode, from its replica of the group's state.
 	Node string `json:"node"`
+	// NodeID is the cluster node id of the server that answered; 0 in
+	// single mode.
+	NodeID uint64 `json:"node_id"`
+	// GrantNode is the cluster node id whose client's ACQUIRE got the
+	// token: that node delivered the grant and may know RemoteAddr. 0
+	// unless held, and in single mode.
+	GrantNode uint64 `json:"grant_node"`
+	// RemoteAddr is the remote address (IP:port) of the connection the
+	// grant was delivered on, when the server that answered delivered it
+	// and still remembers it; empty otherwise.
+	RemoteAddr string `json:"remote_addr"`
 }
+
+// nodeIdentity is a backend that is a node of a cluster.
+type nodeIdentity interface{ ID() uint64 }
 
 // withLocks serves the lock inspection paths and hands every other
 // request to next.
@@ -113,7 +126,7 @@ func listParams(q url.Values) (prefix string, limit int, err error) {
 }
 
 func (s *Server) lockStatus(tenant string, info engine.LockInfo) LockStatus {
-	return LockStatus{
+	st := LockStatus{
 		Tenant:           tenant,
 		Key:              info.Key,
 		Held:             info.Held,
@@ -122,5 +135,15 @@ func (s *Server) lockStatus(tenant string, info engine.LockInfo) LockStatus {
 		HeldForMs:        (info.HeldFor + time.Millisecond - 1).Milliseconds(), // rounded up: 0 only when unknown
 		Waiters:          info.Waiters,
 		Node:             s.cfg.NodeName,
+		GrantNode:        info.GrantNode,
 	}
+	if id, ok := s.backend.(nodeIdentity); ok {
+		st.NodeID = id.ID()
+	}
+	if info.Held {
+		if remote, ok := s.origins.lookup(s.origins.originKey(s.origins.tenantOrigin(tenant), []byte(info.Key)), info.Token); ok {
+			st.RemoteAddr = remote.String()
+		}
+	}
+	return st
 }

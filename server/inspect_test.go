@@ -42,9 +42,10 @@ func getJSON(t *testing.T, method, url string, v any) (int, string) {
 }
 
 // TestInspectOneLock: GET /v1/locks/{tenant}/{key} shows a held key's
-// token, the lease left on the server's clock and its waiters, and the
-// node that answered; a lapsed lease shows as not held; a key may hold
-// '/', "." and ".." and is matched as given.
+// token, the lease left on the server's clock, its waiters, the node that
+// answered and the address of the connection the grant went to (a grant
+// answered at once, then one handed to a waiter); a lapsed lease shows as
+// not held; a key may hold '/', "." and ".." and is matched as given.
 func TestInspectOneLock(t *testing.T) {
 	s := startServer(t, func(cfg *Config) { cfg.Admin = "127.0.0.1:0" })
 	base := "http://" + s.AdminAddr() + "/v1/locks/default/"
@@ -56,7 +57,7 @@ func TestInspectOneLock(t *testing.T) {
 
 	var got LockStatus
 	getJSON(t, "GET", base+"jobs/../nightly", &got)
-	want := LockStatus{Tenant: "default", Key: "jobs/../nightly", Held: true, Token: token, LeaseRemainingMs: 26_000, HeldForMs: 4_000, Waiters: 1, Node: "test-node"}
+	want := LockStatus{Tenant: "default", Key: "jobs/../nightly", Held: true, Token: token, LeaseRemainingMs: 26_000, HeldForMs: 4_000, Waiters: 1, Node: "test-node", RemoteAddr: c.nc.LocalAddr().String()}
 	if got != want {
 		t.Errorf("held key: %+v, want %+v", got, want)
 	}
@@ -82,8 +83,8 @@ func TestInspectOneLock(t *testing.T) {
 	s.Engine().Tick()
 	next := waiter.expect(codec.OpAcquired, 2).Token
 	getJSON(t, "GET", base+"jobs/../nightly", &got)
-	if !got.Held || got.Token != next || got.Waiters != 0 {
-		t.Errorf("after the hand-off: %+v, want token %d held, no waiters", got, next)
+	if from := waiter.nc.LocalAddr().String(); !got.Held || got.Token != next || got.Waiters != 0 || got.RemoteAddr != from {
+		t.Errorf("after the hand-off: %+v, want token %d held, no waiters, remote %s", got, next, from)
 	}
 }
 

@@ -5,8 +5,8 @@ import "hash/maphash"
 // pendingTable maps the owners of a connection's requests in flight to
 // what the connection keeps of them. It is an open-addressed table with
 // linear probing and backward-shift deletion, like the engine's key
-// table, rather than a Go map: a map costs a queued waiter about three
-// times its 24-byte slot, and it never shrinks after a burst. This one
+// table, rather than a Go map: a map costs a queued waiter a multiple of
+// its 32-byte slot, and it never shrinks after a burst. This one
 // grows at 3/4 full and shrinks below 1/8, and is seeded per connection,
 // so owners a client picks to collide crowd only that client's table.
 type pendingTable struct {

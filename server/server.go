@@ -195,6 +195,9 @@ type Server struct {
 	metrics      metrics
 	admin        *adminServer
 	tlsPort      *tlsPort // nil without Config.TLSListen
+	// origins remembers the remote address each recent grant went to,
+	// for lock inspection (origins.go).
+	origins *origins
 
 	draining atomic.Bool
 	conns    atomic.Int64
@@ -251,6 +254,7 @@ func Start(cfg Config) (*Server, error) {
 		openTenants: make(map[string]struct{}),
 		reactorDone: make(chan struct{}),
 		failed:      make(chan struct{}),
+		origins:     newOrigins(),
 	}
 	s.budget.init(cfg)
 	if cfg.Backend != nil {

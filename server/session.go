@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,6 +40,9 @@ type transport interface {
 type session struct {
 	srv *Server
 	tr  transport
+	// remote is the connection's remote address, for the origins table;
+	// zero when it is not a TCP address.
+	remote netip.AddrPort
 
 	serverNonce [codec.NonceLen]byte
 	welcomed    bool // a HELLO was accepted
@@ -47,6 +51,9 @@ type session struct {
 	tenant      string
 	// servesAbandon: this connection's GREETING set bit1 (SPEC §6a).
 	servesAbandon bool
+	// tenantOrigin is the tenant's part of its keys' names in the
+	// origins table.
+	tenantOrigin uint64
 	// sessionKey is what the connection keeps of its SESSION's client_id
 	// (SPEC §6a), 0 before one; the client_id itself is never kept.
 	sessionKey engine.SessionKey
@@ -106,7 +113,14 @@ func (r resolution) abandonIfGranted(s *Server) {
 // reservedAcquire until the backend has answered, or for an asynchronous
 // RELEASE or KEEP (cluster mode) the asyncOp it is to be answered as —
 // in flight for dup_owner all the same.
-type inFlight struct{ h engine.Handle }
+//
+// origin is an acquire's key as the origins table names it, so that its
+// grant can be recorded when delivered without the connection keeping
+// the key.
+type inFlight struct {
+	h      engine.Handle
+	origin uint64
+}
 
 // asyncOp marks an asynchronous RELEASE or KEEP in an inFlight; a
 // one-byte value in an interface allocates nothing.
@@ -115,12 +129,13 @@ type asyncOp opKind
 // reservedAcquire is an acquire the backend has not answered yet.
 var reservedAcquire = inFlight{h: asyncOp(opUnknown)}
 
-// queuedAcquire is an acquire the backend queued, with its handle.
-func queuedAcquire(h engine.Handle) inFlight {
+// queuedAcquire is an acquire of the key named origin that the backend
+// queued, with its handle; without one (nil), not answered yet.
+func queuedAcquire(h engine.Handle, origin uint64) inFlight {
 	if h == nil {
-		return reservedAcquire
+		h = reservedAcquire.h
 	}
-	return inFlight{h: h}
+	return inFlight{h: h, origin: origin}
 }
 
 // async is the op an asynchronous request is answered as, opUnknown for
@@ -146,6 +161,7 @@ func newSession(s *Server, tr transport, b *batch) (*session, []byte, error) {
 	ss := &session{
 		srv:     s,
 		tr:      tr,
+		remote:  remoteAddrPort(tr.remoteAddr()),
 		pending: newPendingTable(),
 		batch:   b,
 	}
@@ -161,6 +177,7 @@ func newSession(s *Server, tr transport, b *batch) (*session, []byte, error) {
 	}
 	if s.cfg.Auth == nil {
 		ss.tenant = defaultTenant
+		ss.tenantOrigin = s.origins.tenantOrigin(defaultTenant)
 		ss.ns = s.backend.Namespace(defaultTenant)
 	}
 	var flags uint8
@@ -415,6 +432,7 @@ func (ss *session) handleHello(req *codec.Request, fieldErr error) bool {
 	}
 	ss.welcomed = true
 	ss.tenant = string(req.Tenant)
+	ss.tenantOrigin = ss.srv.origins.tenantOrigin(ss.tenant)
 	ss.ns = ss.srv.backend.Namespace(ss.tenant)
 	ss.batch.buf = codec.AppendWelcome(ss.batch.buf, serverMAC)
 	ss.batch.frames++
@@ -443,7 +461,8 @@ func (ss *session) acquire(req *codec.Request) bool {
 		ss.batch.answeredAcquire(acquireBusy, ss.batch.arrived)
 		return false
 	}
-	ss.pending.put(req.Owner, reservedAcquire)
+	origin := ss.srv.origins.originKey(ss.tenantOrigin, req.Key)
+	ss.pending.put(req.Owner, queuedAcquire(nil, origin))
 	ss.mu.Unlock()
 
 	lease := time.Duration(req.LeaseSeconds) * time.Second
@@ -458,13 +477,13 @@ func (ss *session) acquire(req *codec.Request) bool {
 			ss.markCloseWhenIdleLocked()
 		}
 	case stillQueued:
-		ss.pending.put(req.Owner, queuedAcquire(w))
+		ss.pending.put(req.Owner, queuedAcquire(w, origin))
 	default:
 		// Resolved before Acquire returned: give its answer the handle
 		// an abandoned grant needs if the connection closes first.
 		for i := range ss.outbox {
 			if ss.outbox[i].owner == req.Owner {
-				ss.outbox[i].inFlight = queuedAcquire(w)
+				ss.outbox[i].inFlight = queuedAcquire(w, origin)
 			}
 		}
 	}
@@ -472,7 +491,7 @@ func (ss *session) acquire(req *codec.Request) bool {
 	if r.Outcome == engine.Queued {
 		return false
 	}
-	ss.appendResult(opAcquire, req.Owner, r)
+	ss.appendAcquireResult(req.Owner, origin, r)
 	ss.batch.answeredAcquire(acquireOutcomeOf(r.Outcome), ss.batch.arrived)
 	return false
 }
@@ -577,8 +596,10 @@ func (ss *session) deliverResolutions(closing bool) bool {
 		if async := r.async(); async != opUnknown {
 			op = async
 		}
-		ss.appendResult(op, r.owner, r.result)
-		if op == opAcquire {
+		if op != opAcquire {
+			ss.appendResult(op, r.owner, r.result)
+		} else {
+			ss.appendAcquireResult(r.owner, r.origin, r.result)
 			ss.batch.answeredAcquire(acquireOutcomeOf(r.result.Outcome), ss.srv.arrivalOf(r.wait(), ss.batch.arrived))
 			if r.result.Outcome == engine.Granted && r.result.Waited > 0 {
 				ss.batch.latency.queueWait.Observe(r.result.Waited)

@@ -93,10 +93,17 @@ type lockStatus struct {
 	Token            uint64 `json:"token"`
 	LeaseRemainingMs int64  `json:"lease_remaining_ms"`
 	// HeldForMs is absent from a server that does not know when the
-	// token was granted (cluster mode, earlier builds).
+	// token was granted (earlier builds).
 	HeldForMs int64  `json:"held_for_ms"`
 	Waiters   int    `json:"waiters"`
 	Node      string `json:"node"`
+	// NodeID is the answering node's cluster id and GrantNode the id of
+	// the node whose client got the token: 0 in single mode. RemoteAddr
+	// is the address the grant went to, when the answering node
+	// delivered it and remembers it. Earlier builds send none of them.
+	NodeID     uint64 `json:"node_id"`
+	GrantNode  uint64 `json:"grant_node"`
+	RemoteAddr string `json:"remote_addr"`
 }
 
 func runStatus(ctx context.Context, o *options, key string, p proc) int {
@@ -106,7 +113,7 @@ func runStatus(ctx context.Context, o *options, key string, p proc) int {
 	}
 	path := "/v1/locks/" + url.PathEscape(o.inspectedTenant()) + "/" + url.PathEscape(key)
 	var one lockStatus
-	return askAdmin(ctx, o, "status", adminRequest{method: http.MethodGet, path: path, timeout: adminTimeout}, &one, p, func(w io.Writer) { printLocks(w, []lockStatus{one}) })
+	return askAdmin(ctx, o, "status", adminRequest{method: http.MethodGet, path: path, timeout: adminTimeout}, &one, p, func(w io.Writer) { printLocks(w, []lockStatus{one}, time.Now()) })
 }
 
 func runList(ctx context.Context, o *options, prefix string, p proc) int {
@@ -120,7 +127,7 @@ func runList(ctx context.Context, o *options, prefix string, p proc) int {
 	}
 	path := "/v1/locks/" + url.PathEscape(o.inspectedTenant()) + "?" + query.Encode()
 	var list []lockStatus
-	return askAdmin(ctx, o, "list", adminRequest{method: http.MethodGet, path: path, timeout: adminTimeout}, &list, p, func(w io.Writer) { printLocks(w, list) })
+	return askAdmin(ctx, o, "list", adminRequest{method: http.MethodGet, path: path, timeout: adminTimeout}, &list, p, func(w io.Writer) { printLocks(w, list, time.Now()) })
 }
 
 // adminRequest is one request to the admin endpoint.
@@ -224,19 +231,42 @@ func callAdmin(ctx context.Context, hc *http.Client, method, u string, reqBody, 
 	return body, nil
 }
 
-// printLocks writes locks as a table.
-func printLocks(w io.Writer, locks []lockStatus) {
+// printLocks writes locks as a table. HELD SINCE is on lockctl's clock:
+// the server tells how long ago, not when. GRANT NODE is the cluster id
+// of the node whose client got the token (- in single mode) and REMOTE
+// the address of the connection the grant went to, or the node that
+// knows it.
+func printLocks(w io.Writer, locks []lockStatus, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tHELD\tTOKEN\tHELD FOR\tLEASE LEFT\tWAITERS\tNODE")
+	fmt.Fprintln(tw, "KEY\tHELD\tTOKEN\tHELD SINCE\tHELD FOR\tLEASE LEFT\tWAITERS\tNODE\tGRANT NODE\tREMOTE")
 	for _, l := range locks {
-		held, token, heldFor, left := "no", "-", "-", "-"
+		held, token, since, heldFor, left, grantNode, remote := "no", "-", "-", "-", "-", "-", "-"
 		if l.Held {
 			held, token, left = "yes", strconv.FormatUint(l.Token, 10), (time.Duration(l.LeaseRemainingMs) * time.Millisecond).String()
+			remote = remoteOf(l)
+			if l.GrantNode != 0 {
+				grantNode = strconv.FormatUint(l.GrantNode, 10)
+			}
 		}
 		if l.Held && l.HeldForMs > 0 {
-			heldFor = (time.Duration(l.HeldForMs) * time.Millisecond).String()
+			d := time.Duration(l.HeldForMs) * time.Millisecond
+			heldFor, since = d.String(), now.Add(-d).UTC().Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n", l.Key, held, token, heldFor, left, l.Waiters, l.Node)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", l.Key, held, token, since, heldFor, left, l.Waiters, l.Node, grantNode, remote)
 	}
 	_ = tw.Flush()
+}
+
+// remoteOf is where a held lock's grant went: the address when the
+// answering server knows it, the node that would know it when another
+// node delivered it, and unknown otherwise (a grant from before the
+// server started, or one whose record a later grant overwrote).
+func remoteOf(l lockStatus) string {
+	switch {
+	case l.RemoteAddr != "":
+		return l.RemoteAddr
+	case l.GrantNode != 0 && l.GrantNode != l.NodeID:
+		return "known at node " + strconv.FormatUint(l.GrantNode, 10)
+	}
+	return "unknown"
 }

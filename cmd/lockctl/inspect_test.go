@@ -44,21 +44,28 @@ func TestStatusAndList(t *testing.T) {
 		tokens[key] = strings.TrimSpace(out)
 	}
 
+	before := time.Now()
 	code, out, errs := ctl{}.run("status", "--admin", admin, "jobs/a")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	if code != exitOK || len(lines) != 2 || strings.Join(strings.Fields(lines[0]), " ") != "KEY HELD TOKEN HELD FOR LEASE LEFT WAITERS NODE" {
+	if code != exitOK || len(lines) != 2 || strings.Join(strings.Fields(lines[0]), " ") != "KEY HELD TOKEN HELD SINCE HELD FOR LEASE LEFT WAITERS NODE GRANT NODE REMOTE" {
 		t.Fatalf("status: %d %q %q", code, out, errs)
 	}
+	// lockctl acquire's connection is closed by now, but the server
+	// remembers where the grant went; single mode has no grant node.
 	f := strings.Fields(lines[1])
-	if len(f) != 7 || f[0] != "jobs/a" || f[1] != "yes" || f[2] != tokens["jobs/a"] || f[5] != "0" || f[6] != "inspected" {
-		t.Fatalf("status row %q, want jobs/a held with token %s, no waiters, node inspected", lines[1], tokens["jobs/a"])
+	if len(f) != 10 || f[0] != "jobs/a" || f[1] != "yes" || f[2] != tokens["jobs/a"] || f[6] != "0" || f[7] != "inspected" || f[8] != "-" || !strings.HasPrefix(f[9], "127.0.0.1:") {
+		t.Fatalf("status row %q, want jobs/a held with token %s, no waiters, node inspected, no grant node, a loopback remote", lines[1], tokens["jobs/a"])
 	}
 	// Held since its acquire above, at most a few seconds ago; the lease
 	// of a minute has the rest left.
-	heldFor, err := time.ParseDuration(f[3])
-	left, err2 := time.ParseDuration(f[4])
-	if err != nil || err2 != nil || heldFor <= 0 || heldFor > 10*time.Second || heldFor+left > time.Minute || heldFor+left < time.Minute-time.Second {
-		t.Errorf("status row %q: held for %q and lease left %q do not add up to the minute's lease", lines[1], f[3], f[4])
+	since, err0 := time.Parse(time.RFC3339, f[3])
+	heldFor, err := time.ParseDuration(f[4])
+	left, err2 := time.ParseDuration(f[5])
+	if err0 != nil || err != nil || err2 != nil || heldFor <= 0 || heldFor > 10*time.Second || heldFor+left > time.Minute || heldFor+left < time.Minute-time.Second {
+		t.Errorf("status row %q: held for %q and lease left %q do not add up to the minute's lease", lines[1], f[4], f[5])
+	}
+	if since.After(before.Add(time.Second)) || since.Before(before.Add(-10*time.Second)) {
+		t.Errorf("status row %q: held since %s, want within the 10 s before %s", lines[1], f[3], before.UTC().Format(time.RFC3339))
 	}
 
 	code, out, _ = ctl{env: map[string]string{"LOCKD_ADMIN": admin}}.run("status", "--json", "nothing/here")

@@ -34,7 +34,7 @@ const usage = `usage:
   lockctl exec [flags] KEY -- CMD [ARG…]  run CMD while holding KEY
   lockctl elect [flags] NAME -- CMD [ARG…]  run CMD while leader of NAME
   lockctl elect --listen [flags] NAME     print NAME's leader's term at every change
-  lockctl status [flags] KEY              show KEY: held, token, lease left, waiters
+  lockctl status [flags] KEY              show KEY: held, token, held for, lease left, waiters, node, remote
   lockctl list [flags] [PREFIX]           the held or waited-for keys, sorted
   lockctl cluster [flags] list            a cluster's nodes, per Raft group
   lockctl cluster [flags] add ID ADDR     add node ID (Raft address ADDR) to every group
@@ -281,8 +281,10 @@ or SIGTERM; exit status 0.
 `,
 	"status": `usage: lockctl status [flags] KEY
 
-Shows KEY from lockd's admin endpoint (--admin): held, token, how long
-the token has been held (single mode), lease left, waiters. Needs no
+Shows KEY from lockd's admin endpoint (--admin): held, token, since when
+and how long the token has been held, lease left, waiters, the node that
+answered, the node whose client got the token (cluster mode) and the
+remote address the grant went to (or the node that knows it). Needs no
 secret.
 `,
 	"list": `usage: lockctl list [flags] [PREFIX]
