@@ -123,6 +123,10 @@ func (g *group) expiryStep(now time.Duration, view leaderView, gatherOn uint64) 
 		f.rebuild(now)
 	}
 	g.due = g.due[:0]
+	if leader && len(f.state.clock.pending) > 0 {
+		g.needStamp.Store(true) // starts this leader has not dated yet (clock.go)
+		step.propose = true
+	}
 	if leader {
 		g.due = f.due(now, expireRetry, g.due)
 		if at, ok := f.heap.Next(); ok {

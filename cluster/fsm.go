@@ -26,6 +26,8 @@ type fsm struct {
 	state replicated
 
 	restored atomic.Int64 // snapshots recovered, for tests
+	// appliedIndex is applied, for the proposer's stamps (clock.go).
+	appliedIndex atomic.Uint64
 	// halted is why this replica stopped applying its group (version.go,
 	// halt); nil while it applies.
 	halted atomic.Pointer[string]
@@ -37,6 +39,9 @@ type fsm struct {
 	heap    engine.DeadlineHeap[expiry]
 	load    map[uint64]uint64 // acquires and releases applied per proposing node, for leader placement
 	applied uint64            // index of the last entry applied
+	// nowAppliedAt is this node's clock when the group's time was last
+	// applied, for inspection (replicaNow).
+	nowAppliedAt time.Duration
 	// holds are the hold times of the leases that ended while this
 	// replica's node led the group (as its expiry driver last saw):
 	// about one node counts each, as the group saw it.
@@ -76,12 +81,13 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 		return sm.Result{}, nil
 	}
 	f.applied = e.Index
-	now, count, b, err := readHeader(e.Cmd)
+	f.appliedIndex.Store(e.Index)
+	st, count, b, err := readHeader(e.Cmd)
 	if err != nil {
 		f.mu.Unlock()
 		return sm.Result{}, nil
 	}
-	f.state.now = max(f.state.now, time.Duration(now))
+	f.state.date(st, e.Index, &f.out)
 	for range count {
 		if b, err = readCommand(b, &f.cmd); err != nil {
 			break
@@ -97,7 +103,15 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 		f.takeLeases(f.clock())
 	}
 	f.observeHolds()
+	f.nowAppliedAt = f.clock()
+	stampWanted := len(f.state.clock.pending) > 0 && f.g.leading.Load()
 	f.mu.Unlock()
+	if stampWanted {
+		// Starts wait for a batch this leader dates: ask for one now,
+		// so that they are dated about one commit late.
+		f.g.needStamp.Store(true)
+		f.g.propose()
+	}
 	f.g.appliedOwn(e.Cmd)
 	f.g.n.anchor.noteApplied()
 	f.deliver()
