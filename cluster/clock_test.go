@@ -29,7 +29,7 @@ func (r *replica) applyStamped(st stamp, cmds ...func([]byte) []byte) {
 	r.applyEntry(b)
 }
 
-// node is one member's proposer side: its monotonic clock and its wall
+// clockNode is one member's proposer side: its monotonic clock and its wall
 // clock, which a test steps.
 type clockNode struct {
 	id   uint64
@@ -43,10 +43,6 @@ type clockNode struct {
 func (n *clockNode) stamp(term, leader, applied uint64) stamp {
 	return n.lead.stamp(term, leader, n.id, n.mono, applied)
 }
-
-// wallForm is the wall-clock form's stamp of node: what it would write
-// in a group below format 5.
-func (n *clockNode) wallForm() stamp { return stamp{legacy: true, wall: int64(n.wall)} }
 
 func (r *replica) now() time.Duration { return r.f.state.now }
 
