@@ -13,9 +13,10 @@ import (
 )
 
 // groupWrapper drives one group's replicated state the way the nodes do,
-// on a fake clock: every command is stamped with the clock; Tick is the
-// node's wait timers (TimedOut for a wait that elapsed) and then the
-// leader's expiry driver (a lease end for every lease due); a queued
+// on a fake clock: every command is a batch the group's leader dates with
+// its monotonic clock (clock.go), the fake clock; Tick is the node's wait
+// timers (TimedOut for a wait that elapsed) and then the leader's expiry
+// driver (a lease end for every lease due on its clock); a queued
 // request is answered once, by whichever comes first, as the node's
 // request registry does. Cancel is the node's Cancel: the request leaves
 // the registry and its replicated queue entry leaves by a cancel command,
@@ -24,6 +25,10 @@ import (
 type groupWrapper struct {
 	s        replicated
 	now      time.Duration
+	term     uint64        // the leader's, which dates every batch
+	lead     leadership    // the leader's
+	index    uint64        // of the last batch applied
+	stampAt  time.Duration // now at the last batch applied
 	nextID   uint64
 	keyLimit uint32                    // the proposer's share of MaxKeys, carried in each acquire
 	waiting  map[uint64]waitingAcquire // by owner: queued and unanswered
@@ -49,17 +54,30 @@ func newLimitedGroupWrapper(l rulestest.Limits) *groupWrapper {
 	}
 	w := &groupWrapper{
 		s: newReplicated(1), now: 1_700_000_000 * time.Second, nextID: 1 << 40,
-		keyLimit: keyLimit, waiting: make(map[uint64]waitingAcquire),
+		keyLimit: keyLimit, waiting: make(map[uint64]waitingAcquire), term: 1,
 	}
-	w.s.format = logFormat4
+	w.s.format = logFormat5
+	// The group's time and the leader's clock start together.
+	w.s.now, w.stampAt = w.now, w.now
+	w.s.date(w.lead.stamp(w.term, 1, 1, w.now, 0), 0, &w.out)
 	return w
 }
+
+// changeLeader is an election: the leader of the next term dates the
+// batches from now on, on a clock of its own.
+func (w *groupWrapper) changeLeader() { w.term++ }
+
+// groupNow is the group's time as the leader's clock says it is now: its
+// time at the last batch, plus the leader's time since.
+func (w *groupWrapper) groupNow() time.Duration { return w.s.now + w.now - w.stampAt }
 
 var _ rulestest.AbandonWrapper = (*groupWrapper)(nil)
 
 // apply runs c and returns the answer to request id, routing the others.
 func (w *groupWrapper) apply(c *command, id uint64) engine.Result {
-	w.s.now = max(w.s.now, w.now)
+	w.index++
+	w.s.date(w.lead.stamp(w.term, 1, 1, w.now, w.index-1), w.index, &w.out)
+	w.stampAt = w.now
 	w.s.apply(c, &w.out)
 	w.s.endBatch()
 	var got engine.Result
@@ -164,9 +182,10 @@ func (w *groupWrapper) Tick() {
 			due = append(due, event{at: a.deadline, owner: owner})
 		}
 	}
+	now := w.groupNow()
 	for k, l := range w.s.locks {
-		if l.Lapsed(w.now) {
-			due = append(due, event{at: l.End, key: k})
+		if l.Lapsed(now) {
+			due = append(due, event{at: l.End + w.now - now, key: k})
 		}
 	}
 	slices.SortFunc(due, func(a, b event) int {
@@ -178,7 +197,7 @@ func (w *groupWrapper) Tick() {
 			continue
 		}
 		l := w.s.locks[e.key]
-		if l == nil || !l.Lapsed(w.now) {
+		if l == nil || !l.Lapsed(w.groupNow()) {
 			continue
 		}
 		tenant, key := splitLockKey(e.key)
