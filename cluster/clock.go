@@ -6,8 +6,9 @@ package cluster
 // monotonic clock of the node that leads moves time: the leader stamps
 // each batch with its Raft term, its id and the elapsed time since its
 // leadership began; a replica adopts a new leadership at its first
-// dated batch, continuing from the time it had applied, and moves time
-// to base + elapsed within it. A batch that is not dated by the current
+// dated batch, continuing from the time it had applied plus the time the
+// new leader counted since it applied the last dated batch, and moves
+// time to base + elapsed within it. A batch that is not dated by the current
 // leadership (built by a follower, or by a deposed leader, or written in
 // the wall-clock form after the format rose) moves no time, and what it
 // starts (a lease, a renewal, a queued wait) is dated later, by the first
@@ -36,6 +37,11 @@ type stamp struct {
 	term, leader uint64
 	elapsed      time.Duration
 	applied      uint64
+	// dated is the index of the last dated batch the leader had applied,
+	// and sinceDated its monotonic time since it applied it: what a new
+	// leadership carries over from the one before.
+	dated      uint64
+	sinceDated time.Duration
 }
 
 // leadership is what a proposer knows of its own leadership of a group,
@@ -51,22 +57,27 @@ type leadership struct {
 // elapsed times within one term count (a replica adopts a leadership at
 // its first dated batch, continuing its own time), so since may be any
 // instant of the leadership that comes before every stamp of it.
-func (l *leadership) stamp(term, leader, self uint64, now time.Duration, applied uint64) stamp {
+//
+// applied is the index this node had applied, and dated the last dated
+// batch among them, which it applied at datedAt.
+func (l *leadership) stamp(term, leader, self uint64, now time.Duration, applied, dated uint64, datedAt time.Duration) stamp {
 	if leader != self || term == 0 {
 		return stamp{term: term, leader: leader, elapsed: undated}
 	}
 	if l.term != term {
 		l.term, l.since = term, now
 	}
-	return stamp{term: term, leader: self, elapsed: now - l.since, applied: applied}
+	return stamp{term: term, leader: self, elapsed: now - l.since, applied: applied, dated: dated, sinceDated: max(now-datedAt, 0)}
 }
 
 // groupClock is a group's replicated clock, part of the replicated state.
 type groupClock struct {
 	// term and leader are the leadership that dates batches now; base is
-	// the group's time at its elapsed 0.
+	// the group's time at its elapsed 0; dated is the index of the last
+	// dated batch.
 	term, leader uint64
 	base         time.Duration
+	dated        uint64
 	// pending are the keys holding a lease or waiter whose start waits
 	// for a dated batch, with the index of the batch that started it.
 	pending []pendingStart
@@ -109,8 +120,15 @@ func (s *replicated) date(st stamp, index uint64, out *applied) {
 		}
 	case st.elapsed < 0:
 	case st.term > s.clock.term:
-		// A new leadership: time goes on from where it stood, so it
-		// stood still since the last dated batch of the one before.
+		// A new leadership: time goes on from where it stood, plus what
+		// the new leader counted since it applied the last dated batch —
+		// if that is the last one here too (a batch of the term before
+		// may apply after the new leader stamped) — so it stands still
+		// at most from the last dated batch to the new leader's apply of
+		// it.
+		if st.dated == s.clock.dated {
+			s.now += st.sinceDated
+		}
 		s.clock.term, s.clock.leader = st.term, st.leader
 		s.clock.base = s.now - st.elapsed
 		dated = true
@@ -119,6 +137,9 @@ func (s *replicated) date(st stamp, index uint64, out *applied) {
 		dated = true
 	}
 	s.batch = batchTime{index: index, dated: dated}
+	if dated {
+		s.clock.dated = index
+	}
 	if dated && !st.legacy && len(s.clock.pending) > 0 {
 		s.resolve(st.applied, out)
 	}

@@ -36,12 +36,16 @@ type clockNode struct {
 	mono time.Duration
 	wall time.Duration // Unix ns
 	lead leadership
+	// dated is the last dated batch it applied, at datedAt on mono; none
+	// unless a test says so.
+	dated   uint64
+	datedAt time.Duration
 }
 
 // stamp is what node proposes in term, whose leader is leader, having
 // applied applied.
 func (n *clockNode) stamp(term, leader, applied uint64) stamp {
-	return n.lead.stamp(term, leader, n.id, n.mono, applied)
+	return n.lead.stamp(term, leader, n.id, n.mono, applied, n.dated, n.datedAt)
 }
 
 func (r *replica) now() time.Duration { return r.f.state.now }
@@ -128,6 +132,44 @@ func TestLeaderChangeMidLeaseContinuesTheGroupsTime(t *testing.T) {
 	}
 }
 
+// A new leader carries over the time it counted since it applied the
+// last dated batch: on a group idle before the election, time stands
+// still only from that batch's stamp to its apply on the new leader. It
+// carries nothing when a batch of the term before applied after it
+// stamped (it would count from the wrong batch).
+func TestNewLeaderCarriesItsTimeSinceTheLastDatedBatch(t *testing.T) {
+	for _, late := range []bool{false, true} {
+		r := raisedReplica(t)
+		old := &clockNode{id: 1}
+		next := &clockNode{id: 2, mono: time.Hour}
+		r.applyStamped(old.stamp(4, 1, r.index), acquireBy(1, 1, "k", 0))
+		next.dated, next.datedAt = r.index, next.mono+time.Second // it applied the grant 1 s after the stamp
+		old.mono += 25 * time.Second
+		lateBatch := old.stamp(4, 1, r.index)
+		next.mono += 26 * time.Second // idle, then an election: 25 s since it applied the grant
+		first := next.stamp(5, 2, r.index)
+		if late {
+			r.applyStamped(lateBatch)
+		}
+		r.applyStamped(first)
+		// Either the 25 s carried, or the old leader's own 25 s and
+		// nothing carried (25 more would end the lease 25 s early).
+		if want := 1025 * time.Second; r.now() != want {
+			t.Fatalf("late batch %v: group time %v after the new leader's first batch, want %v", late, r.now(), want)
+		}
+		next.mono += 4 * time.Second
+		r.applyStamped(next.stamp(5, 2, r.index), acquireBy(2, 2, "k", 0))
+		if node, _ := r.holder("k"); node != 1 {
+			t.Fatalf("late batch %v: the lease ended at group time %v", late, r.now())
+		}
+		next.mono += time.Second
+		r.applyStamped(next.stamp(5, 2, r.index), acquireBy(2, 3, "k", 0))
+		if node, _ := r.holder("k"); node != 2 {
+			t.Fatalf("late batch %v: the lease did not end at group time %v", late, r.now())
+		}
+	}
+}
+
 // A lease granted or renewed, and a wait queued, by a batch the leader
 // did not date (a follower built it) start when the leader dates a
 // batch after applying it: not at the group's time when it applied,
@@ -189,16 +231,16 @@ func TestUndatedStartsWaitForTheLeadersDate(t *testing.T) {
 // undated, and a new term begins a new count.
 func TestLeadershipStamps(t *testing.T) {
 	var l leadership
-	if st := l.stamp(3, 2, 1, 10*time.Second, 7); st.elapsed != undated || st.term != 3 || st.leader != 2 {
+	if st := l.stamp(3, 2, 1, 10*time.Second, 7, 7, 0); st.elapsed != undated || st.term != 3 || st.leader != 2 {
 		t.Fatalf("a follower's stamp: %+v, want undated, term 3, leader 2", st)
 	}
-	if st := l.stamp(4, 1, 1, 20*time.Second, 8); st.elapsed != 0 || st.applied != 8 {
-		t.Fatalf("the first stamp of a leadership: %+v, want elapsed 0, applied 8", st)
+	if st := l.stamp(4, 1, 1, 20*time.Second, 8, 6, 12*time.Second); st.elapsed != 0 || st.applied != 8 || st.dated != 6 || st.sinceDated != 8*time.Second {
+		t.Fatalf("the first stamp of a leadership: %+v, want elapsed 0, applied 8, dated 6 8 s ago", st)
 	}
-	if st := l.stamp(4, 1, 1, 25*time.Second, 9); st.elapsed != 5*time.Second {
+	if st := l.stamp(4, 1, 1, 25*time.Second, 9, 9, 25*time.Second); st.elapsed != 5*time.Second {
 		t.Fatalf("5 s into the leadership: elapsed %v", st.elapsed)
 	}
-	if st := l.stamp(6, 1, 1, 26*time.Second, 9); st.elapsed != 0 {
+	if st := l.stamp(6, 1, 1, 26*time.Second, 9, 9, 25*time.Second); st.elapsed != 0 {
 		t.Fatalf("the first stamp of the next leadership: elapsed %v, want 0", st.elapsed)
 	}
 }

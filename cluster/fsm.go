@@ -26,8 +26,10 @@ type fsm struct {
 	state replicated
 
 	restored atomic.Int64 // snapshots recovered, for tests
-	// appliedIndex is applied, for the proposer's stamps (clock.go).
+	// appliedIndex is applied, and lastDated the last dated batch
+	// applied, for the proposer's stamps (clock.go).
 	appliedIndex atomic.Uint64
+	lastDated    atomic.Pointer[appliedBatch]
 	// halted is why this replica stopped applying its group (version.go,
 	// halt); nil while it applies.
 	halted atomic.Pointer[string]
@@ -57,8 +59,16 @@ type fsm struct {
 	out applied
 }
 
+// appliedBatch is a batch as applied on this replica: its index, and this
+// node's clock when it applied.
+type appliedBatch struct {
+	index uint64
+	at    time.Duration
+}
+
 func newFSM(g *group, firstToken uint64) *fsm {
 	f := &fsm{g: g, state: newReplicated(firstToken), load: make(map[uint64]uint64), clock: g.n.clock}
+	f.lastDated.Store(&appliedBatch{})
 	g.logFormat.Store(f.state.format)
 	return f
 }
@@ -104,6 +114,9 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 	}
 	f.observeHolds()
 	f.nowAppliedAt = f.clock()
+	if f.state.batch.dated {
+		f.lastDated.Store(&appliedBatch{index: e.Index, at: f.nowAppliedAt})
+	}
 	stampWanted := len(f.state.clock.pending) > 0 && f.g.leading.Load()
 	f.mu.Unlock()
 	if stampWanted {
@@ -231,6 +244,10 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 	}
 	f.state = state
 	f.g.logFormat.Store(state.format)
+	// As if the snapshot's last dated batch applied now: a new leader
+	// here carries over no time from before the restore.
+	f.nowAppliedAt = f.clock()
+	f.lastDated.Store(&appliedBatch{index: state.clock.dated, at: f.nowAppliedAt})
 	f.heap = f.heap[:0]
 	f.takeLeases(f.clock())
 	f.restored.Add(1)

@@ -140,10 +140,12 @@ func (g *group) stamp() stamp {
 		return stamp{elapsed: undated}
 	}
 	var applied uint64
+	var dated appliedBatch
 	if f := g.fsm.Load(); f != nil {
 		applied = f.appliedIndex.Load()
+		dated = *f.lastDated.Load()
 	}
-	return g.lead.stamp(term, leader, n.cfg.NodeID, n.clock(), applied)
+	return g.lead.stamp(term, leader, n.cfg.NodeID, n.clock(), applied, dated.index, dated.at)
 }
 
 // done ends proposal b: its buffer goes back to the pool, and its slot

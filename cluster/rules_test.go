@@ -29,6 +29,9 @@ type groupWrapper struct {
 	lead     leadership    // the leader's
 	index    uint64        // of the last batch applied
 	stampAt  time.Duration // now at the last batch applied
+	// datedAt is when the leader applied the last batch: at once, but
+	// for a new leader, whenever changeLeader says.
+	datedAt time.Duration
 	nextID   uint64
 	keyLimit uint32                    // the proposer's share of MaxKeys, carried in each acquire
 	waiting  map[uint64]waitingAcquire // by owner: queued and unanswered
@@ -58,14 +61,17 @@ func newLimitedGroupWrapper(l rulestest.Limits) *groupWrapper {
 	}
 	w.s.format = logFormat5
 	// The group's time and the leader's clock start together.
-	w.s.now, w.stampAt = w.now, w.now
-	w.s.date(w.lead.stamp(w.term, 1, 1, w.now, 0), 0, &w.out)
+	w.s.now, w.stampAt, w.datedAt = w.now, w.now, w.now
+	w.s.date(w.lead.stamp(w.term, 1, 1, w.now, 0, 0, w.now), 0, &w.out)
 	return w
 }
 
-// changeLeader is an election: the leader of the next term dates the
-// batches from now on, on a clock of its own.
-func (w *groupWrapper) changeLeader() { w.term++ }
+// changeLeader is an election: the leader of the next term, which applied
+// the last batch lag after it was stamped, dates the batches from now on.
+func (w *groupWrapper) changeLeader(lag time.Duration) {
+	w.term++
+	w.datedAt = w.stampAt + lag
+}
 
 // groupNow is the group's time as the leader's clock says it is now: its
 // time at the last batch, plus the leader's time since.
@@ -76,8 +82,8 @@ var _ rulestest.AbandonWrapper = (*groupWrapper)(nil)
 // apply runs c and returns the answer to request id, routing the others.
 func (w *groupWrapper) apply(c *command, id uint64) engine.Result {
 	w.index++
-	w.s.date(w.lead.stamp(w.term, 1, 1, w.now, w.index-1), w.index, &w.out)
-	w.stampAt = w.now
+	w.s.date(w.lead.stamp(w.term, 1, 1, w.now, w.index-1, w.s.clock.dated, w.datedAt), w.index, &w.out)
+	w.stampAt, w.datedAt = w.now, w.now
 	w.s.apply(c, &w.out)
 	w.s.endBatch()
 	var got engine.Result
@@ -417,5 +423,36 @@ func TestCancelOfTheHeadOfALapsedLease(t *testing.T) {
 	}
 	if _, held := w.s.locks[lockKey([]byte("t1"), []byte("k"))]; held {
 		t.Fatal("a lapsed lease with its only waiter cancelled is still held after its lease end")
+	}
+}
+
+// A leader change in the middle of a lease: the new leader applied the
+// grant 500 ms after its leader stamped it, and then the election took
+// 3 s. The group's time goes on from the grant plus the new leader's own
+// time since it applied it, so the lease ends 500 ms late on the real
+// clock, never early, and the waiter behind it is granted then.
+func TestLeaderChangeInTheMiddleOfALease(t *testing.T) {
+	w := newGroupWrapper()
+	if r := w.Acquire("t1", "k", 1, 10*time.Second, 0); r.Outcome != engine.Granted {
+		t.Fatalf("first acquire: %+v", r)
+	}
+	if r := w.Acquire("t1", "k", 2, 10*time.Second, time.Minute); r.Outcome != engine.Queued {
+		t.Fatalf("acquire behind it: %+v", r)
+	}
+	w.Advance(4 * time.Second)
+	w.changeLeader(500 * time.Millisecond)
+	w.Advance(6 * time.Second) // 10 s of the lease on the real clock
+	w.Tick()
+	if r := w.Acquire("t1", "k", 3, time.Second, 0); r.Outcome == engine.Granted {
+		t.Fatalf("an acquire 10 s into the lease, 9.5 s on the group's clock, was granted: %+v", r)
+	}
+	if got := w.Resolutions(); len(got) != 0 {
+		t.Fatalf("resolutions %v before the lease ended on the group's clock", got)
+	}
+	w.Advance(500 * time.Millisecond)
+	w.Tick()
+	want := []rulestest.Resolution{{Owner: 2, Result: engine.Result{Outcome: engine.Granted, Token: 2, Waited: 10 * time.Second}}}
+	if got := w.Resolutions(); !slices.Equal(got, want) {
+		t.Fatalf("at 10.5 s: %v, want %v", got, want)
 	}
 }

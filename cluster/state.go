@@ -404,7 +404,7 @@ func boolByte(v bool) byte {
 // (errUnknownSnapshot).
 //
 //	version u8 | now i64 | tokens last u64 | tokens issued u64 | keys closed u8 |
-//	locks u64 | format u32 | [clock term u64 | clock leader u64 | clock base i64 |]
+//	locks u64 | format u32 | [clock term u64 | clock leader u64 | clock base i64 | clock dated u64 |]
 //	locks × lock [| tombstones u64 | tombstones × tombstone]
 //
 // a lock is
@@ -450,6 +450,7 @@ func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
 		b = binary.BigEndian.AppendUint64(b, s.clock.term)
 		b = binary.BigEndian.AppendUint64(b, s.clock.leader)
 		b = binary.BigEndian.AppendUint64(b, uint64(s.clock.base))
+		b = binary.BigEndian.AppendUint64(b, s.clock.dated)
 	}
 	if _, err := bw.Write(b); err != nil {
 		return err
@@ -547,12 +548,13 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 	}
 	if version >= snapshotVersion {
 		originLen = 8
-		var clock [8 + 8 + 8]byte
+		var clock [8 + 8 + 8 + 8]byte
 		if _, err := io.ReadFull(br, clock[:]); err != nil {
 			return replicated{}, err
 		}
 		s.clock.term, s.clock.leader = be.Uint64(clock[:]), be.Uint64(clock[8:])
 		s.clock.base = time.Duration(be.Uint64(clock[16:]))
+		s.clock.dated = be.Uint64(clock[24:])
 	}
 	lockLen := 8 + 2 + 8 + 8 + 8 + requesterLen + 4 + 8 + originLen + 4
 	waitEntryLen := 8 + 8 + requesterLen + originLen + 8 + 8 + 2
