@@ -70,7 +70,7 @@ import (
 const (
 	batchVersionWall = 2
 	batchVersion     = 3
-	headerLen        = 1 + 8 + 4             // batch version 2
+	headerLen        = 1 + 8 + 4                     // batch version 2
 	datedHeaderLen   = 1 + 8 + 8 + 8 + 8 + 8 + 8 + 4 // batch version 3
 
 	cmdAcquire  = 'A'

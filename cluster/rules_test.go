@@ -23,15 +23,15 @@ import (
 // so no grant is ever handed to a request nobody waits for (the node
 // releases such a grant, orphans.go, when a cancel applies too late).
 type groupWrapper struct {
-	s        replicated
-	now      time.Duration
-	term     uint64        // the leader's, which dates every batch
-	lead     leadership    // the leader's
-	index    uint64        // of the last batch applied
-	stampAt  time.Duration // now at the last batch applied
+	s       replicated
+	now     time.Duration
+	term    uint64        // the leader's, which dates every batch
+	lead    leadership    // the leader's
+	index   uint64        // of the last batch applied
+	stampAt time.Duration // now at the last batch applied
 	// datedAt is when the leader applied the last batch: at once, but
 	// for a new leader, whenever changeLeader says.
-	datedAt time.Duration
+	datedAt  time.Duration
 	nextID   uint64
 	keyLimit uint32                    // the proposer's share of MaxKeys, carried in each acquire
 	waiting  map[uint64]waitingAcquire // by owner: queued and unanswered
