@@ -270,3 +270,28 @@ func TestWallFormBeforeFormat5(t *testing.T) {
 		t.Fatal("no version 9 snapshot after the raise")
 	}
 }
+
+// A leader that applies a start it has not dated asks its proposer for a
+// dated batch at once, and its housekeeping asks again while one is left:
+// so time advances, and the start is dated, on a group with nothing else
+// to propose. A follower asks for nothing.
+func TestLeaderAsksForADateWhileAStartIsUndated(t *testing.T) {
+	for _, leading := range []bool{true, false} {
+		r := raisedReplica(t)
+		g := r.f.g
+		g.leading.Store(leading)
+		follower := &clockNode{id: 2}
+		r.applyStamped(follower.stamp(4, 1, r.index), acquireBy(2, 1, "k", 0))
+		if got := g.needStamp.Swap(false); got != leading {
+			t.Fatalf("leading %v: a dated batch asked for: %v", leading, got)
+		}
+		view := leaderView{leader: 2, term: 4}
+		if leading {
+			view.leader = 1
+		}
+		step := g.expiryStep(time.Second, view, 1)
+		if got := g.needStamp.Load(); got != leading || step.propose != leading {
+			t.Fatalf("leading %v: the housekeeping pass asked for a dated batch: %v (propose %v)", leading, got, step.propose)
+		}
+	}
+}
