@@ -41,8 +41,8 @@ type fsm struct {
 	heap    engine.DeadlineHeap[expiry]
 	load    map[uint64]uint64 // acquires and releases applied per proposing node, for leader placement
 	applied uint64            // index of the last entry applied
-	// nowAppliedAt is this node's clock when the group's time was last
-	// applied, for inspection (replicaNow).
+	// nowAppliedAt is this node's clock when it last applied a dated
+	// batch, for inspection (replicaNow).
 	nowAppliedAt time.Duration
 	// holds are the hold times of the leases that ended while this
 	// replica's node led the group (as its expiry driver last saw):
@@ -113,8 +113,8 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 		f.takeLeases(f.clock())
 	}
 	f.observeHolds()
-	f.nowAppliedAt = f.clock()
 	if f.state.batch.dated {
+		f.nowAppliedAt = f.clock()
 		f.lastDated.Store(&appliedBatch{index: e.Index, at: f.nowAppliedAt})
 	}
 	stampWanted := len(f.state.clock.pending) > 0 && f.g.leading.Load()
