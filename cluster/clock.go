@@ -169,6 +169,7 @@ func (s *replicated) resolve(applied uint64, out *applied) {
 				w.origin = 0
 				w.Deadline += s.now - w.Arrived
 				w.Arrived = s.now
+				out.waits = append(out.waits, w.Deadline-s.now)
 			}
 		}
 	}

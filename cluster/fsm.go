@@ -39,6 +39,9 @@ type fsm struct {
 
 	// node-local, under mu:
 	heap    engine.DeadlineHeap[expiry]
+	// waitEnds are the ends of the waits applied, on this node's clock:
+	// the leader asks for a dated batch at each (clock.go).
+	waitEnds engine.DeadlineHeap[struct{}]
 	load    map[uint64]uint64 // acquires and releases applied per proposing node, for leader placement
 	applied uint64            // index of the last entry applied
 	// nowAppliedAt is this node's clock when it last applied a dated
@@ -112,6 +115,7 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 	if len(f.out.leases) > 0 {
 		f.takeLeases(f.clock())
 	}
+	f.takeWaits(f.clock())
 	f.observeHolds()
 	if f.state.batch.dated {
 		f.nowAppliedAt = f.clock()
@@ -143,6 +147,27 @@ func (f *fsm) takeLeases(now time.Duration) {
 	}
 	clear(f.out.leases)
 	f.out.leases = f.out.leases[:0]
+}
+
+// takeWaits times the ends of the waits just applied, from now on this
+// replica's clock.
+func (f *fsm) takeWaits(now time.Duration) {
+	for _, d := range f.out.waits {
+		f.waitEnds.Push(now+d, struct{}{})
+	}
+	f.out.waits = f.out.waits[:0]
+}
+
+// waitEnded pops the wait ends due at now and reports whether there was
+// one; called with f.mu held.
+func (f *fsm) waitEnded(now time.Duration) bool {
+	ended := false
+	for at, ok := f.waitEnds.Next(); ok && at <= now; at, ok = f.waitEnds.Next() {
+		f.waitEnds.Pop()
+		ended = true
+	}
+	f.waitEnds.Shrink()
+	return ended
 }
 
 // observeHolds records the hold times of the leases the batch ended, on
@@ -237,6 +262,9 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 			f.out.answer(answerRestored, k, self, l.id, engine.Result{Outcome: engine.Granted, Token: l.Token})
 		}
 		for _, w := range l.queue {
+			if w.origin == 0 {
+				f.out.waits = append(f.out.waits, max(w.Deadline-state.now, 0))
+			}
 			if w.node == self {
 				f.out.answer(answerRestored, k, self, w.id, engine.Result{Outcome: engine.Queued})
 			}
@@ -250,6 +278,8 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 	f.lastDated.Store(&appliedBatch{index: state.clock.dated, at: f.nowAppliedAt})
 	f.heap = f.heap[:0]
 	f.takeLeases(f.clock())
+	f.waitEnds = f.waitEnds[:0]
+	f.takeWaits(f.clock())
 	f.restored.Add(1)
 	f.mu.Unlock()
 	f.deliver()

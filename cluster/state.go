@@ -129,6 +129,10 @@ type applied struct {
 	answers []answer
 	leases  []expiry
 	holds   []time.Duration
+	// waits are the waits the batch started (or dated), each its length
+	// on the group's clock: the leader moves the group's time when one
+	// ends (clock.go), so that the next command passes its waiter.
+	waits []time.Duration
 }
 
 func (a *applied) answer(kind answerKind, key string, node, id uint64, r engine.Result) {
@@ -234,8 +238,12 @@ func (s *replicated) acquire(k string, c *command, out *applied) {
 		if len(l.queue) >= 64 && len(l.queue)%64 == 0 {
 			s.prune(l) // waiters that timed out stay queued until passed; bound them
 		}
-		l.queue = append(l.queue, waitEntry{node: c.node, id: c.id, requester: c.requester, origin: s.queuedAt(k),
+		origin := s.queuedAt(k)
+		l.queue = append(l.queue, waitEntry{node: c.node, id: c.id, requester: c.requester, origin: origin,
 			Waiting: engine.QueueEntry(s.now, time.Duration(c.wait), seconds(c.lease))})
+		if origin == 0 {
+			out.waits = append(out.waits, time.Duration(c.wait))
+		}
 		s.queued++
 		out.answer(answerDirect, k, c.node, c.id, engine.Result{Outcome: engine.Queued})
 	}
