@@ -11,8 +11,9 @@ package cluster
 // time to base + elapsed within it. A batch that is not dated by the current
 // leadership (built by a follower, or by a deposed leader, or written in
 // the wall-clock form after the format rose) moves no time, and what it
-// starts (a lease, a renewal, a queued wait) is dated later, by the first
-// batch the leader stamps after applying it (origins). No wall clock
+// starts (a lease, a renewal, the lease a queued waiter may be handed) is
+// dated later, by the first batch the leader stamps after applying it
+// (origins). No wall clock
 // enters the state machine from format 5 on.
 
 import "time"
@@ -37,11 +38,15 @@ type stamp struct {
 	term, leader uint64
 	elapsed      time.Duration
 	applied      uint64
-	// dated is the index of the last dated batch the leader had applied,
-	// and sinceDated its monotonic time since it applied it: what a new
-	// leadership carries over from the one before.
+	// dated is the index of the last dated batch the proposer had
+	// applied, sinceDated its monotonic time since it applied it, and
+	// datedTerm and datedNow the clock's term and the group's time
+	// there: what a new leadership carries over from the one before,
+	// and what an undated batch judges waits at.
 	dated      uint64
 	sinceDated time.Duration
+	datedTerm  uint64
+	datedNow   time.Duration
 }
 
 // leadership is what a proposer knows of its own leadership of a group,
@@ -59,15 +64,27 @@ type leadership struct {
 // instant of the leadership that comes before every stamp of it.
 //
 // applied is the index this node had applied, and dated the last dated
-// batch among them, which it applied at datedAt.
-func (l *leadership) stamp(term, leader, self uint64, now time.Duration, applied, dated uint64, datedAt time.Duration) stamp {
+// batch among them.
+func (l *leadership) stamp(term, leader, self uint64, now time.Duration, applied uint64, dated appliedBatch) stamp {
+	st := stamp{term: term, leader: leader, elapsed: undated, applied: applied,
+		dated: dated.index, sinceDated: max(now-dated.at, 0), datedTerm: dated.term, datedNow: dated.now}
 	if leader != self || term == 0 {
-		return stamp{term: term, leader: leader, elapsed: undated}
+		return st
 	}
 	if l.term != term {
 		l.term, l.since = term, now
 	}
-	return stamp{term: term, leader: self, elapsed: now - l.since, applied: applied, dated: dated, sinceDated: max(now-datedAt, 0)}
+	st.elapsed = now - l.since
+	return st
+}
+
+// appliedBatch is a dated batch as a replica applied it: its index, the
+// node's clock then, and the clock's term and the group's time after it.
+type appliedBatch struct {
+	index uint64
+	at    time.Duration
+	term  uint64
+	now   time.Duration
 }
 
 // groupClock is a group's replicated clock, part of the replicated state.
@@ -92,6 +109,14 @@ type pendingStart struct {
 type batchTime struct {
 	index uint64
 	dated bool
+	// waitNow is the time waits are judged at: the group's time, or for
+	// an undated batch its proposer's estimate of the leader's, the time
+	// at the last dated batch it applied plus its own time since (when
+	// that batch is of the clock's leadership), which is never behind
+	// the group's time nor ahead of the leader's. A wait only ends a
+	// waiter's claim to a handoff, so its end may come about a commit
+	// early or late, never a lease's.
+	waitNow time.Duration
 }
 
 // origin is what a lease or waiter started by the batch being applied
@@ -136,7 +161,10 @@ func (s *replicated) date(st stamp, index uint64, out *applied) {
 		s.now = max(s.now, s.clock.base+st.elapsed)
 		dated = true
 	}
-	s.batch = batchTime{index: index, dated: dated}
+	s.batch = batchTime{index: index, dated: dated, waitNow: s.now}
+	if !dated && !st.legacy && st.datedTerm == s.clock.term && st.dated != 0 {
+		s.batch.waitNow = max(s.now, st.datedNow+st.sinceDated)
+	}
 	if dated {
 		s.clock.dated = index
 	}
@@ -165,11 +193,8 @@ func (s *replicated) resolve(applied uint64, out *applied) {
 			out.leases = append(out.leases, expiry{key: p.key, token: l.Token, renewals: l.renewals, lease: seconds(l.lease)})
 		}
 		for i := range l.queue {
-			if w := &l.queue[i]; w.origin != 0 && w.origin <= applied {
+			if w := &l.queue[i]; w.origin <= applied {
 				w.origin = 0
-				w.Deadline += s.now - w.Arrived
-				w.Arrived = s.now
-				out.waits = append(out.waits, w.Deadline-s.now)
 			}
 		}
 	}
@@ -190,7 +215,8 @@ func (s *replicated) started(k string, l *lockState, origin uint64, out *applied
 	s.clock.pending = append(s.clock.pending, pendingStart{origin: origin, key: k})
 }
 
-// queuedAt records a waiter queued by the batch being applied.
+// queuedAt records a waiter queued by the batch being applied: the
+// origin of the lease a handoff gives it.
 func (s *replicated) queuedAt(k string) uint64 {
 	origin := s.batch.origin()
 	if origin != 0 {

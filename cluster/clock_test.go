@@ -36,16 +36,15 @@ type clockNode struct {
 	mono time.Duration
 	wall time.Duration // Unix ns
 	lead leadership
-	// dated is the last dated batch it applied, at datedAt on mono; none
-	// unless a test says so.
-	dated   uint64
-	datedAt time.Duration
+	// dated is the last dated batch it applied; none unless a test says
+	// so.
+	dated appliedBatch
 }
 
 // stamp is what node proposes in term, whose leader is leader, having
 // applied applied.
 func (n *clockNode) stamp(term, leader, applied uint64) stamp {
-	return n.lead.stamp(term, leader, n.id, n.mono, applied, n.dated, n.datedAt)
+	return n.lead.stamp(term, leader, n.id, n.mono, applied, n.dated)
 }
 
 func (r *replica) now() time.Duration { return r.f.state.now }
@@ -143,7 +142,7 @@ func TestNewLeaderCarriesItsTimeSinceTheLastDatedBatch(t *testing.T) {
 		old := &clockNode{id: 1}
 		next := &clockNode{id: 2, mono: time.Hour}
 		r.applyStamped(old.stamp(4, 1, r.index), acquireBy(1, 1, "k", 0))
-		next.dated, next.datedAt = r.index, next.mono+time.Second // it applied the grant 1 s after the stamp
+		next.dated = appliedBatch{index: r.index, at: next.mono + time.Second, term: 4, now: r.now()} // it applied the grant 1 s after the stamp
 		old.mono += 25 * time.Second
 		lateBatch := old.stamp(4, 1, r.index)
 		next.mono += 26 * time.Second // idle, then an election: 25 s since it applied the grant
@@ -170,21 +169,30 @@ func TestNewLeaderCarriesItsTimeSinceTheLastDatedBatch(t *testing.T) {
 	}
 }
 
-// A lease granted or renewed, and a wait queued, by a batch the leader
-// did not date (a follower built it) start when the leader dates a
-// batch after applying it: not at the group's time when it applied,
-// which may stand before the request was sent.
+// A lease granted or renewed by a batch the leader did not date (a
+// follower built it), or handed later to a waiter such a batch queued,
+// starts when the leader dates a batch after applying it: not at the
+// group's time when it applied, which may stand before the request was
+// sent. The wait itself runs from the follower's estimate of the
+// leader's time, which is never ahead of it.
 func TestUndatedStartsWaitForTheLeadersDate(t *testing.T) {
 	r := raisedReplica(t)
 	leader := &clockNode{id: 1}
 	follower := &clockNode{id: 2}
 	r.applyStamped(leader.stamp(4, 1, r.index))
-	// The follower's batch is index i; the leader stamps its next batch
-	// before applying it (applied < i), 40 s on.
+	start := r.now()
+	// The follower applied that batch, and builds its own 2 s later: its
+	// batch is index i; the leader stamps its next batch before applying
+	// it (applied < i), 40 s on.
+	follower.dated = appliedBatch{index: r.index, at: follower.mono, term: 4, now: r.now()}
+	follower.mono += 2 * time.Second
 	r.applyStamped(follower.stamp(4, 1, r.index), acquireBy(2, 1, "k", 0), acquireBy(2, 2, "k", 10*time.Second))
 	forwarded := r.index
 	if l := r.lock("k"); l.End != pendingEnd || l.origin != forwarded || l.queue[0].origin != forwarded {
 		t.Fatalf("the forwarded grant: end %v origin %d, waiter origin %d; want it pending on entry %d", l.End, l.origin, l.queue[0].origin, forwarded)
+	}
+	if w := r.lock("k").queue[0]; w.Arrived != start || w.Deadline != start+12*time.Second {
+		t.Fatalf("the forwarded wait: arrived %v, deadline %v; want %v and the follower's 2 s + 10 s after", w.Arrived, w.Deadline, start)
 	}
 	leader.mono += 40 * time.Second
 	r.applyStamped(leader.stamp(4, 1, forwarded-1), acquireBy(3, 3, "k", 0))
@@ -196,8 +204,8 @@ func TestUndatedStartsWaitForTheLeadersDate(t *testing.T) {
 	leader.mono += time.Second
 	r.applyStamped(leader.stamp(4, 1, r.index))
 	l := r.lock("k")
-	if at := r.now(); l.End != at+30*time.Second || l.queue[0].Arrived != at || l.queue[0].Deadline != at+10*time.Second {
-		t.Fatalf("dated at %v: end %v, waiter arrived %v deadline %v; want end %v, wait from %v", at, l.End, l.queue[0].Arrived, l.queue[0].Deadline, at+30*time.Second, at)
+	if at := r.now(); l.End != at+30*time.Second || l.queue[0].origin != 0 {
+		t.Fatalf("dated at %v: end %v, waiter origin %d; want end %v, the waiter's handoff dated", at, l.End, l.queue[0].origin, at+30*time.Second)
 	}
 	if len(r.f.out.leases) != 0 || len(r.f.heap) == 0 {
 		t.Fatal("the dated lease was not handed to the expiry heap")
@@ -231,16 +239,16 @@ func TestUndatedStartsWaitForTheLeadersDate(t *testing.T) {
 // undated, and a new term begins a new count.
 func TestLeadershipStamps(t *testing.T) {
 	var l leadership
-	if st := l.stamp(3, 2, 1, 10*time.Second, 7, 7, 0); st.elapsed != undated || st.term != 3 || st.leader != 2 {
+	if st := l.stamp(3, 2, 1, 10*time.Second, 7, appliedBatch{index: 7}); st.elapsed != undated || st.term != 3 || st.leader != 2 {
 		t.Fatalf("a follower's stamp: %+v, want undated, term 3, leader 2", st)
 	}
-	if st := l.stamp(4, 1, 1, 20*time.Second, 8, 6, 12*time.Second); st.elapsed != 0 || st.applied != 8 || st.dated != 6 || st.sinceDated != 8*time.Second {
+	if st := l.stamp(4, 1, 1, 20*time.Second, 8, appliedBatch{index: 6, at: 12 * time.Second}); st.elapsed != 0 || st.applied != 8 || st.dated != 6 || st.sinceDated != 8*time.Second {
 		t.Fatalf("the first stamp of a leadership: %+v, want elapsed 0, applied 8, dated 6 8 s ago", st)
 	}
-	if st := l.stamp(4, 1, 1, 25*time.Second, 9, 9, 25*time.Second); st.elapsed != 5*time.Second {
+	if st := l.stamp(4, 1, 1, 25*time.Second, 9, appliedBatch{index: 9, at: 25 * time.Second}); st.elapsed != 5*time.Second {
 		t.Fatalf("5 s into the leadership: elapsed %v", st.elapsed)
 	}
-	if st := l.stamp(6, 1, 1, 26*time.Second, 9, 9, 25*time.Second); st.elapsed != 0 {
+	if st := l.stamp(6, 1, 1, 26*time.Second, 9, appliedBatch{index: 9, at: 25 * time.Second}); st.elapsed != 0 {
 		t.Fatalf("the first stamp of the next leadership: elapsed %v, want 0", st.elapsed)
 	}
 }

@@ -12,12 +12,13 @@ import (
 // A proposal is one batch of commands for one group (group commit):
 //
 //	version u8 (=3) | term u64 | leader u64 | elapsed i64 | applied u64 |
-//	dated u64 | since_dated i64 | count u32 | count × command
+//	dated u64 | since_dated i64 | dated_term u64 | dated_now i64 | count u32 | count × command
 //
 // from log format 5 on: the leadership the proposer knew, the elapsed
 // time of its own leadership on its monotonic clock (ns; -1 when the
 // proposer did not lead: undated), the index it had applied, and the
-// last dated batch among them with its time since applying it (clock.go).
+// last dated batch among them with its time since applying it, the
+// clock's term and the group's time there (clock.go).
 // Before format 5 the header is the wall-clock form
 //
 //	version u8 (=2) | now i64 (proposer's wall clock, Unix ns) | count u32
@@ -70,8 +71,8 @@ import (
 const (
 	batchVersionWall = 2
 	batchVersion     = 3
-	headerLen        = 1 + 8 + 4                     // batch version 2
-	datedHeaderLen   = 1 + 8 + 8 + 8 + 8 + 8 + 8 + 4 // batch version 3
+	headerLen        = 1 + 8 + 4   // batch version 2
+	datedHeaderLen   = 1 + 8*8 + 4 // batch version 3
 
 	cmdAcquire  = 'A'
 	cmdRelease  = 'R'
@@ -206,7 +207,9 @@ func putDatedHeader(b []byte, st stamp, count uint32) {
 	binary.BigEndian.PutUint64(b[25:], st.applied)
 	binary.BigEndian.PutUint64(b[33:], st.dated)
 	binary.BigEndian.PutUint64(b[41:], uint64(st.sinceDated))
-	binary.BigEndian.PutUint32(b[49:], count)
+	binary.BigEndian.PutUint64(b[49:], st.datedTerm)
+	binary.BigEndian.PutUint64(b[57:], uint64(st.datedNow))
+	binary.BigEndian.PutUint32(b[65:], count)
 }
 
 func readHeader(b []byte) (st stamp, count uint32, rest []byte, err error) {
@@ -225,8 +228,9 @@ func readHeader(b []byte) (st stamp, count uint32, rest []byte, err error) {
 		}
 		be := binary.BigEndian
 		st = stamp{term: be.Uint64(b[1:]), leader: be.Uint64(b[9:]), elapsed: time.Duration(be.Uint64(b[17:])), applied: be.Uint64(b[25:]),
-			dated: be.Uint64(b[33:]), sinceDated: time.Duration(be.Uint64(b[41:]))}
-		return st, be.Uint32(b[49:]), b[datedHeaderLen:], nil
+			dated: be.Uint64(b[33:]), sinceDated: time.Duration(be.Uint64(b[41:])),
+			datedTerm: be.Uint64(b[49:]), datedNow: time.Duration(be.Uint64(b[57:]))}
+		return st, be.Uint32(b[65:]), b[datedHeaderLen:], nil
 	}
 	return stamp{}, 0, nil, fmt.Errorf("%w batch version %d (this build reads %d and %d)", errUnknownCommand, b[0], batchVersionWall, batchVersion)
 }

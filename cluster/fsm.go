@@ -38,12 +38,12 @@ type fsm struct {
 	keysRefused atomic.Uint64
 
 	// node-local, under mu:
-	heap    engine.DeadlineHeap[expiry]
+	heap engine.DeadlineHeap[expiry]
 	// waitEnds are the ends of the waits applied, on this node's clock:
 	// the leader asks for a dated batch at each (clock.go).
 	waitEnds engine.DeadlineHeap[struct{}]
-	load    map[uint64]uint64 // acquires and releases applied per proposing node, for leader placement
-	applied uint64            // index of the last entry applied
+	load     map[uint64]uint64 // acquires and releases applied per proposing node, for leader placement
+	applied  uint64            // index of the last entry applied
 	// nowAppliedAt is this node's clock when it last applied a dated
 	// batch, for inspection (replicaNow).
 	nowAppliedAt time.Duration
@@ -60,13 +60,6 @@ type fsm struct {
 	// one at a time:
 	cmd command // decode scratch
 	out applied
-}
-
-// appliedBatch is a batch as applied on this replica: its index, and this
-// node's clock when it applied.
-type appliedBatch struct {
-	index uint64
-	at    time.Duration
 }
 
 func newFSM(g *group, firstToken uint64) *fsm {
@@ -115,12 +108,12 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 	if len(f.out.leases) > 0 {
 		f.takeLeases(f.clock())
 	}
-	f.takeWaits(f.clock())
-	f.observeHolds()
 	if f.state.batch.dated {
 		f.nowAppliedAt = f.clock()
-		f.lastDated.Store(&appliedBatch{index: e.Index, at: f.nowAppliedAt})
+		f.lastDated.Store(&appliedBatch{index: e.Index, at: f.nowAppliedAt, term: f.state.clock.term, now: f.state.now})
 	}
+	f.takeWaits()
+	f.observeHolds()
 	stampWanted := len(f.state.clock.pending) > 0 && f.g.leading.Load()
 	f.mu.Unlock()
 	if stampWanted {
@@ -149,11 +142,12 @@ func (f *fsm) takeLeases(now time.Duration) {
 	f.out.leases = f.out.leases[:0]
 }
 
-// takeWaits times the ends of the waits just applied, from now on this
-// replica's clock.
-func (f *fsm) takeWaits(now time.Duration) {
-	for _, d := range f.out.waits {
-		f.waitEnds.Push(now+d, struct{}{})
+// takeWaits times the ends of the waits just applied on this replica's
+// clock, where the group's time stands as this node projects it (its
+// time at the last dated batch, plus this node's time since).
+func (f *fsm) takeWaits() {
+	for _, deadline := range f.out.waits {
+		f.waitEnds.Push(f.nowAppliedAt+deadline-f.state.now, struct{}{})
 	}
 	f.out.waits = f.out.waits[:0]
 }
@@ -262,9 +256,7 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 			f.out.answer(answerRestored, k, self, l.id, engine.Result{Outcome: engine.Granted, Token: l.Token})
 		}
 		for _, w := range l.queue {
-			if w.origin == 0 {
-				f.out.waits = append(f.out.waits, max(w.Deadline-state.now, 0))
-			}
+			f.out.waits = append(f.out.waits, w.Deadline)
 			if w.node == self {
 				f.out.answer(answerRestored, k, self, w.id, engine.Result{Outcome: engine.Queued})
 			}
@@ -275,11 +267,11 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 	// As if the snapshot's last dated batch applied now: a new leader
 	// here carries over no time from before the restore.
 	f.nowAppliedAt = f.clock()
-	f.lastDated.Store(&appliedBatch{index: state.clock.dated, at: f.nowAppliedAt})
+	f.lastDated.Store(&appliedBatch{index: state.clock.dated, at: f.nowAppliedAt, term: state.clock.term, now: state.now})
 	f.heap = f.heap[:0]
 	f.takeLeases(f.clock())
 	f.waitEnds = f.waitEnds[:0]
-	f.takeWaits(f.clock())
+	f.takeWaits()
 	f.restored.Add(1)
 	f.mu.Unlock()
 	f.deliver()

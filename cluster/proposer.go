@@ -145,7 +145,7 @@ func (g *group) stamp() stamp {
 		applied = f.appliedIndex.Load()
 		dated = *f.lastDated.Load()
 	}
-	return g.lead.stamp(term, leader, n.cfg.NodeID, n.clock(), applied, dated.index, dated.at)
+	return g.lead.stamp(term, leader, n.cfg.NodeID, n.clock(), applied, dated)
 }
 
 // done ends proposal b: its buffer goes back to the pool, and its slot

@@ -62,7 +62,7 @@ func newLimitedGroupWrapper(l rulestest.Limits) *groupWrapper {
 	w.s.format = logFormat5
 	// The group's time and the leader's clock start together.
 	w.s.now, w.stampAt, w.datedAt = w.now, w.now, w.now
-	w.s.date(w.lead.stamp(w.term, 1, 1, w.now, 0, 0, w.now), 0, &w.out)
+	w.s.date(w.lead.stamp(w.term, 1, 1, w.now, 0, appliedBatch{at: w.now}), 0, &w.out)
 	return w
 }
 
@@ -82,7 +82,8 @@ var _ rulestest.AbandonWrapper = (*groupWrapper)(nil)
 // apply runs c and returns the answer to request id, routing the others.
 func (w *groupWrapper) apply(c *command, id uint64) engine.Result {
 	w.index++
-	w.s.date(w.lead.stamp(w.term, 1, 1, w.now, w.index-1, w.s.clock.dated, w.datedAt), w.index, &w.out)
+	last := appliedBatch{index: w.s.clock.dated, at: w.datedAt, term: w.s.clock.term, now: w.s.now}
+	w.s.date(w.lead.stamp(w.term, 1, 1, w.now, w.index-1, last), w.index, &w.out)
 	w.stampAt, w.datedAt = w.now, w.now
 	w.s.apply(c, &w.out)
 	w.s.endBatch()

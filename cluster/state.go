@@ -30,7 +30,8 @@ type waitEntry struct {
 	node, id  uint64
 	requester engine.Requester // SPEC §6a; 0 without a session
 	// origin is the index of the undated batch that queued it, until a
-	// dated batch dates its wait (clock.go); 0 once dated.
+	// dated batch dates it (clock.go), 0 then: the origin of the lease a
+	// handoff gives it.
 	origin uint64
 	engine.Waiting
 }
@@ -129,9 +130,9 @@ type applied struct {
 	answers []answer
 	leases  []expiry
 	holds   []time.Duration
-	// waits are the waits the batch started (or dated), each its length
-	// on the group's clock: the leader moves the group's time when one
-	// ends (clock.go), so that the next command passes its waiter.
+	// waits are the deadlines of the waits the batch queued, on the
+	// group's clock: the leader moves the group's time when one ends
+	// (clock.go), so that the next command passes its waiter.
 	waits []time.Duration
 }
 
@@ -238,12 +239,11 @@ func (s *replicated) acquire(k string, c *command, out *applied) {
 		if len(l.queue) >= 64 && len(l.queue)%64 == 0 {
 			s.prune(l) // waiters that timed out stay queued until passed; bound them
 		}
-		origin := s.queuedAt(k)
-		l.queue = append(l.queue, waitEntry{node: c.node, id: c.id, requester: c.requester, origin: origin,
-			Waiting: engine.QueueEntry(s.now, time.Duration(c.wait), seconds(c.lease))})
-		if origin == 0 {
-			out.waits = append(out.waits, time.Duration(c.wait))
-		}
+		w := waitEntry{node: c.node, id: c.id, requester: c.requester, origin: s.queuedAt(k),
+			Waiting: engine.QueueEntry(s.now, time.Duration(c.wait), seconds(c.lease))}
+		w.Deadline = s.batch.waitNow + time.Duration(c.wait)
+		l.queue = append(l.queue, w)
+		out.waits = append(out.waits, w.Deadline)
 		s.queued++
 		out.answer(answerDirect, k, c.node, c.id, engine.Result{Outcome: engine.Queued})
 	}
@@ -293,11 +293,9 @@ func (s *replicated) free(k string, l *lockState, out *applied) *lockState {
 		l.queue[0] = waitEntry{}
 		l.queue = l.queue[1:]
 		s.queued--
-		waiting := w.Waiting
-		if w.origin != 0 {
-			waiting.Deadline = pendingEnd // its wait is not dated yet: not over
-		}
-		r := engine.HandOff(&l.Lease, &s.tokens, math.MaxUint64, waiting, s.now)
+		// At waitNow, never before the group's time: a lease it grants is
+		// never shorter.
+		r := engine.HandOff(&l.Lease, &s.tokens, math.MaxUint64, w.Waiting, s.batch.waitNow)
 		out.answer(answerHandOff, k, w.node, w.id, r)
 		if r.Outcome == engine.Granted {
 			// A waiter queued in a dated batch sent its request before
@@ -378,7 +376,7 @@ func (s *replicated) cancel(k string, node, id uint64) {
 
 // prune drops waiters whose wait has ended (their node answered T already).
 func (s *replicated) prune(l *lockState) {
-	s.dropWaiters(l, func(w waitEntry) bool { return w.origin == 0 && w.Deadline <= s.now })
+	s.dropWaiters(l, func(w waitEntry) bool { return w.Deadline <= s.batch.waitNow })
 }
 
 // dropWaiters removes the entries of l's queue that drop reports, keeping

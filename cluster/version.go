@@ -268,10 +268,10 @@ func (n *Node) raiseFormat(ctx context.Context, g *group) {
 		}
 	}
 	// A batch of its own: no request's command waits on the raise. In
-	// the form the group reads until it rose, with no time (0 moves
-	// nothing: the group's time is the latest seen).
+	// the form the group reads until it rose, stamped as that form is
+	// (clock.go): the first leader-dated batch continues from its time.
 	b := make([]byte, headerLen, headerLen+16)
-	putHeader(b, 0, 1)
+	putHeader(b, n.cfg.wall().UnixNano(), 1)
 	b = appendFormat(b, logFormatNewest)
 	if _, err := n.nh.SyncPropose(ctx, n.nh.GetNoOPSession(g.shardID), b); err != nil {
 		n.log.Debug().Err(err).Uint64("group", g.shardID).Msg("log format raise not committed; asked again")
