@@ -5,16 +5,16 @@ package cluster
 // replica moves the group's time with it. From log format 5 on, only the
 // monotonic clock of the node that leads moves time: the leader stamps
 // each batch with its Raft term, its id and the elapsed time since its
-// leadership began; a replica adopts a new leadership at its first
-// dated batch, continuing from the time it had applied plus the time the
-// new leader counted since it applied the last dated batch, and moves
-// time to base + elapsed within it. A batch that is not dated by the current
-// leadership (built by a follower, or by a deposed leader, or written in
-// the wall-clock form after the format rose) moves no time, and what it
-// starts (a lease, a renewal, the lease a queued waiter may be handed) is
-// dated later, by the first batch the leader stamps after applying it
-// (origins). No wall clock
-// enters the state machine from format 5 on.
+// leadership began; a replica adopts a new leadership at its first dated
+// batch, continuing from the time it had applied plus the time the new
+// leader counted since it applied the last dated batch, and moves time to
+// base + elapsed within it. A batch that the current leadership did not
+// date (built by a follower or by a deposed leader, or in the wall-clock
+// form after the format rose) moves no time; what it starts (a lease, a
+// renewal, the lease a waiter it queued may be handed) is dated later,
+// by the first batch the leader stamps after applying it (origins), and
+// its waits are judged at its proposer's estimate of the leader's time.
+// No wall clock enters the state machine from format 5 on.
 
 import "time"
 
