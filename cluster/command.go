@@ -4,13 +4,24 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/lockd/lockd/engine"
 )
 
 // A proposal is one batch of commands for one group (group commit):
 //
-//	version u8 (=2) | now i64 (proposer's wall clock, Unix ns) | count u32 | count × command
+//	version u8 (=3) | term u64 | leader u64 | elapsed i64 | applied u64 |
+//	dated u64 | since_dated i64 | dated_term u64 | dated_now i64 | count u32 | count × command
+//
+// from log format 5 on: the leadership the proposer knew, the elapsed
+// time of its own leadership on its monotonic clock (ns; -1 when the
+// proposer did not lead: undated), the index it had applied, and the
+// last dated batch among them with its time since applying it, the
+// clock's term and the group's time there (clock.go).
+// Before format 5 the header is the wall-clock form
+//
+//	version u8 (=2) | now i64 (proposer's wall clock, Unix ns) | count u32
 //
 // and a command is
 //
@@ -54,12 +65,14 @@ import (
 // All integers big-endian. Time only enters the state machine through
 // these fields; Update never reads a clock.
 //
-// The batch version is 2 from log format 3 on (version.go): the batches
-// of the formats before it are refused whole, and a build of those
-// formats halts at this build's first batch.
+// The batch version is 2 in log formats 3 and 4 and 3 from format 5 on
+// (version.go): the batches of the formats before 3 are refused whole,
+// and a build of formats 3 and 4 halts at the first batch of version 3.
 const (
-	batchVersion = 2
-	headerLen    = 1 + 8 + 4
+	batchVersionWall = 2
+	batchVersion     = 3
+	headerLen        = 1 + 8 + 4   // batch version 2
+	datedHeaderLen   = 1 + 8*8 + 4 // batch version 3
 
 	cmdAcquire  = 'A'
 	cmdRelease  = 'R'
@@ -176,21 +189,50 @@ func appendLeaseEnd(dst []byte, tenant string, key []byte) []byte {
 	return appendText(dst, tenant, key)
 }
 
-// putHeader fills the header reserved at the start of a batch.
+// putHeader fills the wall-clock header (batch version 2) reserved at the
+// start of a batch.
 func putHeader(b []byte, now int64, count uint32) {
-	b[0] = batchVersion
+	b[0] = batchVersionWall
 	binary.BigEndian.PutUint64(b[1:], uint64(now))
 	binary.BigEndian.PutUint32(b[9:], count)
 }
 
-func readHeader(b []byte) (now int64, count uint32, rest []byte, err error) {
+// putDatedHeader fills the header of batch version 3 reserved at the
+// start of a batch.
+func putDatedHeader(b []byte, st stamp, count uint32) {
+	b[0] = batchVersion
+	binary.BigEndian.PutUint64(b[1:], st.term)
+	binary.BigEndian.PutUint64(b[9:], st.leader)
+	binary.BigEndian.PutUint64(b[17:], uint64(st.elapsed))
+	binary.BigEndian.PutUint64(b[25:], st.applied)
+	binary.BigEndian.PutUint64(b[33:], st.dated)
+	binary.BigEndian.PutUint64(b[41:], uint64(st.sinceDated))
+	binary.BigEndian.PutUint64(b[49:], st.datedTerm)
+	binary.BigEndian.PutUint64(b[57:], uint64(st.datedNow))
+	binary.BigEndian.PutUint32(b[65:], count)
+}
+
+func readHeader(b []byte) (st stamp, count uint32, rest []byte, err error) {
 	switch {
-	case len(b) < headerLen:
-		return 0, 0, nil, errBadBatch
-	case b[0] != batchVersion:
-		return 0, 0, nil, fmt.Errorf("%w batch version %d (this build writes and reads %d)", errUnknownCommand, b[0], batchVersion)
+	case len(b) < 1:
+		return stamp{}, 0, nil, errBadBatch
+	case b[0] == batchVersionWall:
+		if len(b) < headerLen {
+			return stamp{}, 0, nil, errBadBatch
+		}
+		st = stamp{legacy: true, wall: int64(binary.BigEndian.Uint64(b[1:]))}
+		return st, binary.BigEndian.Uint32(b[9:]), b[headerLen:], nil
+	case b[0] == batchVersion:
+		if len(b) < datedHeaderLen {
+			return stamp{}, 0, nil, errBadBatch
+		}
+		be := binary.BigEndian
+		st = stamp{term: be.Uint64(b[1:]), leader: be.Uint64(b[9:]), elapsed: time.Duration(be.Uint64(b[17:])), applied: be.Uint64(b[25:]),
+			dated: be.Uint64(b[33:]), sinceDated: time.Duration(be.Uint64(b[41:])),
+			datedTerm: be.Uint64(b[49:]), datedNow: time.Duration(be.Uint64(b[57:]))}
+		return st, be.Uint32(b[65:]), b[datedHeaderLen:], nil
 	}
-	return int64(binary.BigEndian.Uint64(b[1:])), binary.BigEndian.Uint32(b[9:]), b[headerLen:], nil
+	return stamp{}, 0, nil, fmt.Errorf("%w batch version %d (this build reads %d and %d)", errUnknownCommand, b[0], batchVersionWall, batchVersion)
 }
 
 // fieldsLen is the length of the fields of a command of kind, between

@@ -161,6 +161,19 @@ type Config struct {
 	// FS, when set, keeps the NodeHost's files there (vfs.NewMem in tests).
 	FS     config.IFS
 	Logger zerolog.Logger
+
+	// WallClock, when set, is this node's wall clock instead of
+	// time.Now: a test hook that skews or steps it. A wall clock dates
+	// only the batches of the log formats before 5 (clock.go).
+	WallClock func() time.Time
+}
+
+// wall is the node's wall clock.
+func (c *Config) wall() time.Time {
+	if c.WallClock != nil {
+		return c.WallClock()
+	}
+	return time.Now()
 }
 
 func (c *Config) applyDefaults() error {

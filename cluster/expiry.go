@@ -123,6 +123,15 @@ func (g *group) expiryStep(now time.Duration, view leaderView, gatherOn uint64) 
 		f.rebuild(now)
 	}
 	g.due = g.due[:0]
+	// A start this leader has not dated yet, or a wait that ended: a
+	// dated batch moves the group's time (clock.go).
+	if f.waitEnded(now) && leader || leader && len(f.state.clock.pending) > 0 {
+		g.needStamp.Store(true)
+		step.propose = true
+	}
+	if at, ok := f.waitEnds.Next(); ok {
+		step.wake = min(step.wake, at-now)
+	}
 	if leader {
 		g.due = f.due(now, expireRetry, g.due)
 		if at, ok := f.heap.Next(); ok {

@@ -11,7 +11,7 @@ func queued(t *testing.T, g *group) map[byte]int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	kinds := map[byte]int{}
-	b := g.buf[headerLen:]
+	b := g.buf[datedHeaderLen:]
 	for range g.count {
 		var c command
 		var err error

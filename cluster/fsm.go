@@ -29,6 +29,10 @@ type fsm struct {
 	state replicated
 
 	restored atomic.Int64 // snapshots recovered, for tests
+	// appliedIndex is applied, and lastDated the last dated batch
+	// applied, for the proposer's stamps (clock.go).
+	appliedIndex atomic.Uint64
+	lastDated    atomic.Pointer[appliedBatch]
 	// halted is why this replica stopped applying its group (version.go,
 	// halt); nil while it applies.
 	halted atomic.Pointer[string]
@@ -37,9 +41,15 @@ type fsm struct {
 	keysRefused atomic.Uint64
 
 	// node-local, under mu:
-	heap    engine.DeadlineHeap[expiry]
-	load    map[uint64]uint64 // acquires and releases applied per proposing node, for leader placement
-	applied uint64            // index of the last entry applied
+	heap engine.DeadlineHeap[expiry]
+	// waitEnds are the ends of the waits applied, on this node's clock:
+	// the leader asks for a dated batch at each (clock.go).
+	waitEnds engine.DeadlineHeap[struct{}]
+	load     map[uint64]uint64 // acquires and releases applied per proposing node, for leader placement
+	applied  uint64            // index of the last entry applied
+	// nowAppliedAt is this node's clock when it last applied a dated
+	// batch, for inspection (replicaNow).
+	nowAppliedAt time.Duration
 	// holds are the hold times of the leases that ended while this
 	// replica's node led the group (as its expiry driver last saw):
 	// about one node counts each, as the group saw it.
@@ -57,6 +67,7 @@ type fsm struct {
 
 func newFSM(g *group, firstToken uint64) *fsm {
 	f := &fsm{g: g, state: newReplicated(firstToken), load: make(map[uint64]uint64), clock: g.n.clock}
+	f.lastDated.Store(&appliedBatch{})
 	g.logFormat.Store(f.state.format)
 	return f
 }
@@ -79,12 +90,13 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 		return sm.Result{}, nil
 	}
 	f.applied = e.Index
-	now, count, b, err := readHeader(e.Cmd)
+	f.appliedIndex.Store(e.Index)
+	st, count, b, err := readHeader(e.Cmd)
 	if err != nil {
 		f.mu.Unlock()
 		return sm.Result{}, nil
 	}
-	f.state.now = max(f.state.now, time.Duration(now))
+	f.state.date(st, e.Index, &f.out)
 	for range count {
 		if b, err = readCommand(b, &f.cmd); err != nil {
 			break
@@ -99,8 +111,20 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 	if len(f.out.leases) > 0 {
 		f.takeLeases(f.clock())
 	}
+	if f.state.batch.dated {
+		f.nowAppliedAt = f.clock()
+		f.lastDated.Store(&appliedBatch{index: e.Index, at: f.nowAppliedAt, term: f.state.clock.term, now: f.state.now})
+	}
+	f.takeWaits()
 	f.observeHolds()
+	stampWanted := len(f.state.clock.pending) > 0 && f.g.leading.Load()
 	f.mu.Unlock()
+	if stampWanted {
+		// Starts wait for a batch this leader dates: ask for one now,
+		// so that they are dated about one commit late.
+		f.g.needStamp.Store(true)
+		f.g.propose()
+	}
 	f.g.appliedOwn(e.Cmd)
 	f.g.n.anchor.noteApplied()
 	f.deliver()
@@ -120,6 +144,28 @@ func (f *fsm) takeLeases(now time.Duration) {
 	}
 	clear(f.out.leases)
 	f.out.leases = f.out.leases[:0]
+}
+
+// takeWaits times the ends of the waits just applied on this replica's
+// clock, where the group's time stands as this node projects it (its
+// time at the last dated batch, plus this node's time since).
+func (f *fsm) takeWaits() {
+	for _, deadline := range f.out.waits {
+		f.waitEnds.Push(f.nowAppliedAt+deadline-f.state.now, struct{}{})
+	}
+	f.out.waits = f.out.waits[:0]
+}
+
+// waitEnded pops the wait ends due at now and reports whether there was
+// one; called with f.mu held.
+func (f *fsm) waitEnded(now time.Duration) bool {
+	ended := false
+	for at, ok := f.waitEnds.Next(); ok && at <= now; at, ok = f.waitEnds.Next() {
+		f.waitEnds.Pop()
+		ended = true
+	}
+	f.waitEnds.Shrink()
+	return ended
 }
 
 // observeHolds records the hold times of the leases the batch ended, on
@@ -214,6 +260,7 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 			f.out.answer(answerRestored, k, self, l.id, engine.Result{Outcome: engine.Granted, Token: l.Token})
 		}
 		for _, w := range l.queue {
+			f.out.waits = append(f.out.waits, w.Deadline)
 			if w.node == self {
 				f.out.answer(answerRestored, k, self, w.id, engine.Result{Outcome: engine.Queued})
 			}
@@ -221,8 +268,14 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 	}
 	f.state = state
 	f.g.logFormat.Store(state.format)
+	// As if the snapshot's last dated batch applied now: a new leader
+	// here carries over no time from before the restore.
+	f.nowAppliedAt = f.clock()
+	f.lastDated.Store(&appliedBatch{index: state.clock.dated, at: f.nowAppliedAt, term: state.clock.term, now: state.now})
 	f.heap = f.heap[:0]
 	f.takeLeases(f.clock())
+	f.waitEnds = f.waitEnds[:0]
+	f.takeWaits()
 	f.restored.Add(1)
 	f.mu.Unlock()
 	f.deliver()

@@ -58,11 +58,11 @@ func (n *Node) ListLocks(tenant string, prefix []byte, limit int) []engine.LockI
 	return smallest.Sorted()
 }
 
-// replicaNow is the instant inspection judges leases at, on the
-// replicated clock (Unix ns): this process's wall clock, or the group's
-// clock if that is ahead. The caller holds f.mu.
+// replicaNow is the instant inspection judges leases at, on the group's
+// clock: its time as last applied here, plus this node's monotonic time
+// since. The caller holds f.mu.
 func (f *fsm) replicaNow() time.Duration {
-	return max(f.state.now, time.Duration(time.Now().UnixNano()))
+	return f.state.now + f.clock() - f.nowAppliedAt
 }
 
 // info is l, the lock of key, at now. The hold time is on the same clock
@@ -72,6 +72,9 @@ func (l *lockState) info(key string, now time.Duration) engine.LockInfo {
 	if l.HeldAt(now) {
 		info.Held, info.Token, info.LeaseRemaining = true, l.Token, l.End-now
 		info.HeldFor, info.GrantNode = max(now-l.granted, 0), l.node
+		if l.origin != 0 {
+			info.LeaseRemaining = seconds(l.lease) // not dated yet: all of it (clock.go)
+		}
 	}
 	return info
 }

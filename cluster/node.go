@@ -309,7 +309,7 @@ func (n *Node) newGroup(idx int) *group {
 	perGroup := max(1, (n.cfg.MaxKeys+n.cfg.Groups-1)/n.cfg.Groups)
 	g := &group{n: n, idx: idx, shardID: shardID(n.cfg.Groups, idx), maxKeys: perGroup,
 		kick: make(chan struct{}, 1), slots: make(chan struct{}, proposalsInFlight), freed: make(chan struct{}, 1)}
-	g.buf = make([]byte, headerLen, 4096)
+	g.buf = make([]byte, datedHeaderLen, 4096)
 	g.forgotten = make(map[uint64]bool)
 	g.forgetPastRuns()
 	g.newLeader.Store(new(make(chan struct{})))

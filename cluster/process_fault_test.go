@@ -3,6 +3,7 @@ package cluster
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,23 +19,27 @@ const faultRoundsEnv = "LOCKD_FAULT_ROUNDS"
 
 // shortFaultRounds is the default, `make test`'s short case: the first
 // kinds of faultKinds, those the other process tests do not inflict.
-const shortFaultRounds = 4
+const shortFaultRounds = 6
 
 // A processFault is one kind of round of TestProcessFaultRounds.
 type processFault string
 
 const (
-	faultKillLeader   processFault = "kill -9 of the leader"
-	faultKillFollower processFault = "kill -9 of a follower"
-	faultTermLeader   processFault = "SIGTERM of the leader"
-	faultTermFollower processFault = "SIGTERM of a follower"
-	faultStopLeader   processFault = "SIGSTOP of the leader for 3 s"
-	faultStopFollower processFault = "SIGSTOP of a follower for 3 s"
-	faultPartition    processFault = "partition of the leader"
-	faultRestartAll   processFault = "kill -9 of all three, restart"
+	faultKillLeader    processFault = "kill -9 of the leader"
+	faultKillFollower  processFault = "kill -9 of a follower"
+	faultTermLeader    processFault = "SIGTERM of the leader"
+	faultTermFollower  processFault = "SIGTERM of a follower"
+	faultStopLeader    processFault = "SIGSTOP of the leader for 3 s"
+	faultStopFollower  processFault = "SIGSTOP of a follower for 3 s"
+	faultPartition     processFault = "partition of the leader"
+	faultRestartAll    processFault = "kill -9 of all three, restart"
+	faultClockLeader   processFault = "wall clock of the leader stepped ±1 h"
+	faultClockFollower processFault = "wall clock of a follower stepped ±1 h"
 )
 
-// faultFrozen is how long a SIGSTOP round keeps its node frozen.
+// faultFrozen is how long a SIGSTOP round keeps its node frozen, and a
+// clock-step round its node's wall clock stepped: longer than the leases
+// of the traffic, so that leases granted before the step end during it.
 const faultFrozen = 3 * time.Second
 
 // termGrace bounds how long a SIGTERM'd node may take to drain and exit.
@@ -58,8 +63,11 @@ type faultRound struct {
 // traffic and, round after round, hits them with one kind of fault after
 // the other: kill -9, SIGTERM and SIGSTOP of the leader of one group and
 // of a follower, a partition cutting that leader off (as root, where the
-// nodes run in network namespaces of their own), and kill -9 of the whole
-// cluster followed by its restart. After each fault it measures how long
+// nodes run in network namespaces of their own), kill -9 of the whole
+// cluster followed by its restart, and a step of the leader's or a
+// follower's wall clock by an hour, ahead or behind, for faultFrozen
+// (through the clockhook build of lockd: nothing of a lease may depend
+// on it). After each fault it measures how long
 // until the group's hot key is acquirable again through a node that is
 // up (probeRecovery, which fails the test if that takes a minute), brings
 // the node back, and waits until it serves again before the next round.
@@ -75,9 +83,9 @@ func TestProcessFaultRounds(t *testing.T) {
 	// In turn; the first shortFaultRounds are the kinds TestProcessesKillLeader
 	// and TestProcessesPartitions do not cover.
 	faults := []processFault{faultTermLeader, faultKillFollower, faultRestartAll, faultTermFollower,
-		faultKillLeader, faultStopLeader, faultPartition, faultStopFollower}
+		faultClockLeader, faultClockFollower, faultKillLeader, faultStopLeader, faultPartition, faultStopFollower}
 	dir := t.TempDir()
-	bin := buildLockd(t, dir)
+	bin := buildLockd(t, dir, "clockhook") // a node's wall clock steps through its data dir (cmd/lockd)
 	const groups = 4
 	var (
 		procs   []*proc
@@ -145,6 +153,15 @@ func TestProcessFaultRounds(t *testing.T) {
 			network.isolate(victim)
 			recovered = probeRecovery(t, other, key0, at)
 			network.heal(victim)
+		case faultClockLeader, faultClockFollower:
+			step := time.Hour // ahead, or behind: in turn over the rounds of each kind
+			if (round+round/len(faults))%2 == 1 {
+				step = -step
+			}
+			stepWallClock(t, p, step)
+			recovered = probeRecovery(t, other, key0, at)
+			time.Sleep(time.Until(at.Add(faultFrozen))) // the fault itself: the clock stays stepped this long
+			stepWallClock(t, p, 0)
 		case faultRestartAll:
 			for _, q := range procs {
 				q.kill9()
@@ -207,4 +224,24 @@ func TestProcessFaultRounds(t *testing.T) {
 	if total < 50*rounds/len(faults) {
 		t.Fatalf("only %d grants in %d rounds", total, rounds)
 	}
+}
+
+// stepWallClock sets p's wall clock to run offset from the host's, through
+// the clockhook build's file in its data dir, and waits until p says it
+// took the offset.
+func stepWallClock(t *testing.T, p *proc, offset time.Duration) {
+	t.Helper()
+	dataDir := p.args[slices.Index(p.args, "--data-dir")+1]
+	said := fmt.Sprintf("test hook: wall clock offset %v\n", offset)
+	before := 0
+	if log, err := os.ReadFile(p.log); err == nil {
+		before = strings.Count(string(log), said)
+	}
+	if err := os.WriteFile(filepath.Join(dataDir, "wall-offset"), []byte(offset.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, fmt.Sprintf("node %d's wall clock offset %v", p.id, offset), func() bool {
+		log, _ := os.ReadFile(p.log)
+		return strings.Count(string(log), said) > before
+	})
 }

@@ -132,10 +132,10 @@ type interval struct {
 }
 
 // buildLockd builds the lockd binary into dir.
-func buildLockd(t *testing.T, dir string) string {
+func buildLockd(t *testing.T, dir string, tags ...string) string {
 	t.Helper()
 	bin := filepath.Join(dir, "lockd")
-	build := exec.Command("go", "build", "-o", bin, "../cmd/lockd")
+	build := exec.Command("go", "build", "-tags", strings.Join(tags, ","), "-o", bin, "../cmd/lockd")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build lockd: %v\n%s", err, out)
 	}

@@ -34,8 +34,12 @@ type group struct {
 	fsm     atomic.Pointer[fsm]
 
 	mu    sync.Mutex
-	buf   []byte // header space + commands not yet proposed
+	buf   []byte // header space (datedHeaderLen) + commands not yet proposed
 	count uint32
+	lead  leadership // under mu: this node's leadership, to stamp batches
+	// needStamp asks the proposer for a dated batch even with no command:
+	// a lease or wait started in an undated batch waits for one.
+	needStamp atomic.Bool
 	// orphans are grants to waiters gone from this node, to release;
 	// releasing are those proposed, to be checked again later in case
 	// their proposal was given up (recheckOrphans).
@@ -95,20 +99,53 @@ func (g *group) propose() {
 
 // take swaps out the commands gathered so far as one stamped proposal,
 // in a buffer from proposalBuffers; the next batch gathers in the storage
-// of a recycled one.
+// of a recycled one. A batch of no command goes out only when the group's
+// clock asked for a dated batch (needStamp) and this node can date one.
 func (g *group) take() *bytebufferpool.ByteBuffer {
 	g.dirty.Store(false)
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.count == 0 {
+	stampOnly := g.count == 0
+	if stampOnly && !g.needStamp.Swap(false) {
 		return nil
 	}
-	putHeader(g.buf, time.Now().UnixNano(), g.count)
+	batch := g.buf
+	if g.logFormat.Load() >= logFormat5 {
+		st := g.stamp()
+		if stampOnly && st.elapsed == undated {
+			return nil
+		}
+		putDatedHeader(batch, st, g.count)
+	} else {
+		if stampOnly {
+			return nil
+		}
+		// The wall-clock form, which the builds of the formats before 5
+		// apply (clock.go): in the room the dated header would take.
+		batch = batch[datedHeaderLen-headerLen:]
+		putHeader(batch, g.n.cfg.wall().UnixNano(), g.count)
+	}
 	b := proposalBuffers.Get()
-	b.B, g.buf = g.buf, append(b.B[:0], make([]byte, headerLen)...)
+	b.B, g.buf = batch, append(b.B[:0], make([]byte, datedHeaderLen)...)
 	g.count = 0
 	g.out = append(g.out, b)
 	return b
+}
+
+// stamp dates a batch taken now (clock.go); called with g.mu held.
+func (g *group) stamp() stamp {
+	n := g.n
+	leader, term, ok, err := n.nh.GetLeaderID(g.shardID)
+	if err != nil || !ok {
+		return stamp{elapsed: undated}
+	}
+	var applied uint64
+	var dated appliedBatch
+	if f := g.fsm.Load(); f != nil {
+		applied = f.appliedIndex.Load()
+		dated = *f.lastDated.Load()
+	}
+	return g.lead.stamp(term, leader, n.cfg.NodeID, n.clock(), applied, dated)
 }
 
 // done ends proposal b: its buffer goes back to the pool, and its slot
@@ -315,7 +352,10 @@ func (g *group) proposeOnce(ctx context.Context, b *bytebufferpool.ByteBuffer, d
 	return nil
 }
 
-func binaryCount(b []byte) uint32 { return binary.BigEndian.Uint32(b[9:]) }
+func binaryCount(b []byte) uint32 {
+	_, count, _, _ := readHeader(b)
+	return count
+}
 
 // watch waits for a proposal's fate and sends it again when it was
 // dropped or timed out, or at once when the group's leader changed while

@@ -13,7 +13,7 @@ import (
 // newIdleGroup is a group with no node behind it, for the proposer's
 // buffer handling alone.
 func newIdleGroup() *group {
-	return &group{slots: make(chan struct{}, proposalsInFlight), freed: make(chan struct{}, 1), buf: make([]byte, headerLen, 4096)}
+	return &group{n: &Node{}, slots: make(chan struct{}, proposalsInFlight), freed: make(chan struct{}, 1), buf: make([]byte, datedHeaderLen, 4096)}
 }
 
 // gather queues n acquires of key as the event loops do and takes them as
@@ -81,7 +81,7 @@ func (s slotProbe) Resolve(uint64, engine.Result) { s.held <- len(s.g.slots) }
 // itself. The watcher that ends the proposal later frees nothing twice.
 func TestAppliedProposalFreesItsSlotBeforeAnswering(t *testing.T) {
 	n, g, f := localNode()
-	g.slots, g.freed, g.buf = make(chan struct{}, proposalsInFlight), make(chan struct{}, 1), make([]byte, headerLen, 4096)
+	g.slots, g.freed, g.buf = make(chan struct{}, proposalsInFlight), make(chan struct{}, 1), make([]byte, datedHeaderLen, 4096)
 	probe := slotProbe{g: g, held: make(chan int, 1)}
 	p := &pending{id: n.nextID(), w: probe, owner: 1, start: n.clock(), deadline: n.clock() + time.Minute}
 	n.register(p)

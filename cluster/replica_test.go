@@ -23,7 +23,7 @@ func newReplica(t *testing.T, self uint64) *replica {
 		log: zerolog.Nop()}
 	n.liveness.init(self, map[uint64]string{1: "a", 2: "b", 3: "c"})
 	g := &group{n: n, maxKeys: 1 << 20, kick: make(chan struct{}, 1), forgotten: map[uint64]bool{}}
-	g.buf = make([]byte, headerLen)
+	g.buf = make([]byte, datedHeaderLen)
 	g.newLeader.Store(new(make(chan struct{})))
 	g.pastRunsForgotten.Store(true)
 	f := newFSM(g, 1)

@@ -13,17 +13,25 @@ import (
 )
 
 // groupWrapper drives one group's replicated state the way the nodes do,
-// on a fake clock: every command is stamped with the clock; Tick is the
-// node's wait timers (TimedOut for a wait that elapsed) and then the
-// leader's expiry driver (a lease end for every lease due); a queued
+// on a fake clock: every command is a batch the group's leader dates with
+// its monotonic clock (clock.go), the fake clock; Tick is the node's wait
+// timers (TimedOut for a wait that elapsed) and then the leader's expiry
+// driver (a lease end for every lease due on its clock); a queued
 // request is answered once, by whichever comes first, as the node's
 // request registry does. Cancel is the node's Cancel: the request leaves
 // the registry and its replicated queue entry leaves by a cancel command,
 // so no grant is ever handed to a request nobody waits for (the node
 // releases such a grant, orphans.go, when a cancel applies too late).
 type groupWrapper struct {
-	s        replicated
-	now      time.Duration
+	s       replicated
+	now     time.Duration
+	term    uint64        // the leader's, which dates every batch
+	lead    leadership    // the leader's
+	index   uint64        // of the last batch applied
+	stampAt time.Duration // now at the last batch applied
+	// datedAt is when the leader applied the last batch: at once, but
+	// for a new leader, whenever changeLeader says.
+	datedAt  time.Duration
 	nextID   uint64
 	keyLimit uint32                    // the proposer's share of MaxKeys, carried in each acquire
 	waiting  map[uint64]waitingAcquire // by owner: queued and unanswered
@@ -49,17 +57,34 @@ func newLimitedGroupWrapper(l rulestest.Limits) *groupWrapper {
 	}
 	w := &groupWrapper{
 		s: newReplicated(1), now: 1_700_000_000 * time.Second, nextID: 1 << 40,
-		keyLimit: keyLimit, waiting: make(map[uint64]waitingAcquire),
+		keyLimit: keyLimit, waiting: make(map[uint64]waitingAcquire), term: 1,
 	}
-	w.s.format = logFormat4
+	w.s.format = logFormat5
+	// The group's time and the leader's clock start together.
+	w.s.now, w.stampAt, w.datedAt = w.now, w.now, w.now
+	w.s.date(w.lead.stamp(w.term, 1, 1, w.now, 0, appliedBatch{at: w.now}), 0, &w.out)
 	return w
 }
+
+// changeLeader is an election: the leader of the next term, which applied
+// the last batch lag after it was stamped, dates the batches from now on.
+func (w *groupWrapper) changeLeader(lag time.Duration) {
+	w.term++
+	w.datedAt = w.stampAt + lag
+}
+
+// groupNow is the group's time as the leader's clock says it is now: its
+// time at the last batch, plus the leader's time since.
+func (w *groupWrapper) groupNow() time.Duration { return w.s.now + w.now - w.stampAt }
 
 var _ rulestest.AbandonWrapper = (*groupWrapper)(nil)
 
 // apply runs c and returns the answer to request id, routing the others.
 func (w *groupWrapper) apply(c *command, id uint64) engine.Result {
-	w.s.now = max(w.s.now, w.now)
+	w.index++
+	last := appliedBatch{index: w.s.clock.dated, at: w.datedAt, term: w.s.clock.term, now: w.s.now}
+	w.s.date(w.lead.stamp(w.term, 1, 1, w.now, w.index-1, last), w.index, &w.out)
+	w.stampAt, w.datedAt = w.now, w.now
 	w.s.apply(c, &w.out)
 	w.s.endBatch()
 	var got engine.Result
@@ -164,9 +189,10 @@ func (w *groupWrapper) Tick() {
 			due = append(due, event{at: a.deadline, owner: owner})
 		}
 	}
+	now := w.groupNow()
 	for k, l := range w.s.locks {
-		if l.Lapsed(w.now) {
-			due = append(due, event{at: l.End, key: k})
+		if l.Lapsed(now) {
+			due = append(due, event{at: l.End + w.now - now, key: k})
 		}
 	}
 	slices.SortFunc(due, func(a, b event) int {
@@ -178,7 +204,7 @@ func (w *groupWrapper) Tick() {
 			continue
 		}
 		l := w.s.locks[e.key]
-		if l == nil || !l.Lapsed(w.now) {
+		if l == nil || !l.Lapsed(w.groupNow()) {
 			continue
 		}
 		tenant, key := splitLockKey(e.key)
@@ -398,5 +424,36 @@ func TestCancelOfTheHeadOfALapsedLease(t *testing.T) {
 	}
 	if _, held := w.s.locks[lockKey([]byte("t1"), []byte("k"))]; held {
 		t.Fatal("a lapsed lease with its only waiter cancelled is still held after its lease end")
+	}
+}
+
+// A leader change in the middle of a lease: the new leader applied the
+// grant 500 ms after its leader stamped it, and then the election took
+// 3 s. The group's time goes on from the grant plus the new leader's own
+// time since it applied it, so the lease ends 500 ms late on the real
+// clock, never early, and the waiter behind it is granted then.
+func TestLeaderChangeInTheMiddleOfALease(t *testing.T) {
+	w := newGroupWrapper()
+	if r := w.Acquire("t1", "k", 1, 10*time.Second, 0); r.Outcome != engine.Granted {
+		t.Fatalf("first acquire: %+v", r)
+	}
+	if r := w.Acquire("t1", "k", 2, 10*time.Second, time.Minute); r.Outcome != engine.Queued {
+		t.Fatalf("acquire behind it: %+v", r)
+	}
+	w.Advance(4 * time.Second)
+	w.changeLeader(500 * time.Millisecond)
+	w.Advance(6 * time.Second) // 10 s of the lease on the real clock
+	w.Tick()
+	if r := w.Acquire("t1", "k", 3, time.Second, 0); r.Outcome == engine.Granted {
+		t.Fatalf("an acquire 10 s into the lease, 9.5 s on the group's clock, was granted: %+v", r)
+	}
+	if got := w.Resolutions(); len(got) != 0 {
+		t.Fatalf("resolutions %v before the lease ended on the group's clock", got)
+	}
+	w.Advance(500 * time.Millisecond)
+	w.Tick()
+	want := []rulestest.Resolution{{Owner: 2, Result: engine.Result{Outcome: engine.Granted, Token: 2, Waited: 10 * time.Second}}}
+	if got := w.Resolutions(); !slices.Equal(got, want) {
+		t.Fatalf("at 10.5 s: %v, want %v", got, want)
 	}
 }

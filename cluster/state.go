@@ -29,6 +29,10 @@ import (
 type waitEntry struct {
 	node, id  uint64
 	requester engine.Requester // SPEC §6a; 0 without a session
+	// origin is the index of the undated batch that queued it, until a
+	// dated batch dates it (clock.go), 0 then: the origin of the lease a
+	// handoff gives it.
+	origin uint64
 	engine.Waiting
 }
 
@@ -49,14 +53,20 @@ type lockState struct {
 	// granted is the group's clock when the token was issued, for the
 	// hold time when its lease ends.
 	granted time.Duration
-	queue   []waitEntry
+	// origin is the index of the undated batch that started the lease
+	// (End is pendingEnd) until a dated batch dates it (clock.go); 0
+	// once dated.
+	origin uint64
+	queue  []waitEntry
 }
 
 // replicated is one group's replicated state: the same on every replica
 // that has applied the same log.
 type replicated struct {
 	locks      map[string]*lockState
-	now        time.Duration // max of proposers' clocks seen so far (Unix ns)
+	now        time.Duration // the group's time (clock.go)
+	clock      groupClock
+	batch      batchTime // the batch being applied
 	tokens     engine.TokenCounter
 	keysClosed bool
 	queued     int // waitEntries in all queues
@@ -120,6 +130,10 @@ type applied struct {
 	answers []answer
 	leases  []expiry
 	holds   []time.Duration
+	// waits are the deadlines of the waits the batch queued, on the
+	// group's clock: the leader moves the group's time when one ends
+	// (clock.go), so that the next command passes its waiter.
+	waits []time.Duration
 }
 
 func (a *applied) answer(kind answerKind, key string, node, id uint64, r engine.Result) {
@@ -163,7 +177,7 @@ func (s *replicated) apply(c *command, out *applied) {
 			engine.Keep(&l.Lease, c.token, s.now, seconds(c.lease))
 			l.lease = c.lease
 			l.renewals++
-			out.leases = append(out.leases, expiry{key: k, token: l.Token, renewals: l.renewals, lease: seconds(c.lease)})
+			s.started(k, l, s.batch.origin(), out)
 			if c.id != 0 {
 				out.answer(answerDirect, k, c.node, c.id, engine.Result{Outcome: engine.Renewed, Token: l.Token})
 			}
@@ -225,8 +239,11 @@ func (s *replicated) acquire(k string, c *command, out *applied) {
 		if len(l.queue) >= 64 && len(l.queue)%64 == 0 {
 			s.prune(l) // waiters that timed out stay queued until passed; bound them
 		}
-		l.queue = append(l.queue, waitEntry{node: c.node, id: c.id, requester: c.requester,
-			Waiting: engine.QueueEntry(s.now, time.Duration(c.wait), seconds(c.lease))})
+		w := waitEntry{node: c.node, id: c.id, requester: c.requester, origin: s.queuedAt(k),
+			Waiting: engine.QueueEntry(s.now, time.Duration(c.wait), seconds(c.lease))}
+		w.Deadline = s.batch.waitNow + time.Duration(c.wait)
+		l.queue = append(l.queue, w)
+		out.waits = append(out.waits, w.Deadline)
 		s.queued++
 		out.answer(answerDirect, k, c.node, c.id, engine.Result{Outcome: engine.Queued})
 	}
@@ -243,16 +260,17 @@ func (s *replicated) admitKey(limit int64) bool {
 
 func (s *replicated) grant(k string, l *lockState, node, id uint64, r engine.Requester, lease uint16, out *applied) {
 	s.tokens.Grant(&l.Lease, s.now, seconds(lease))
-	s.granted(k, l, node, id, r, lease, out)
+	s.granted(k, l, node, id, r, lease, s.batch.origin(), out)
 }
 
-// granted records who holds the token just issued to l.
-func (s *replicated) granted(k string, l *lockState, node, id uint64, r engine.Requester, lease uint16, out *applied) {
+// granted records who holds the token just issued to l, whose lease
+// started at origin (clock.go).
+func (s *replicated) granted(k string, l *lockState, node, id uint64, r engine.Requester, lease uint16, origin uint64, out *applied) {
 	l.lease = lease
 	l.renewals = 0
 	l.node, l.id, l.requester = node, id, r
 	l.granted = s.now
-	out.leases = append(out.leases, expiry{key: k, token: l.Token, lease: seconds(lease)})
+	s.started(k, l, origin, out)
 }
 
 // settle frees the lock of k if its lease has lapsed at s.now (SPEC §5), so
@@ -275,10 +293,14 @@ func (s *replicated) free(k string, l *lockState, out *applied) *lockState {
 		l.queue[0] = waitEntry{}
 		l.queue = l.queue[1:]
 		s.queued--
-		r := engine.HandOff(&l.Lease, &s.tokens, math.MaxUint64, w.Waiting, s.now)
+		// At waitNow, never before the group's time: a lease it grants is
+		// never shorter.
+		r := engine.HandOff(&l.Lease, &s.tokens, math.MaxUint64, w.Waiting, s.batch.waitNow)
 		out.answer(answerHandOff, k, w.node, w.id, r)
 		if r.Outcome == engine.Granted {
-			s.granted(k, l, w.node, w.id, w.requester, uint16(w.Lease/time.Second), out)
+			// A waiter queued in a dated batch sent its request before
+			// the time it was queued at, so before s.now.
+			s.granted(k, l, w.node, w.id, w.requester, uint16(w.Lease/time.Second), w.origin, out)
 			return l
 		}
 	}
@@ -354,7 +376,7 @@ func (s *replicated) cancel(k string, node, id uint64) {
 
 // prune drops waiters whose wait has ended (their node answered T already).
 func (s *replicated) prune(l *lockState) {
-	s.dropWaiters(l, func(w waitEntry) bool { return w.Deadline <= s.now })
+	s.dropWaiters(l, func(w waitEntry) bool { return w.Deadline <= s.batch.waitNow })
 }
 
 // dropWaiters removes the entries of l's queue that drop reports, keeping
@@ -381,20 +403,23 @@ func boolByte(v bool) byte {
 	return 0
 }
 
-// Snapshot versions: 7 is log format 3's, 8 format 4's (version.go). A
-// group writes version 8 only once its format is 4, so that every member
-// can read what it writes. The forms of the unreleased formats before 3
+// Snapshot versions: 7 is log format 3's, 8 format 4's, 9 format 5's
+// (version.go). A group writes a version only once its format is the
+// version's, so that every member can read what it writes. The forms of the unreleased formats before 3
 // are refused, and a version this build does not read halts the replica
 // (errUnknownSnapshot).
 //
 //	version u8 | now i64 | tokens last u64 | tokens issued u64 | keys closed u8 |
-//	locks u64 | format u32 | locks × lock [| tombstones u64 | tombstones × tombstone]
+//	locks u64 | format u32 | [clock term u64 | clock leader u64 | clock base i64 | clock dated u64 |]
+//	locks × lock [| tombstones u64 | tombstones × tombstone]
 //
 // a lock is
 //
 //	key len u16 + key | token u64 | lease_s u16 | end i64 | node u64 | id u64 |
-//	[requester u64 |] renewals u32 | granted i64 | waiters u32 |
-//	waiters × (node u64 | id u64 | [requester u64 |] deadline i64 | arrived i64 | lease_s u16)
+//	[requester u64 |] renewals u32 | granted i64 | [origin u64 |] waiters u32 |
+//	waiters × (node u64 | id u64 | [requester u64 |] [origin u64 |] deadline i64 | arrived i64 | lease_s u16)
+//
+// (requesters from version 8 on, the clock and origins from version 9 on)
 //
 // and a tombstone (version 8; in the order engine.Tombstones.All yields,
 // so that laying them again rebuilds the same refusals)
@@ -402,7 +427,8 @@ func boolByte(v bool) byte {
 //	tenant len u8 + tenant | requester u64 | key len u8 + key | laid i64
 const (
 	snapshotVersion7 = 7
-	snapshotVersion  = 8
+	snapshotVersion8 = 8
+	snapshotVersion  = 9
 )
 
 // errUnknownSnapshot is a snapshot version this build does not read.
@@ -413,8 +439,11 @@ func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
 	bw := bufio.NewWriterSize(w, 64<<10)
 	var b []byte
 	version := byte(snapshotVersion7)
-	if s.format >= logFormat4 {
+	switch {
+	case s.format >= logFormat5:
 		version = snapshotVersion
+	case s.format >= logFormat4:
+		version = snapshotVersion8
 	}
 	b = append(b, version)
 	b = binary.BigEndian.AppendUint64(b, uint64(s.now))
@@ -423,6 +452,12 @@ func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
 	b = append(b, boolByte(s.keysClosed))
 	b = binary.BigEndian.AppendUint64(b, uint64(len(s.locks)))
 	b = binary.BigEndian.AppendUint32(b, s.format)
+	if version >= snapshotVersion {
+		b = binary.BigEndian.AppendUint64(b, s.clock.term)
+		b = binary.BigEndian.AppendUint64(b, s.clock.leader)
+		b = binary.BigEndian.AppendUint64(b, uint64(s.clock.base))
+		b = binary.BigEndian.AppendUint64(b, s.clock.dated)
+	}
 	if _, err := bw.Write(b); err != nil {
 		return err
 	}
@@ -443,17 +478,23 @@ func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
 		b = binary.BigEndian.AppendUint64(b, uint64(l.End))
 		b = binary.BigEndian.AppendUint64(b, l.node)
 		b = binary.BigEndian.AppendUint64(b, l.id)
-		if version >= snapshotVersion {
+		if version >= snapshotVersion8 {
 			b = binary.BigEndian.AppendUint64(b, uint64(l.requester))
 		}
 		b = binary.BigEndian.AppendUint32(b, l.renewals)
 		b = binary.BigEndian.AppendUint64(b, uint64(l.granted))
+		if version >= snapshotVersion {
+			b = binary.BigEndian.AppendUint64(b, l.origin)
+		}
 		b = binary.BigEndian.AppendUint32(b, uint32(len(l.queue)))
 		for _, q := range l.queue {
 			b = binary.BigEndian.AppendUint64(b, q.node)
 			b = binary.BigEndian.AppendUint64(b, q.id)
-			if version >= snapshotVersion {
+			if version >= snapshotVersion8 {
 				b = binary.BigEndian.AppendUint64(b, uint64(q.requester))
+			}
+			if version >= snapshotVersion {
+				b = binary.BigEndian.AppendUint64(b, q.origin)
 			}
 			b = binary.BigEndian.AppendUint64(b, uint64(q.Deadline))
 			b = binary.BigEndian.AppendUint64(b, uint64(q.Arrived))
@@ -463,7 +504,7 @@ func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
 			return err
 		}
 	}
-	if version >= snapshotVersion {
+	if version >= snapshotVersion8 {
 		b = binary.BigEndian.AppendUint64(b[:0], uint64(s.tombstones.Len()))
 		for tenant, ts := range s.tombstones.All() {
 			b = append(b, byte(len(tenant)))
@@ -494,8 +535,8 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 		return replicated{}, err
 	}
 	version := hdr[0]
-	if version != snapshotVersion7 && version != snapshotVersion {
-		return replicated{}, fmt.Errorf("%w version %d (this build reads %d and %d)", errUnknownSnapshot, version, snapshotVersion7, snapshotVersion)
+	if version < snapshotVersion7 || version > snapshotVersion {
+		return replicated{}, fmt.Errorf("%w version %d (this build reads %d to %d)", errUnknownSnapshot, version, snapshotVersion7, snapshotVersion)
 	}
 	if _, err := io.ReadFull(br, hdr[1:]); err != nil {
 		return replicated{}, err
@@ -507,13 +548,23 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 	s.keysClosed = hdr[25] == 1
 	s.format = be.Uint32(hdr[34:])
 	nLocks := be.Uint64(hdr[26:])
-	requesterLen := 0
-	if version >= snapshotVersion {
+	requesterLen, originLen := 0, 0
+	if version >= snapshotVersion8 {
 		requesterLen = 8
 	}
-	lockLen := 8 + 2 + 8 + 8 + 8 + requesterLen + 4 + 8 + 4
-	waitEntryLen := 8 + 8 + requesterLen + 8 + 8 + 2
-	var buf [8 + 2 + 8 + 8 + 8 + 8 + 4 + 8 + 4]byte
+	if version >= snapshotVersion {
+		originLen = 8
+		var clock [8 + 8 + 8 + 8]byte
+		if _, err := io.ReadFull(br, clock[:]); err != nil {
+			return replicated{}, err
+		}
+		s.clock.term, s.clock.leader = be.Uint64(clock[:]), be.Uint64(clock[8:])
+		s.clock.base = time.Duration(be.Uint64(clock[16:]))
+		s.clock.dated = be.Uint64(clock[24:])
+	}
+	lockLen := 8 + 2 + 8 + 8 + 8 + requesterLen + 4 + 8 + originLen + 4
+	waitEntryLen := 8 + 8 + requesterLen + originLen + 8 + 8 + 2
+	var buf [8 + 2 + 8 + 8 + 8 + 8 + 4 + 8 + 8 + 4]byte
 	for i := uint64(0); i < nLocks; i++ {
 		if i%4096 == 4095 {
 			select {
@@ -545,7 +596,12 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 		}
 		l.renewals = be.Uint32(buf[at:])
 		l.granted = time.Duration(be.Uint64(buf[at+4:]))
-		nq := int(be.Uint32(buf[at+12:]))
+		at += 12
+		if originLen > 0 {
+			l.origin = be.Uint64(buf[at:])
+			at += 8
+		}
+		nq := int(be.Uint32(buf[at:]))
 		for range nq {
 			if _, err := io.ReadFull(br, buf[:waitEntryLen]); err != nil {
 				return replicated{}, err
@@ -554,6 +610,10 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 			at := 16
 			if requesterLen > 0 {
 				w.requester = engine.Requester(be.Uint64(buf[at:]))
+				at += 8
+			}
+			if originLen > 0 {
+				w.origin = be.Uint64(buf[at:])
 				at += 8
 			}
 			w.Waiting = engine.Waiting{
@@ -567,11 +627,12 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 		s.locks[string(kb)] = l
 		s.tenantKeys[tenantOf(string(kb))]++
 	}
-	if version >= snapshotVersion {
+	if version >= snapshotVersion8 {
 		if err := restoreTombstones(br, s.tombstones); err != nil {
 			return replicated{}, err
 		}
 	}
+	s.rebuildPending()
 	return s, nil
 }
 

@@ -45,7 +45,7 @@ const (
 // every group through it: it has caught up). It asserts no exclusion or
 // fencing violation (the history checker), no indeterminate outcome, no
 // key more than 2 s without a grant, the groups' log format 3 while a
-// node of the previous build is a member and 4 once none is; and then
+// node of the previous build is a member and the newest once none is; and then
 // that the previous build, started on an upgraded node's data dir,
 // halts its replicas there and says why, and this build then starts on
 // it again.
@@ -94,13 +94,13 @@ func TestProcessRollingUpgrade(t *testing.T) {
 		lt.await(t, grants, fmt.Sprintf("after node %d's upgrade", p.id))
 	}
 	for _, p := range procs {
-		waitFor(t, 30*time.Second, fmt.Sprintf("node %d's groups at log format 4", p.id), func() bool {
-			return slices.Equal(logFormats(t, p), []float64{4, 4})
+		waitFor(t, 30*time.Second, fmt.Sprintf("node %d's groups at log format %d", p.id, logFormatNewest), func() bool {
+			return slices.Equal(logFormats(t, p), []float64{logFormatNewest, logFormatNewest})
 		})
 	}
 
 	// The downgrade: every replica snapshots once its group's format rose,
-	// so the previous build meets snapshot version 8 at start.
+	// so the previous build meets the newest snapshot version at start.
 	victim := procs[0]
 	waitFor(t, 30*time.Second, "node 1's snapshots after the format rose", func() bool {
 		return groupsSnapshotSince(t, victim, lastUpgrade) == upgradeGroups
@@ -109,9 +109,10 @@ func TestProcessRollingUpgrade(t *testing.T) {
 	// groups E unavailable), and its log says what they met.
 	drain(t, victim)
 	victim.start(t, prev)
-	waitFor(t, time.Minute, "the previous build's replicas to halt on snapshot version 8", func() bool {
+	refused := fmt.Sprintf("snapshot version %d (this build reads 7)", snapshotVersion)
+	waitFor(t, time.Minute, "the previous build's replicas to halt on "+refused, func() bool {
 		log, _ := os.ReadFile(victim.log)
-		return strings.Count(string(log), "snapshot version 8 (this build reads 7)") >= upgradeGroups
+		return strings.Count(string(log), refused) >= upgradeGroups
 	})
 	drain(t, victim)
 	victim.start(t, cur)

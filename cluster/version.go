@@ -42,11 +42,16 @@ const (
 	// requesters of grants and waiters, and the tombstones). A node
 	// serves §6a only once every group is at format 4 (ServesAbandon).
 	logFormat4 = 4
+	// logFormat5 dates batches by the leader's monotonic clock rather
+	// than proposers' wall clocks (clock.go): batch version 3 and
+	// snapshot version 9 (the group clock's leadership, and the origins
+	// of starts not yet dated).
+	logFormat5 = 5
 	// logFormatBase is the format a new group starts at, and the oldest
 	// this build reads.
 	logFormatBase = logFormat3
 	// logFormatNewest is the newest format this build reads and states.
-	logFormatNewest = logFormat4
+	logFormatNewest = logFormat5
 )
 
 // The statement of a node's format, inside a transport frame of kind
@@ -261,9 +266,11 @@ func (n *Node) raiseFormat(ctx context.Context, g *group) {
 			}
 		}
 	}
-	// A batch of its own: no request's command waits on the raise.
+	// A batch of its own: no request's command waits on the raise. In
+	// the form the group reads until it rose, stamped as that form is
+	// (clock.go): the first leader-dated batch continues from its time.
 	b := make([]byte, headerLen, headerLen+16)
-	putHeader(b, time.Now().UnixNano(), 1)
+	putHeader(b, n.cfg.wall().UnixNano(), 1)
 	b = appendFormat(b, logFormatNewest)
 	if _, err := n.nh.SyncPropose(ctx, n.nh.GetNoOPSession(g.shardID), b); err != nil {
 		n.log.Debug().Err(err).Uint64("group", g.shardID).Msg("log format raise not committed; asked again")

@@ -228,7 +228,7 @@ func gaugeOf(t *testing.T, n *Node, name string) float64 {
 // newer one: not while a member is down (it states nothing, as a node
 // of an older build does), and as soon as it is back. A node serves §6a
 // (ServesAbandon) only once every group rose. After the raise the
-// replicas snapshot in version 8.
+// replicas snapshot in the newest version.
 func TestFormatRisesWhenEveryMemberReadsIt(t *testing.T) {
 	// Passes 3 s apart: member 3 stops before the first, which could
 	// raise the formats.
@@ -255,10 +255,10 @@ func TestFormatRisesWhenEveryMemberReadsIt(t *testing.T) {
 	n3 := tc.restart(3)
 	for _, n := range []*Node{n1, n2, n3} {
 		for i := range 2 {
-			waitUntil(t, 15*time.Second, "the format to rise on every replica", func() bool { return n.LogFormat(i) == logFormat4 })
+			waitUntil(t, 15*time.Second, "the format to rise on every replica", func() bool { return n.LogFormat(i) == logFormatNewest })
 		}
 		if !n.ServesAbandon() {
-			t.Errorf("node %d does not serve §6a with every group at format 4", n.ID())
+			t.Errorf("node %d does not serve §6a with every group at format %d", n.ID(), logFormatNewest)
 		}
 	}
 	var snap bytes.Buffer
@@ -268,13 +268,13 @@ func TestFormatRisesWhenEveryMemberReadsIt(t *testing.T) {
 	}
 }
 
-// A node that states no format is not added to a group whose format is 4 (above the base), with an error
+// A node that states no format is not added to a group whose format is above the base, with an error
 // that says why; a node of this build is.
 func TestAddMemberRefusesAnOlderFormat(t *testing.T) {
 	tc := newTestCluster(t, 1, func(c *Config) { c.Groups = 2 })
 	n := tc.node(1)
 	for i := range 2 {
-		waitUntil(t, 10*time.Second, "a one-node group's format to rise", func() bool { return n.LogFormat(i) == logFormat4 })
+		waitUntil(t, 10*time.Second, "a one-node group's format to rise", func() bool { return n.LogFormat(i) == logFormatNewest })
 	}
 	silent, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -293,7 +293,7 @@ func TestAddMemberRefusesAnOlderFormat(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	err = n.AddMember(ctx, 2, silent.Addr().String())
-	if !errors.Is(err, ErrMemberFormat) || !strings.Contains(err.Error(), "log format 4") || !strings.Contains(err.Error(), "stated none") {
+	if !errors.Is(err, ErrMemberFormat) || !strings.Contains(err.Error(), fmt.Sprintf("log format %d", logFormatNewest)) || !strings.Contains(err.Error(), "stated none") {
 		t.Fatalf("AddMember of a silent node: %v, want ErrMemberFormat naming the formats", err)
 	}
 	m, err := n.Members(ctx)

@@ -118,6 +118,9 @@ func serve(opts serveOptions, level zerolog.Level) error {
 		cc.TenantLimits = cfg.Engine.TenantLimits
 		cc.Logger = cfg.Logger
 		cc.Build = strings.ReplaceAll(strings.TrimSpace(version.String("lockd")), "\n", ", ")
+		if wallClockHook != nil {
+			cc.WallClock = wallClockHook(cc.DataDir)
+		}
 		var err error
 		if node, err = cluster.Start(cc); err != nil {
 			return err
