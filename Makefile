@@ -31,7 +31,7 @@ help:
 	@echo "make bench-peers  lockd vs Redis (through rueidis and go-redis) vs etcd on loopback (installs redis-server, etcd-server if missing)"
 	@echo "make bench-cluster  3-node lockd cluster vs 3-node etcd cluster on loopback, data on disk, fsync on (installs etcd-server if missing)"
 	@echo "make bench-failover  3-node lockd cluster under contended load, kill -9, SIGTERM and SIGSTOP of its leader and of a follower (FAILOVER_FLAGS for more lockbench flags)"
-	@echo "make fault-test  the multi-process fault test, $(FAULT_ROUNDS) rounds of faults and (as root) $(NETEM_ROUNDS) of slow, lossy peer links under lock traffic with the history checker"
+	@echo "make fault-test  the multi-process fault test, $(FAULT_ROUNDS) rounds of faults (kills, stops, partitions, wall-clock steps) and (as root) $(NETEM_ROUNDS) of slow, lossy peer links under lock traffic with the history checker"
 	@echo "make upgrade-test  the rolling upgrade from the build in cluster/testdata/upgrade-from to this one under lock traffic, $(UPGRADE_GRANTS) grants per step"
 	@echo "make bench-gate  lockbench's baseline gate on this machine: false alarms over GATE_TRIALS (default $(GATE_TRIALS)) self-comparisons, and how many repeats a 10 % slowdown needs"
 	@echo "make fuzz    each fuzz target for FUZZTIME (default $(FUZZTIME))"
