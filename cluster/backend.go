@@ -62,11 +62,9 @@ func (n *Node) Acquire(ns engine.Namespace, key []byte, owner uint64, r engine.R
 	if g.logFormat.Load() < logFormat4 {
 		r = 0 // the group cannot record it yet; no ABANDON is served until it can (ServesAbandon)
 	}
-	g.mu.Lock()
-	g.buf = appendAcquire(g.buf, n.cfg.NodeID, p.id, uint16(lease/time.Second), int64(wait), uint32(g.maxKeys), r, tenant, key)
-	g.count++
-	g.mu.Unlock()
-	g.dirty.Store(true)
+	g.queue(func(b []byte) []byte {
+		return appendAcquire(b, n.cfg.NodeID, p.id, uint16(lease/time.Second), int64(wait), uint32(g.maxKeys), r, tenant, key)
+	})
 	return engine.Result{Outcome: engine.Queued}, p
 }
 
@@ -112,7 +110,7 @@ func (n *Node) Release(ns engine.Namespace, key []byte, owner, token uint64, w e
 	if w != nil {
 		id = n.registerUngated(owner, w)
 	}
-	g.enqueueRelease(id, token, tenant, key)
+	g.queue(func(b []byte) []byte { return appendRelease(b, n.cfg.NodeID, id, token, tenant, key) })
 	if w == nil {
 		g.propose()
 	}
@@ -134,11 +132,9 @@ func (n *Node) Keep(ns engine.Namespace, key []byte, owner, token uint64, lease 
 		id = n.registerUngated(owner, w)
 	}
 	renewals := g.fsm.Load().renewalsOf(lockKey([]byte(tenant), key), token)
-	g.mu.Lock()
-	g.buf = appendKeep(g.buf, n.cfg.NodeID, id, token, renewals, uint16(lease/time.Second), tenant, key)
-	g.count++
-	g.mu.Unlock()
-	g.dirty.Store(true)
+	g.queue(func(b []byte) []byte {
+		return appendKeep(b, n.cfg.NodeID, id, token, renewals, uint16(lease/time.Second), tenant, key)
+	})
 	return engine.Result{Outcome: engine.Queued}
 }
 
@@ -149,14 +145,6 @@ func (n *Node) registerUngated(owner uint64, w engine.Waiter) uint64 {
 	p := &pending{id: n.nextID(), w: w, owner: owner, start: now, deadline: now + n.cfg.ProposeTimeout, ungated: true}
 	n.register(p)
 	return p.id
-}
-
-func (g *group) enqueueRelease(id, token uint64, tenant string, key []byte) {
-	g.mu.Lock()
-	g.buf = appendRelease(g.buf, g.n.cfg.NodeID, id, token, tenant, key)
-	g.count++
-	g.mu.Unlock()
-	g.dirty.Store(true)
 }
 
 // Abandon proposes SPEC §6a ABANDON of the request tagged r on key (a
@@ -174,11 +162,7 @@ func (n *Node) Abandon(ns engine.Namespace, key []byte, owner uint64, r engine.R
 	if w != nil {
 		id = n.registerUngated(owner, w)
 	}
-	g.mu.Lock()
-	g.buf = appendAbandon(g.buf, n.cfg.NodeID, id, r, tenant, key)
-	g.count++
-	g.mu.Unlock()
-	g.dirty.Store(true)
+	g.queue(func(b []byte) []byte { return appendAbandon(b, n.cfg.NodeID, id, r, tenant, key) })
 	return engine.Result{Outcome: engine.Queued}
 }
 
@@ -231,11 +215,7 @@ func (n *Node) Cancel(h engine.Handle) {
 // connection closed, so it wakes the proposer itself.
 func (g *group) cancel(key string, id uint64) {
 	tenant, k := splitLockKey(key)
-	g.mu.Lock()
-	g.buf = appendCancel(g.buf, g.n.cfg.NodeID, id, tenant, k)
-	g.count++
-	g.mu.Unlock()
-	g.dirty.Store(true)
+	g.queue(func(b []byte) []byte { return appendCancel(b, g.n.cfg.NodeID, id, tenant, k) })
 	g.propose()
 }
 

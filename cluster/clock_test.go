@@ -293,13 +293,12 @@ func TestLeaderAsksForADateWhileAStartIsUndated(t *testing.T) {
 		if got := g.needStamp.Swap(false); got != leading {
 			t.Fatalf("leading %v: a dated batch asked for: %v", leading, got)
 		}
-		view := leaderView{leader: 2, term: 4}
+		obs := observed{leader: 2, gatherOn: 1, heard: r.n().liveness.heardAt()}
 		if leading {
-			view.leader = 1
+			obs.leader = 1
 		}
-		step := g.expiryStep(time.Second, view, 1)
-		if got := g.needStamp.Load(); got != leading || step.propose != leading {
-			t.Fatalf("leading %v: the housekeeping pass asked for a dated batch: %v (propose %v)", leading, got, step.propose)
+		if out := g.step(time.Second, obs); out.stamp != leading {
+			t.Fatalf("leading %v: the housekeeping pass asked for a dated batch: %v", leading, out.stamp)
 		}
 	}
 }

@@ -51,15 +51,6 @@ const (
 	DefaultSnapshotEntries    = 10000
 	DefaultCompactionOverhead = 2000
 	DefaultProposeTimeout     = 2 * time.Second
-	// expiryHousekeeping bounds how long the expiry driver sleeps: it
-	// wakes at its next lease deadline and when a group's leader changes,
-	// and at least this often for what is judged by elapsed time (silent
-	// peers, leader placement, orphan rechecks, and leases applied since,
-	// which last at least a second). A short fixed tick instead costs an
-	// idle cluster much of its CPU (docs/cluster.md, Performance).
-	expiryHousekeeping = 250 * time.Millisecond
-	// expireRetry re-arms a due lease whose expire proposal may be lost.
-	expireRetry = 500 * time.Millisecond
 	// proposalsInFlight per group and node: enough to overlap one batch's
 	// commit with the next one's send, few enough that requests arriving
 	// meanwhile are batched (group commit).
@@ -134,7 +125,7 @@ type Config struct {
 	// peer, before it drops that peer's queued waiters (cmdForget), so
 	// that a freed lock goes to a live waiter; default two election
 	// timeouts. The group's previous leader is given one election timeout
-	// at most (expiry.go, forgetSilentPeers).
+	// at most (housekeeping.go, silentPeers).
 	ForgetAfter time.Duration
 
 	// RaftTLS, when set, runs the Raft transport over mutual TLS
@@ -162,6 +153,12 @@ type Config struct {
 	FS     config.IFS
 	Logger zerolog.Logger
 
+	// Clock, when set, is this node's monotonic clock, the time since an
+	// arbitrary origin: leases, waits, request deadlines, peer liveness
+	// and the housekeeping pass read it. nil is the process's monotonic
+	// clock from Start; tests pass a fake one.
+	Clock func() time.Duration
+
 	// WallClock, when set, is this node's wall clock instead of
 	// time.Now: a test hook that skews or steps it. A wall clock dates
 	// only the batches of the log formats before 5 (clock.go).
@@ -177,6 +174,10 @@ func (c *Config) wall() time.Time {
 }
 
 func (c *Config) applyDefaults() error {
+	if c.Clock == nil {
+		start := time.Now()
+		c.Clock = func() time.Duration { return time.Since(start) }
+	}
 	c.RTT = defaults.Or(c.RTT, DefaultRTT)
 	c.ElectionRTT = defaults.Or(c.ElectionRTT, DefaultElectionRTT)
 	c.AttemptTimeout = defaults.Or(c.AttemptTimeout, max(100*time.Millisecond, 2*time.Duration(c.ElectionRTT)*c.RTT))

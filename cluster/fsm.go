@@ -134,8 +134,9 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 // takeLeases gives the grants and renewals just applied their deadline,
 // now + lease on this replica's clock, read after the apply, so that no
 // replica ends a lease before the client's own bound (send instant +
-// waited + lease). The expiry driver is not woken: a lease lasts at least
-// a second, so it ends after the driver's next pass (expiryHousekeeping),
+// waited + lease). The housekeeping loop is not woken: a lease lasts at
+// least a second, so it ends after the loop's next pass
+// (housekeepingInterval),
 // and a wake-up per batch would cost a context switch per commit on every
 // node.
 func (f *fsm) takeLeases(now time.Duration) {

@@ -4,8 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	"github.com/lockd/lockd/engine"
 )
 
@@ -87,7 +85,7 @@ func TestNewLeaderKeepsTheOtherFollowersWaiters(t *testing.T) {
 	}
 	nx := tc.node(x)
 	waitUntil(t, 20*time.Second, "node x's record of node z older than ForgetAfter", func() bool {
-		return nx.clock()-time.Duration(nx.liveness.snapshot()[z].Load()) > nx.cfg.ForgetAfter
+		return nx.clock()-nx.liveness.heardAt()[z] > nx.cfg.ForgetAfter
 	})
 	holder := acquire(t, tc.node(y), rec, 1, key, time.Minute, 0)
 	if holder.Outcome != engine.Granted {
@@ -106,50 +104,5 @@ func TestNewLeaderKeepsTheOtherFollowersWaiters(t *testing.T) {
 	}
 	if r, answered := rec.peek(2); answered {
 		t.Fatalf("node z's waiter was answered: %+v", r)
-	}
-}
-
-// The silent-peer rule on a fake clock: which peers a group's leader
-// (node 1) takes for dead, and when. Node 2 led the group before it.
-func TestForgetSilentPeersRule(t *testing.T) {
-	const (
-		election    = 400 * time.Millisecond
-		forgetAfter = 800 * time.Millisecond
-		leaderSince = 10 * time.Second // node 1 became leader then
-	)
-	for _, tc := range []struct {
-		name          string
-		heard2        time.Duration // last message from node 2 (the previous leader)
-		heard3        time.Duration // last message from node 3 (a follower all along)
-		now           time.Duration
-		wantForgotten []uint64
-	}{
-		{"just elected: the dead previous leader goes at once", leaderSince - election - time.Millisecond, 0, leaderSince, []uint64{2}},
-		{"just elected: a follower never heard as a follower stays", leaderSince - time.Millisecond, 0, leaderSince + time.Millisecond, nil},
-		{"the previous leader, alive, answering heartbeats", leaderSince + 900*time.Millisecond, leaderSince + 900*time.Millisecond, leaderSince + time.Second, nil},
-		{"a follower silent for ForgetAfter of leadership goes", leaderSince + forgetAfter, 0, leaderSince + forgetAfter + time.Millisecond, []uint64{3}},
-		{"a follower silent a little less stays", leaderSince + time.Second, leaderSince + 300*time.Millisecond, leaderSince + time.Second, nil},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			n := &Node{cfg: Config{NodeID: 1, RTT: 50 * time.Millisecond, ElectionRTT: 8, ForgetAfter: forgetAfter}, log: zerolog.Nop()}
-			n.liveness.init(1, map[uint64]string{1: "a", 2: "b", 3: "c"})
-			n.liveness.heard(2, tc.heard2)
-			n.liveness.heard(3, tc.heard3)
-			g := &group{n: n, kick: make(chan struct{}, 1), forgotten: map[uint64]bool{}, prevLeader: 2, leaderSince: leaderSince}
-			g.fsm.Store(newFSM(g, 1))
-			g.forgetSilentPeers(tc.now)
-			var got []uint64
-			for _, peer := range []uint64{2, 3} {
-				if g.forgotten[peer] {
-					got = append(got, peer)
-				}
-			}
-			if len(got) != len(tc.wantForgotten) || (len(got) > 0 && got[0] != tc.wantForgotten[0]) {
-				t.Fatalf("forgotten %v, want %v", got, tc.wantForgotten)
-			}
-			if int(g.count) != len(got) {
-				t.Fatalf("%d forget commands queued for %d forgotten peers", g.count, len(got))
-			}
-		})
 	}
 }

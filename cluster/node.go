@@ -68,7 +68,6 @@ type Node struct {
 	log    zerolog.Logger
 	nh     *dragonboat.NodeHost
 	groups []*group
-	start  time.Time
 
 	idBase  atomic.Uint64 // waiter/request ids: random base, then +1
 	idFirst uint64        // first id of this run (without the top bit)
@@ -84,9 +83,9 @@ type Node struct {
 	wakeReg chan struct{}
 	links   peerLinks        // send-agains to peers (peerlink.go)
 	formats formatStatements // the log formats peers stated (version.go)
-	// wakeExpiry wakes the expiry driver before its timer: a group's
-	// leader changed.
-	wakeExpiry chan struct{}
+	// housekeepingDue wakes the housekeeping loop before its timer: a
+	// group's leader changed.
+	housekeepingDue chan struct{}
 
 	inflight *engine.AdmissionGate
 	waiters  *engine.AdmissionGate
@@ -248,15 +247,14 @@ func Start(cfg Config) (*Node, error) {
 // the gates, the liveness record and this run's request ids.
 func newNode(cfg Config) (*Node, error) {
 	n := &Node{
-		cfg:        cfg,
-		log:        cfg.Logger,
-		start:      time.Now(),
-		reg:        make(map[uint64]*pending),
-		wakeReg:    make(chan struct{}, 1),
-		wakeExpiry: make(chan struct{}, 1),
-		inflight:   engine.NewAdmissionGate(cfg.MaxInflight),
-		waiters:    engine.NewAdmissionGate(cfg.MaxWaiters),
-		quotas:     engine.NewTenantQuotas(cfg.TenantLimits),
+		cfg:             cfg,
+		log:             cfg.Logger,
+		reg:             make(map[uint64]*pending),
+		wakeReg:         make(chan struct{}, 1),
+		housekeepingDue: make(chan struct{}, 1),
+		inflight:        engine.NewAdmissionGate(cfg.MaxInflight),
+		waiters:         engine.NewAdmissionGate(cfg.MaxWaiters),
+		quotas:          engine.NewTenantQuotas(cfg.TenantLimits),
 	}
 	n.liveness.init(cfg.NodeID, cfg.Peers)
 	n.links.n = n
@@ -307,11 +305,12 @@ func (n *Node) nodeHostConfig(sources *raftnet.Sources) config.NodeHostConfig {
 // forget of this node's earlier runs' waiters.
 func (n *Node) newGroup(idx int) *group {
 	perGroup := max(1, (n.cfg.MaxKeys+n.cfg.Groups-1)/n.cfg.Groups)
-	g := &group{n: n, idx: idx, shardID: shardID(n.cfg.Groups, idx), maxKeys: perGroup,
-		kick: make(chan struct{}, 1), slots: make(chan struct{}, proposalsInFlight), freed: make(chan struct{}, 1)}
+	g := &group{n: n, idx: idx, shardID: shardID(n.cfg.Groups, idx), maxKeys: perGroup, proposer: proposer{
+		kick: make(chan struct{}, 1), slots: make(chan struct{}, proposalsInFlight), freed: make(chan struct{}, 1)}}
 	g.buf = make([]byte, datedHeaderLen, 4096)
-	g.forgotten = make(map[uint64]bool)
-	g.forgetPastRuns()
+	g.house.forgotten = make(map[uint64]bool)
+	forget := n.pastRunsForget()
+	g.queue(func(b []byte) []byte { return append(b, forget...) })
 	g.newLeader.Store(new(make(chan struct{})))
 	return g
 }
@@ -362,8 +361,8 @@ func (n *Node) replicaConfig(g *group) config.Config {
 	}
 }
 
-// run starts the node's goroutines: a proposer per group, the expiry
-// driver, the request timers and the monitor anchor; then every group's
+// run starts the node's goroutines: a proposer per group, the
+// housekeeping loop, the request timers and the monitor anchor; then every group's
 // first proposal.
 func (n *Node) run() {
 	for _, g := range n.groups {
@@ -371,7 +370,7 @@ func (n *Node) run() {
 		go func() { defer n.wg.Done(); g.proposeLoop(n.ctx) }()
 	}
 	n.wg.Add(3)
-	go func() { defer n.wg.Done(); n.expiryLoop(n.ctx) }()
+	go func() { defer n.wg.Done(); n.housekeepingLoop(n.ctx) }()
 	go func() { defer n.wg.Done(); n.timerLoop(n.ctx) }()
 	go func() { defer n.wg.Done(); n.formatLoop(n.ctx) }()
 	if n.anchor != nil {
@@ -445,7 +444,8 @@ func (n *Node) Token(tenant string, key []byte) uint64 {
 	return f.tokenOf(lockKey([]byte(tenant), key))
 }
 
-func (n *Node) clock() time.Duration { return time.Since(n.start) }
+// clock is the node's monotonic clock (Config.Clock).
+func (n *Node) clock() time.Duration { return n.cfg.Clock() }
 
 func (n *Node) nextID() uint64 { return n.idBase.Add(1) | 1<<63 }
 

@@ -25,26 +25,38 @@ import (
 // pin its memory.
 var proposalBuffers bytebufferpool.Pool
 
-// group is this node's side of one Raft group.
+// group is this node's side of one Raft group: its replica, its
+// proposer, its orphan releases and its housekeeping.
 type group struct {
 	n       *Node
 	idx     int
 	shardID uint64
 	maxKeys int
 	fsm     atomic.Pointer[fsm]
+	// logFormat is the group's log format as this replica last applied
+	// it, for the writers of format-4 commands on the request path.
+	logFormat atomic.Uint32
+	// leading is whether this node led the group at the housekeeping
+	// step's last pass (for the hold-time metric and the stamp requests).
+	leading atomic.Bool
 
+	proposer
+	orphans orphanQueue
+	house   housekeeper
+}
+
+// proposer is a group's batch in the making and its proposals in flight.
+type proposer struct {
+	// mu guards buf, count, lead and out. No path holds it together
+	// with the node's regMu or the group's fsm.mu (stamp reads the
+	// replica through atomics).
 	mu    sync.Mutex
 	buf   []byte // header space (datedHeaderLen) + commands not yet proposed
 	count uint32
-	lead  leadership // under mu: this node's leadership, to stamp batches
+	lead  leadership // this node's leadership, to stamp batches
 	// needStamp asks the proposer for a dated batch even with no command:
 	// a lease or wait started in an undated batch waits for one.
 	needStamp atomic.Bool
-	// orphans are grants to waiters gone from this node, to release;
-	// releasing are those proposed, to be checked again later in case
-	// their proposal was given up (recheckOrphans).
-	orphans   []expiry
-	releasing []orphanCheck
 	dirty     atomic.Bool
 	kick      chan struct{}
 	// slots bounds this node's proposals in flight for the group: while
@@ -53,31 +65,11 @@ type group struct {
 	// wait; freed signals a slot coming back.
 	slots chan struct{}
 	freed chan struct{}
-	// out holds the proposals whose slots are held (under mu): the apply
-	// of one frees its slot at once (appliedOwn), not when its watcher
-	// hears of the result, after the answers it carried were delivered
-	// and the next requests may have found no slot free.
+	// out holds the proposals whose slots are held: the apply of one
+	// frees its slot at once (appliedOwn), not when its watcher hears of
+	// the result, after the answers it carried were delivered and the
+	// next requests may have found no slot free.
 	out []*bytebufferpool.ByteBuffer
-
-	wasLeader bool     // expiry driver only
-	due       []expiry // expiry driver only: the lease ends of one pass
-	// logFormat is the group's log format as this replica last applied
-	// it, for the writers of format-4 commands on the request path.
-	logFormat atomic.Uint32
-	// leading is whether this node led the group at the expiry driver's
-	// last pass (for the hold-time metric).
-	leading   atomic.Bool
-	forgotten map[uint64]bool // expiry driver only: peers whose waiters this leader dropped
-	// pastRunsForgotten is set once this run's forget of its earlier
-	// runs' waiters has applied; until then the expiry driver proposes it
-	// again every propose timeout (a proposal can be given up while the
-	// restarted node catches up).
-	pastRunsForgotten atomic.Bool
-	forgetSentAt      time.Duration   // expiry driver only
-	leaderSeen        uint64          // expiry driver only
-	prevLeader        uint64          // expiry driver only: the leader before leaderSeen
-	leaderSince       time.Duration   // expiry driver only: when this node last became leader
-	placement         leaderPlacement // expiry driver only
 	// newLeader is closed, and replaced, when the group's leader changes:
 	// proposals in flight then go out again at once (see watch).
 	newLeader atomic.Pointer[chan struct{}]
@@ -449,7 +441,9 @@ func (n *Node) onSendAgain(b []byte) {
 	}
 }
 
-// queue appends one command, built by add, to g's next batch.
+// queue appends one command, built by add, to g's next batch; the next
+// event-loop Flush, or a propose, sends it. It is the only writer of the
+// batch.
 func (g *group) queue(add func([]byte) []byte) {
 	g.mu.Lock()
 	g.buf = add(g.buf)

@@ -49,11 +49,9 @@ func (g *group) staleKeep(a answer) {
 		return
 	}
 	tenant, key := splitLockKey(a.key)
-	g.mu.Lock()
-	g.buf = appendKeep(g.buf, n.cfg.NodeID, a.id, a.token, a.renewals, a.lease, tenant, key)
-	g.count++
-	g.mu.Unlock()
-	g.dirty.Store(true)
+	g.queue(func(b []byte) []byte {
+		return appendKeep(b, n.cfg.NodeID, a.id, a.token, a.renewals, a.lease, tenant, key)
+	})
 	g.propose()
 }
 
@@ -178,7 +176,7 @@ func (g *group) deliver(a answer) {
 		g.staleKeep(a)
 	case answerForgotten:
 		if a.node == g.n.cfg.NodeID && a.id == g.n.idFirst {
-			g.pastRunsForgotten.Store(true)
+			g.house.pastRunsForgotten.Store(true)
 		}
 	case answerRestored:
 		if a.r.Outcome == engine.Granted {
