@@ -310,6 +310,13 @@ func (f *fsm) takeLoad(self uint64) (busiest loadShare, own uint64) {
 	return busiest, own
 }
 
+// halted reports whether g's replica on this node halted: the node
+// answers g's requests E unavailable.
+func (g *group) halted() bool {
+	f := g.fsm.Load()
+	return f != nil && f.halted.Load() != nil
+}
+
 // holds reports whether this replica holds a lock on key.
 func (f *fsm) holds(key string) bool {
 	f.mu.Lock()
