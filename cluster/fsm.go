@@ -126,7 +126,7 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 		f.g.propose()
 	}
 	f.g.appliedOwn(e.Cmd)
-	f.g.n.anchor.noteApplied()
+	f.g.n.anchor.NoteApplied()
 	f.deliver()
 	return sm.Result{Value: uint64(count)}, nil
 }

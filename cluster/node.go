@@ -58,6 +58,7 @@ import (
 	"github.com/lockd/lockd/cluster/logdb"
 	"github.com/lockd/lockd/cluster/raftnet"
 	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/internal/sysmonanchor"
 	"github.com/rs/zerolog"
 )
 
@@ -100,8 +101,8 @@ type Node struct {
 
 	shutting atomic.Bool
 	stats    nodeStats
-	obs      observations   // for /metrics (metrics.go)
-	anchor   *monitorAnchor // nil unless Config.MonitorAnchor
+	obs      observations         // for /metrics (metrics.go)
+	anchor   *sysmonanchor.Anchor // nil unless Config.MonitorAnchor
 
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -259,7 +260,7 @@ func newNode(cfg Config) (*Node, error) {
 	n.liveness.init(cfg.NodeID, cfg.Peers)
 	n.links.n = n
 	if cfg.MonitorAnchor {
-		n.anchor = newMonitorAnchor()
+		n.anchor = sysmonanchor.New()
 	}
 	var seed [8]byte
 	if _, err := rand.Read(seed[:]); err != nil {
@@ -375,7 +376,7 @@ func (n *Node) run() {
 	go func() { defer n.wg.Done(); n.formatLoop(n.ctx) }()
 	if n.anchor != nil {
 		n.wg.Add(1)
-		go func() { defer n.wg.Done(); n.anchor.run(n.ctx) }()
+		go func() { defer n.wg.Done(); n.anchor.Run(n.ctx) }()
 	}
 	for _, g := range n.groups {
 		g.propose()
