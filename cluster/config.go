@@ -101,9 +101,9 @@ type Config struct {
 	LogDBShards uint64
 
 	// MonitorAnchor keeps one Go processor in a system call while the
-	// node applies commands (internal/sysmonanchor), so that the Go runtime's monitor
-	// thread does not fall into its deep sleep between two Raft messages
-	// and wake up polling every 20 µs. It needs a processor of its own:
+	// node applies commands (internal/sysmonanchor), so that the Go
+	// runtime's monitor thread does not fall into its deep sleep between
+	// two Raft messages and wake up polling every 20 µs. It needs a processor of its own:
 	// set it only where GOMAXPROCS counts one for it (lockd serve does).
 	MonitorAnchor bool
 
