@@ -5,9 +5,9 @@ package cluster
 // answered through the request registry.
 
 import (
+	"context"
 	"time"
 
-	"github.com/lockd/lockd/cluster/raftnet"
 	"github.com/lockd/lockd/engine"
 )
 
@@ -229,61 +229,126 @@ func (n *Node) Flush() {
 	}
 }
 
-// Stats sums the replicated tables of this replica (keys, tokens, the keys
-// gates: closed when any group's is) and the node's own gates (waiters,
-// in-flight).
-func (n *Node) Stats() engine.Stats {
-	var st engine.Stats
-	var keysClosed bool
-	var keysRefused uint64
-	for _, g := range n.groups {
-		f := g.fsm.Load()
-		if f == nil {
-			continue
+// pending is a request of this node's connections awaiting its group.
+type pending struct {
+	id       uint64
+	w        engine.Waiter
+	owner    uint64
+	start    time.Duration // node clock at receipt
+	wait     time.Duration
+	deadline time.Duration // Unavailable (proposal) or TimedOut (queued) at this instant
+	// ungated marks a release or keep: it holds no gate, and it is still
+	// answered after Shutdown.
+	ungated bool
+	queued  bool                // the state machine queued it
+	done    bool                // resolved or cancelled
+	quota   *engine.TenantGates // of the acquire's tenant, nil without limits
+	// group and key (a lock key) of an acquire, to release a grant its
+	// waiter abandons.
+	group *group
+	key   string
+}
+
+// register adds p; an acquire is refused once Shutdown ran, checked under
+// the lock Shutdown takes, so that no acquire escapes its sweep.
+func (n *Node) register(p *pending) bool {
+	n.regMu.Lock()
+	if !p.ungated && n.shutting.Load() {
+		n.regMu.Unlock()
+		return false
+	}
+	n.reg[p.id] = p
+	next, ok := n.timers.Next()
+	wake := !ok || p.deadline < next
+	n.timers.Push(p.deadline, p)
+	// Answered requests stay in the heap until their deadline (up to a
+	// 255 s wait): drop them once they outnumber the live ones. A queued
+	// request keeps its stale first entry too, so the heap stays within
+	// twice the live requests after a pass: passes are rare.
+	if len(n.timers) > 64 && len(n.timers) > 3*len(n.reg) {
+		n.timers.Retain(func(d engine.Deadline[*pending]) bool { return !d.Item.done })
+	}
+	n.regMu.Unlock()
+	if wake {
+		select {
+		case n.wakeReg <- struct{}{}:
+		default:
 		}
-		f.mu.Lock()
-		st.Keys += len(f.state.locks)
-		st.TokensIssued += f.state.tokens.Issued
-		st.LastToken = max(st.LastToken, f.state.tokens.Last)
-		// The replicated flag changes only when an acquire asks; the gate
-		// is open again as soon as the count is below its reopening mark.
-		f.holdTimes.AddTo(&st.HoldTimes)
-		keys := int64(len(f.state.locks))
-		keysClosed = keysClosed || f.state.keysClosed && !engine.NewGateRule(int64(g.maxKeys)).Reopens(keys)
-		f.mu.Unlock()
-		keysRefused += f.keysRefused.Load()
 	}
-	st.WaitersGate, st.InflightGate = n.waiters.Stats(), n.inflight.Stats()
-	st.Waiters, st.Inflight = st.WaitersGate.Count, st.InflightGate.Count
-	st.KeysGate = engine.GateStats{Open: !keysClosed, Limit: n.cfg.MaxKeys, Count: st.Keys, Refused: keysRefused}
-	st.UndeliveredQueued = n.stats.abandoned.Load()
-	st.LeaseExpiries = n.stats.expires.Load()
-	st.Tenants = n.quotas.Stats(n.Namespace)
-	for i := range st.Tenants {
-		// The keys gate holds no units here: the replicas count the keys.
-		st.Tenants[i].KeysGate.Count = n.tenantKeys(st.Tenants[i].Tenant)
-	}
-	return st
+	return true
 }
 
-// ClusterStats are counters for benchmarks and tests.
-type ClusterStats struct {
-	Proposals, Commands, ProposeRetries, ProposeFailures, Unavailable, OrphanReleases, Expires, LeaderTransfers uint64
-	RaftFramesSent, RaftStreamsOpened                                                                           uint64
-	// RaftForgedAddresses counts, for the whole process, the addresses a
-	// frame from outside the membership gave a replica id first that the
-	// membership then superseded (raftnet, raft_sources.go).
-	RaftForgedAddresses uint64
+// finishLocked retires p, giving back its gates; false if it was already.
+func (n *Node) finishLocked(p *pending) bool {
+	if p.done {
+		return false
+	}
+	p.done = true
+	delete(n.reg, p.id)
+	if !p.ungated {
+		n.inflight.Leave()
+		p.quota.LeaveInflight()
+		if p.queued {
+			n.waiters.Leave()
+			p.quota.LeaveWaiter()
+		}
+	}
+	return true
 }
 
-// ClusterStats returns the node's Raft-side counters.
-func (n *Node) ClusterStats() ClusterStats {
-	s := &n.stats
-	return ClusterStats{
-		Proposals: s.proposals.Load(), Commands: s.commands.Load(), ProposeRetries: s.proposeRetries.Load(),
-		ProposeFailures: s.proposeFailures.Load(), Unavailable: s.unavailable.Load(),
-		OrphanReleases: s.orphanReleases.Load(), Expires: s.expires.Load(), LeaderTransfers: s.leaderTransfers.Load(),
-		RaftFramesSent: s.raftFramesSent.Load(), RaftStreamsOpened: s.raftStreams.Load(),
-		RaftForgedAddresses: raftnet.ForgedAddresses(),
+// admitWaiter takes a unit of the node's waiters gate and of the tenant's.
+func (n *Node) admitWaiter(quota *engine.TenantGates) bool {
+	if !n.waiters.Admit() {
+		return false
+	}
+	if !quota.AdmitWaiter() {
+		n.waiters.Leave()
+		return false
+	}
+	return true
+}
+
+// timerLoop answers requests whose deadline passed: Unavailable while the
+// group has not applied them, TimedOut once queued.
+func (n *Node) timerLoop(ctx context.Context) {
+	tm := time.NewTimer(time.Hour)
+	defer tm.Stop()
+	var due []*pending
+	for {
+		now := n.clock()
+		next := time.Hour
+		n.regMu.Lock()
+		for at, ok := n.timers.Next(); ok; at, ok = n.timers.Next() {
+			p := n.timers[0].Item
+			if p.done || p.deadline != at {
+				n.timers.Pop()
+				continue
+			}
+			if at > now {
+				next = at - now
+				break
+			}
+			n.timers.Pop()
+			n.finishLocked(p)
+			due = append(due, p)
+		}
+		n.regMu.Unlock()
+		for i, p := range due {
+			r := engine.Result{Outcome: engine.TimedOut}
+			if !p.queued {
+				r.Outcome = engine.Unavailable
+				n.stats.unavailable.Add(1)
+			}
+			p.w.Resolve(p.owner, r)
+			due[i] = nil
+		}
+		due = due[:0]
+		tm.Reset(next)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tm.C:
+		case <-n.wakeReg:
+		}
 	}
 }

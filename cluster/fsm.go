@@ -2,8 +2,6 @@ package cluster
 
 import (
 	"errors"
-	"fmt"
-	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -157,18 +155,6 @@ func (f *fsm) takeWaits() {
 	f.out.waits = f.out.waits[:0]
 }
 
-// waitEnded pops the wait ends due at now and reports whether there was
-// one; called with f.mu held.
-func (f *fsm) waitEnded(now time.Duration) bool {
-	ended := false
-	for at, ok := f.waitEnds.Next(); ok && at <= now; at, ok = f.waitEnds.Next() {
-		f.waitEnds.Pop()
-		ended = true
-	}
-	f.waitEnds.Shrink()
-	return ended
-}
-
 // observeHolds records the hold times of the leases the batch ended, on
 // the group's leader only; called with the lock held.
 func (f *fsm) observeHolds() {
@@ -214,101 +200,7 @@ func (f *fsm) tokenOf(k string) uint64 {
 	return 0
 }
 
-// SaveSnapshot writes the replicated state. IStateMachine snapshots block
-// Update for their duration; the state is a few dozen bytes per key. A
-// halted replica aborts it (dragonboat keeps its last snapshot and log):
-// its state is no longer the group's as of its applied index.
-func (f *fsm) SaveSnapshot(w io.Writer, _ sm.ISnapshotFileCollection, stop <-chan struct{}) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.halted.Load() != nil {
-		return sm.ErrSnapshotAborted
-	}
-	return f.state.save(w, stop)
-}
-
-// RecoverFromSnapshot replaces the state. Every held lock is handed to the
-// expiry driver with its full lease from now on this replica: a restored
-// replica may extend a lease, never shorten it. Grants and queue entries
-// of this node's requests that the snapshot holds are handed to the node
-// (answerRestored), since no Update will report them. A snapshot of a
-// version or format this build does not read halts the replica; one it
-// reads is the group's whole state, and a halted replica resumes from it.
-func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan struct{}) error {
-	state, err := restore(r, stop)
-	if err == nil && state.format > logFormatNewest {
-		err = fmt.Errorf("%w with log format %d (this build reads %d to %d)", errUnknownSnapshot, state.format, logFormatBase, logFormatNewest)
-	}
-	if errors.Is(err, errUnknownSnapshot) {
-		f.mu.Lock()
-		f.halt(0, err)
-		f.mu.Unlock()
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	self := f.g.n.cfg.NodeID
-	f.mu.Lock()
-	if f.halted.Swap(nil) != nil {
-		f.g.n.log.Warn().Uint64("group", f.g.shardID).Msg("halted replica resumed from a snapshot this build reads")
-	}
-	for k, l := range state.locks {
-		f.out.leases = append(f.out.leases, expiry{key: k, token: l.Token, renewals: l.renewals, lease: seconds(l.lease)})
-		if l.node == self {
-			// Before its queue: a retried duplicate of the holder's own
-			// request may wait behind it.
-			f.out.answer(answerRestored, k, self, l.id, engine.Result{Outcome: engine.Granted, Token: l.Token})
-		}
-		for _, w := range l.queue {
-			f.out.waits = append(f.out.waits, w.Deadline)
-			if w.node == self {
-				f.out.answer(answerRestored, k, self, w.id, engine.Result{Outcome: engine.Queued})
-			}
-		}
-	}
-	f.state = state
-	f.g.logFormat.Store(state.format)
-	// As if the snapshot's last dated batch applied now: a new leader
-	// here carries over no time from before the restore.
-	f.nowAppliedAt = f.clock()
-	f.lastDated.Store(&appliedBatch{index: state.clock.dated, at: f.nowAppliedAt, term: state.clock.term, now: state.now})
-	f.heap = f.heap[:0]
-	f.takeLeases(f.clock())
-	f.waitEnds = f.waitEnds[:0]
-	f.takeWaits()
-	f.restored.Add(1)
-	f.mu.Unlock()
-	f.deliver()
-	return nil
-}
-
 func (f *fsm) Close() error { return nil }
-
-// expiry is a lease end in a replica's expiry heap, due at an instant of
-// this process's monotonic clock, valid while key still holds token and
-// no KEEP renewed it since (renewals).
-type expiry struct {
-	key      string
-	token    uint64
-	renewals uint32
-	lease    time.Duration // for entries not yet in the heap
-}
-
-// takeLoad returns and resets the per-node command counts since the last
-// call: the busiest node other than self, and self's own count.
-func (f *fsm) takeLoad(self uint64) (busiest loadShare, own uint64) {
-	for node, n := range f.load {
-		switch {
-		case node == self:
-			own = n
-		case n > busiest.commands || n == busiest.commands && node < busiest.node:
-			busiest = loadShare{node: node, commands: n}
-		}
-	}
-	clear(f.load)
-	return busiest, own
-}
 
 // halted reports whether g's replica on this node halted: the node
 // answers g's requests E unavailable.
@@ -343,52 +235,170 @@ func (f *fsm) renewalsOf(key string, token uint64) uint32 {
 	return 0
 }
 
-// valid reports whether e still names the key's current lease: its token
-// and its latest renewal.
-func (f *fsm) valid(e expiry) bool {
-	l := f.state.locks[e.key]
-	return l != nil && l.Token == e.token && l.renewals == e.renewals
-}
-
-// compactHeap drops stale heap entries when they outnumber live locks.
-func (f *fsm) compactHeap() {
-	if len(f.heap) > 64 && len(f.heap) > 2*len(f.state.locks) {
-		f.heap.Retain(func(d engine.Deadline[expiry]) bool { return f.valid(d.Item) })
-	}
-}
-
-// rebuild is run when this replica becomes the group's leader: the heap
-// is rebuilt from the replicated lock table, keeping every deadline this
-// replica already knew (never shorter) and giving a lock it has no entry
-// for a full lease from now.
-func (f *fsm) rebuild(now time.Duration) {
-	known := make(map[string]time.Duration, len(f.heap))
-	for _, d := range f.heap {
-		if f.valid(d.Item) {
-			known[d.Item.key] = max(known[d.Item.key], d.At)
+// deliver routes one answer of g's state machine, given after Update
+// released the state machine's lock; only the node that owns the request
+// acts on it.
+func (g *group) deliver(a answer) {
+	switch a.kind {
+	case answerDirect:
+		g.result(a.key, a.node, a.id, a.r)
+	case answerHandOff:
+		if a.r.Outcome == engine.Granted {
+			g.granted(a.key, a.node, a.id, a.r)
+		} else {
+			g.result(a.key, a.node, a.id, a.r)
+		}
+	case answerStaleKeep:
+		g.staleKeep(a)
+	case answerForgotten:
+		if a.node == g.n.cfg.NodeID && a.id == g.n.idFirst {
+			g.house.pastRunsForgotten.Store(true)
+		}
+	case answerRestored:
+		if a.r.Outcome == engine.Granted {
+			g.restoredGrant(a.id, a.r.Token)
+		} else {
+			g.result(a.key, a.node, a.id, a.r)
 		}
 	}
-	f.heap = f.heap[:0]
-	for k, l := range f.state.locks {
-		at, ok := known[k]
-		if !ok {
-			at = now + seconds(l.lease)
-		}
-		f.heap = append(f.heap, engine.Deadline[expiry]{At: at, Item: expiry{key: k, token: l.Token, renewals: l.renewals}})
-	}
-	f.heap.Init()
 }
 
-// due pops the valid entries due at now, re-arming each retry later in
-// case the expire proposal is lost (a later token makes it stale).
-func (f *fsm) due(now, retry time.Duration, out []expiry) []expiry {
-	for at, ok := f.heap.Next(); ok && at <= now; at, ok = f.heap.Next() {
-		e := f.heap.Pop().Item
-		if !f.valid(e) {
-			continue
-		}
-		out = append(out, e)
-		f.heap.Push(now+retry, e)
+// staleKeep is called by g's state machine for a KEEP that named an older
+// renewal than the lock's current one. If its request still waits on this
+// node, the KEEP was proposed from a lagging view (this replica has now
+// applied everything before it): it is proposed again, naming the current
+// renewal. Otherwise it was a duplicate of one already answered. It runs
+// on dragonboat's apply goroutine, so it only queues.
+func (g *group) staleKeep(a answer) {
+	n := g.n
+	if a.node != n.cfg.NodeID || a.id == 0 {
+		return
 	}
-	return out
+	n.regMu.Lock()
+	p := n.reg[a.id]
+	n.regMu.Unlock()
+	if p == nil {
+		return
+	}
+	tenant, key := splitLockKey(a.key)
+	g.queue(func(b []byte) []byte {
+		return appendKeep(b, n.cfg.NodeID, a.id, a.token, a.renewals, a.lease, tenant, key)
+	})
+	g.propose()
+}
+
+// result is the answer to a request of this node's (or of the waiter a
+// handoff passed); a grant nobody waits for any more is released, and
+// one still waited for is answered at once.
+func (g *group) result(key string, node, id uint64, r engine.Result) {
+	n := g.n
+	if node != n.cfg.NodeID || id == 0 {
+		return
+	}
+	n.regMu.Lock()
+	p := n.reg[id]
+	if p == nil {
+		n.regMu.Unlock()
+		if p == nil && !n.ownRun(id) {
+			return
+		}
+		// Answered already (unavailable, cancelled before it applied, or a
+		// duplicate of a retried proposal, which may apply after its
+		// request's cancel or beside its first grant): nobody will use
+		// this grant, or wait in this queue entry, so the grant is
+		// released and the entry cancelled.
+		switch r.Outcome {
+		case engine.Granted:
+			g.orphan(key, r.Token)
+		case engine.Queued:
+			g.cancel(key, id)
+		}
+		return
+	}
+	if r.Outcome == engine.Queued {
+		if p.queued { // a retried proposal applied twice; its grant will be released
+			n.regMu.Unlock()
+			return
+		}
+		if n.shutting.Load() { // draining: it would wait for nobody
+			n.finishLocked(p)
+			n.regMu.Unlock()
+			g.cancel(key, id)
+			p.w.Resolve(p.owner, engine.Result{Outcome: engine.ShuttingDown})
+			return
+		}
+		if !n.admitWaiter(p.quota) {
+			n.finishLocked(p)
+			n.regMu.Unlock()
+			g.cancel(key, id)
+			p.w.Resolve(p.owner, engine.Result{Outcome: engine.Busy})
+			return
+		}
+		p.queued = true
+		p.deadline = p.start + p.wait
+		n.timers.Push(p.deadline, p)
+		n.regMu.Unlock()
+		select {
+		case n.wakeReg <- struct{}{}:
+		default:
+		}
+		return
+	}
+	if r.Outcome == engine.Granted {
+		r.Waited = 0 // an immediate grant: the lease starts at apply, after receipt
+	}
+	n.finishLocked(p)
+	n.regMu.Unlock()
+	p.w.Resolve(p.owner, r)
+}
+
+// granted is called by g's state machine when a queued waiter gets the
+// lock. The owning node answers it at once (waited_ms bounded:
+// deliverable), or releases it when the waiter is gone (timed out here,
+// cancelled, answered unavailable, or from a previous run of this node).
+func (g *group) granted(key string, node, id uint64, r engine.Result) {
+	n := g.n
+	if node != n.cfg.NodeID {
+		return
+	}
+	n.regMu.Lock()
+	p := n.reg[id]
+	if p == nil {
+		n.regMu.Unlock()
+		if n.ownRun(id) {
+			g.orphan(key, r.Token) // a waiter gone, or a duplicate's grant
+		}
+		return
+	}
+	n.finishLocked(p)
+	n.regMu.Unlock()
+	p.w.Resolve(p.owner, n.deliverable(p, r))
+}
+
+// restoredGrant answers request id with a grant this node learnt of only
+// from a snapshot (it had fallen behind its group), if the request still
+// waits for it. A request no longer registered may have been answered
+// with this very grant before the node fell behind, so that lock is left
+// to its lease, never released here. Waited is 0: the client's validity
+// bound then ends at its send instant + lease, before the lease ends on
+// any replica.
+func (g *group) restoredGrant(id, token uint64) {
+	n := g.n
+	n.regMu.Lock()
+	p := n.reg[id]
+	if p == nil {
+		n.regMu.Unlock()
+		return
+	}
+	n.finishLocked(p)
+	n.regMu.Unlock()
+	p.w.Resolve(p.owner, engine.Result{Outcome: engine.Granted, Token: token})
+}
+
+// deliverable is a grant as the client gets it: waited_ms no more than
+// this node's own elapsed time since receipt, so the client's validity
+// bound never ends after the lease on any replica.
+func (n *Node) deliverable(p *pending, r engine.Result) engine.Result {
+	r.Waited = max(0, min(r.Waited, n.clock()-p.start))
+	return r
 }

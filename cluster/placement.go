@@ -170,3 +170,18 @@ func (p *leaderPlacement) handOver(now time.Duration, leader bool) (to uint64, w
 	to, p.handOverTo = p.handOverTo, 0
 	return to, 0
 }
+
+// takeLoad returns and resets the per-node command counts since the last
+// call: the busiest node other than self, and self's own count.
+func (f *fsm) takeLoad(self uint64) (busiest loadShare, own uint64) {
+	for node, n := range f.load {
+		switch {
+		case node == self:
+			own = n
+		case n > busiest.commands || n == busiest.commands && node < busiest.node:
+			busiest = loadShare{node: node, commands: n}
+		}
+	}
+	clear(f.load)
+	return busiest, own
+}
