@@ -270,12 +270,17 @@ func (n *Node) register(p *pending) bool {
 	}
 	n.regMu.Unlock()
 	if wake {
-		select {
-		case n.wakeReg <- struct{}{}:
-		default:
-		}
+		n.wakeTimers()
 	}
 	return true
+}
+
+// wakeTimers has timerLoop look at the earliest deadline again.
+func (n *Node) wakeTimers() {
+	select {
+	case n.wakeReg <- struct{}{}:
+	default:
+	}
 }
 
 // finishLocked retires p, giving back its gates; false if it was already.

@@ -239,28 +239,96 @@ func (f *fsm) renewalsOf(key string, token uint64) uint32 {
 // released the state machine's lock; only the node that owns the request
 // acts on it.
 func (g *group) deliver(a answer) {
+	n := g.n
+	if a.node != n.cfg.NodeID || a.id == 0 {
+		return
+	}
 	switch a.kind {
-	case answerDirect:
-		g.result(a.key, a.node, a.id, a.r)
-	case answerHandOff:
-		if a.r.Outcome == engine.Granted {
-			g.granted(a.key, a.node, a.id, a.r)
-		} else {
-			g.result(a.key, a.node, a.id, a.r)
-		}
+	case answerDirect, answerHandOff, answerRestored:
+		g.answer(a)
 	case answerStaleKeep:
 		g.staleKeep(a)
 	case answerForgotten:
-		if a.node == g.n.cfg.NodeID && a.id == g.n.idFirst {
+		if a.id == n.idFirst {
 			g.house.pastRunsForgotten.Store(true)
 		}
-	case answerRestored:
-		if a.r.Outcome == engine.Granted {
-			g.restoredGrant(a.id, a.r.Token)
-		} else {
-			g.result(a.key, a.node, a.id, a.r)
-		}
 	}
+}
+
+// answer resolves request a.id with its outcome: a grant at once (an
+// immediate one waited nothing; a handoff's waited_ms is bounded by
+// deliverable), a queue entry by arming the request's wait.
+func (g *group) answer(a answer) {
+	n, r := g.n, a.r
+	n.regMu.Lock()
+	p := n.reg[a.id]
+	switch {
+	case p == nil && a.kind == answerRestored && r.Outcome == engine.Granted:
+		// Learnt from a snapshot (this node fell behind its group): the
+		// request may have been answered with this very grant before, so
+		// the lock is left to its lease.
+		n.regMu.Unlock()
+		return
+	case p == nil:
+		n.regMu.Unlock()
+		g.unclaimed(a.key, a.id, r)
+		return
+	case r.Outcome == engine.Queued:
+		g.queuedLocked(p, a.key)
+		return
+	case r.Outcome == engine.Granted && a.kind == answerHandOff:
+		r = n.deliverable(p, r)
+	case r.Outcome == engine.Granted:
+		r.Waited = 0 // the lease starts at apply, after receipt
+	}
+	n.finishLocked(p)
+	n.regMu.Unlock()
+	p.w.Resolve(p.owner, r)
+}
+
+// unclaimed is the rule for an outcome no registered request waits for
+// (answered already: unavailable, timed out or cancelled; a duplicate of
+// a retried proposal, which may apply after its request's cancel or
+// beside its first grant): a grant to a request of this run is released
+// and a queue entry of it cancelled. A grant to an earlier run's request
+// may have been delivered before the restart: its lease bounds it.
+func (g *group) unclaimed(key string, id uint64, r engine.Result) {
+	if !g.n.ownRun(id) {
+		return
+	}
+	switch r.Outcome {
+	case engine.Granted:
+		g.orphan(key, r.Token)
+	case engine.Queued:
+		g.cancel(key, id)
+	}
+}
+
+// queuedLocked arms the wait of p, which its group queued, unless the
+// node is draining (it would wait for nobody) or its waiters gate is
+// full; called with regMu held, which it releases.
+func (g *group) queuedLocked(p *pending, key string) {
+	n := g.n
+	if p.queued { // a retried proposal applied twice; its grant will be released
+		n.regMu.Unlock()
+		return
+	}
+	refusal := engine.Result{Outcome: engine.ShuttingDown}
+	if !n.shutting.Load() {
+		if n.admitWaiter(p.quota) {
+			p.queued = true
+			p.deadline = p.start + p.wait
+			n.timers.Push(p.deadline, p)
+			n.regMu.Unlock()
+			n.wakeTimers()
+			return
+		}
+		refusal.Outcome = engine.Busy
+	}
+	n.finishLocked(p)
+	n.regMu.Unlock()
+	g.cancel(key, p.id)
+	p.w.Resolve(p.owner, refusal)
 }
 
 // staleKeep is called by g's state machine for a KEEP that named an older
@@ -271,9 +339,6 @@ func (g *group) deliver(a answer) {
 // on dragonboat's apply goroutine, so it only queues.
 func (g *group) staleKeep(a answer) {
 	n := g.n
-	if a.node != n.cfg.NodeID || a.id == 0 {
-		return
-	}
 	n.regMu.Lock()
 	p := n.reg[a.id]
 	n.regMu.Unlock()
@@ -285,114 +350,6 @@ func (g *group) staleKeep(a answer) {
 		return appendKeep(b, n.cfg.NodeID, a.id, a.token, a.renewals, a.lease, tenant, key)
 	})
 	g.propose()
-}
-
-// result is the answer to a request of this node's (or of the waiter a
-// handoff passed); a grant nobody waits for any more is released, and
-// one still waited for is answered at once.
-func (g *group) result(key string, node, id uint64, r engine.Result) {
-	n := g.n
-	if node != n.cfg.NodeID || id == 0 {
-		return
-	}
-	n.regMu.Lock()
-	p := n.reg[id]
-	if p == nil {
-		n.regMu.Unlock()
-		if p == nil && !n.ownRun(id) {
-			return
-		}
-		// Answered already (unavailable, cancelled before it applied, or a
-		// duplicate of a retried proposal, which may apply after its
-		// request's cancel or beside its first grant): nobody will use
-		// this grant, or wait in this queue entry, so the grant is
-		// released and the entry cancelled.
-		switch r.Outcome {
-		case engine.Granted:
-			g.orphan(key, r.Token)
-		case engine.Queued:
-			g.cancel(key, id)
-		}
-		return
-	}
-	if r.Outcome == engine.Queued {
-		if p.queued { // a retried proposal applied twice; its grant will be released
-			n.regMu.Unlock()
-			return
-		}
-		if n.shutting.Load() { // draining: it would wait for nobody
-			n.finishLocked(p)
-			n.regMu.Unlock()
-			g.cancel(key, id)
-			p.w.Resolve(p.owner, engine.Result{Outcome: engine.ShuttingDown})
-			return
-		}
-		if !n.admitWaiter(p.quota) {
-			n.finishLocked(p)
-			n.regMu.Unlock()
-			g.cancel(key, id)
-			p.w.Resolve(p.owner, engine.Result{Outcome: engine.Busy})
-			return
-		}
-		p.queued = true
-		p.deadline = p.start + p.wait
-		n.timers.Push(p.deadline, p)
-		n.regMu.Unlock()
-		select {
-		case n.wakeReg <- struct{}{}:
-		default:
-		}
-		return
-	}
-	if r.Outcome == engine.Granted {
-		r.Waited = 0 // an immediate grant: the lease starts at apply, after receipt
-	}
-	n.finishLocked(p)
-	n.regMu.Unlock()
-	p.w.Resolve(p.owner, r)
-}
-
-// granted is called by g's state machine when a queued waiter gets the
-// lock. The owning node answers it at once (waited_ms bounded:
-// deliverable), or releases it when the waiter is gone (timed out here,
-// cancelled, answered unavailable, or from a previous run of this node).
-func (g *group) granted(key string, node, id uint64, r engine.Result) {
-	n := g.n
-	if node != n.cfg.NodeID {
-		return
-	}
-	n.regMu.Lock()
-	p := n.reg[id]
-	if p == nil {
-		n.regMu.Unlock()
-		if n.ownRun(id) {
-			g.orphan(key, r.Token) // a waiter gone, or a duplicate's grant
-		}
-		return
-	}
-	n.finishLocked(p)
-	n.regMu.Unlock()
-	p.w.Resolve(p.owner, n.deliverable(p, r))
-}
-
-// restoredGrant answers request id with a grant this node learnt of only
-// from a snapshot (it had fallen behind its group), if the request still
-// waits for it. A request no longer registered may have been answered
-// with this very grant before the node fell behind, so that lock is left
-// to its lease, never released here. Waited is 0: the client's validity
-// bound then ends at its send instant + lease, before the lease ends on
-// any replica.
-func (g *group) restoredGrant(id, token uint64) {
-	n := g.n
-	n.regMu.Lock()
-	p := n.reg[id]
-	if p == nil {
-		n.regMu.Unlock()
-		return
-	}
-	n.finishLocked(p)
-	n.regMu.Unlock()
-	p.w.Resolve(p.owner, engine.Result{Outcome: engine.Granted, Token: token})
 }
 
 // deliverable is a grant as the client gets it: waited_ms no more than

@@ -456,9 +456,8 @@ const runIDSpan = 1 << 40
 // heardFrom records a Raft message from replica (the transport's hook).
 func (n *Node) heardFrom(replica uint64) { n.liveness.heard(replica, n.clock()) }
 
-// ownRun reports whether id was issued by this run of the node: a grant to
-// an id of a previous run may have been delivered, so it must not be
-// released here (its lease bounds it).
+// ownRun reports whether id was issued by this run of the node
+// (group.unclaimed).
 func (n *Node) ownRun(id uint64) bool {
 	v := id &^ (1 << 63)
 	return v >= n.idFirst && v <= n.idBase.Load()

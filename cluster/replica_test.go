@@ -25,6 +25,8 @@ func newReplica(t *testing.T, self uint64) *replica {
 		FixedLeaders: true, Clock: func() time.Duration { return r.clock }},
 		log: zerolog.Nop()}
 	n.liveness.init(self, map[uint64]string{1: "a", 2: "b", 3: "c"})
+	n.idBase.Store(1000)
+	n.idFirst = 1001
 	g := &group{n: n, maxKeys: 1 << 20, proposer: proposer{kick: make(chan struct{}, 1)}}
 	g.house.forgotten = map[uint64]bool{}
 	g.buf = make([]byte, datedHeaderLen)
