@@ -1,8 +1,9 @@
 package cluster
 
 // This file owns the Node's side of the backend interface the server
-// talks to: each request becomes a command in its group's next proposal,
-// answered through the request registry.
+// talks to, and the request registry: each request becomes a command in
+// its group's next proposal, and waits in the registry until the state
+// machine's answer (fsm.go, group.answer) or its deadline resolves it.
 
 import (
 	"context"

@@ -14,15 +14,15 @@ import (
 // fsm is one group's dragonboat state machine: the replicated state
 // (state.go) behind a mutex, since Lookup and SaveSnapshot run beside
 // Update, and the node-local state derived from it on this replica — the
-// expiry heap, per-node load counts — which is never snapshotted. Update
-// applies a batch under the mutex and delivers its answers to the node
-// after releasing it.
+// lease deadlines (leases.go), per-node load counts — which is never
+// snapshotted. Update applies a batch under the mutex and delivers its
+// answers to this node's requests after releasing it (group.deliver).
 type fsm struct {
 	g *group
 
-	// mu guards state and the node-local fields below. Lock order: the
-	// node's regMu before mu (node.go); Update releases mu before it
-	// delivers answers, which take regMu.
+	// mu guards state and the node-local fields below. It is taken
+	// before the group's orphanQueue.mu and never with the node's regMu
+	// (package comment): Update releases it before it delivers answers.
 	mu    sync.Mutex
 	state replicated
 

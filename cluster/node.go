@@ -7,23 +7,34 @@
 // it writes no lock rule of its own and never touches sockets of the
 // client protocol. docs/cluster.md describes the design.
 //
-// Files by responsibility:
+// Files by responsibility, in the order a request meets them:
 //
-//   - node.go: the Node, start, stop, drain, the data dir's record.
+//   - backend.go: the engine.Backend calls the server makes (Acquire,
+//     Release, Keep, Abandon, Cancel, Flush) and the request registry:
+//     this node's requests awaiting their group, and their deadlines.
+//   - proposer.go: a group's proposer (the one way to queue a command,
+//     group commit, proposal slots, retries, re-sends on a leader
+//     change).
+//   - command.go: the log's batch and command format, and what of it
+//     this build cannot read.
+//   - clock.go: the group's replicated clock: the stamp a proposer puts
+//     on a batch and the rule by which a replica moves time with it.
+//   - fsm.go: the dragonboat state machine adapter, and the routing of
+//     its answers to this node's requests.
+//   - state.go: the replicated state and the apply of each command.
+//
+// and off that path:
+//
+//   - node.go: the Node, start, stop, drain, request ids.
 //   - config.go: the configuration, its defaults and checks; check.go:
 //     CheckConfig and the Raft exposure check.
-//   - backend.go: the engine.Backend side the server calls.
-//   - registry.go: this node's requests awaiting their group, their
-//     timers, and the routing of the state machine's answers to them.
-//   - proposer.go: a group's proposer (group commit, proposal slots,
-//     retries, re-sends on a leader change).
-//   - command.go: the log's batch and command format.
-//   - fsm.go: the dragonboat state machine adapter; state.go: the
-//     replicated state and the apply of each command.
-//   - expiry.go: the periodic pass of a group (lease ends, leader changes,
-//     silent peers' waiters) and the stamping of applied leases.
+//   - housekeeping.go: a group's periodic step (lease ends, dated
+//     batches, leader changes, silent peers' and earlier runs' waiters,
+//     orphan rechecks) and the loop that carries out its outbox.
+//   - leases.go: a replica's lease deadlines on this node's clock.
 //   - placement.go: leader placement; orphans.go: the release of grants
 //     nobody takes.
+//   - snapshot.go: a group's snapshots and their format.
 //   - membership.go, members_http.go: online membership changes and
 //     their admin endpoint, and the liveness record of peers.
 //   - version.go: the log format a group may write, the format
@@ -31,12 +42,19 @@
 //   - peerlink.go: the node's own messages to its peers (frames of kind
 //     'L') and their dispatch.
 //   - logger.go: dragonboat's logs into zerolog; metrics.go: the
-//     Prometheus collector; monitor.go: the runtime monitor anchor;
-//     inspect.go: the read-only lock inspection.
+//     counters, engine stats and the Prometheus collector; inspect.go:
+//     the read-only lock inspection.
 //
-// The Raft transport is cluster/raftnet and the Raft log store
-// cluster/logdb; this package reaches them only through their exported
-// factories and framing calls.
+// The Raft transport is cluster/raftnet, the Raft log store
+// cluster/logdb, and the runtime monitor anchor internal/sysmonanchor;
+// this package reaches them only through their exported calls.
+//
+// Locks: a group's fsm.mu is taken before its orphanQueue.mu (the
+// housekeeping step), the only two held together. The node's regMu and a
+// group's proposer.mu are held alone: Update releases fsm.mu before it
+// hands answers to the registry (regMu), the registry releases regMu
+// before it queues a command, and the proposer stamps a batch from the
+// replica's atomics.
 package cluster
 
 import (
@@ -73,11 +91,8 @@ type Node struct {
 	idBase  atomic.Uint64 // waiter/request ids: random base, then +1
 	idFirst uint64        // first id of this run (without the top bit)
 
-	// regMu guards the request registry (reg, timers). Lock order:
-	// regMu before a group's fsm.mu and group.mu. No path holds them
-	// together: the state machine hands its answers to the registry
-	// after it releases fsm.mu (group.deliver), and the registry releases
-	// regMu before it queues a command.
+	// regMu guards the request registry (reg, timers); it is held
+	// alone (the package comment has the locks' order).
 	regMu   sync.Mutex
 	reg     map[uint64]*pending
 	timers  engine.DeadlineHeap[*pending] // stale once done or re-armed

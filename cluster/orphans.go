@@ -9,8 +9,8 @@ import (
 	"time"
 )
 
-// orphanQueue holds a group's grants to release. Its mu is taken inside
-// fsm.mu (the housekeeping step) and never the other way round.
+// orphanQueue holds a group's grants to release. Its mu is taken after
+// the group's fsm.mu (the housekeeping step), never before it.
 type orphanQueue struct {
 	mu      sync.Mutex
 	pending []expiry // grants to release, current or not

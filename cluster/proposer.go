@@ -47,9 +47,8 @@ type group struct {
 
 // proposer is a group's batch in the making and its proposals in flight.
 type proposer struct {
-	// mu guards buf, count, lead and out. No path holds it together
-	// with the node's regMu or the group's fsm.mu (stamp reads the
-	// replica through atomics).
+	// mu guards buf, count, lead and out; it is held alone (package
+	// comment): stamp reads the replica through atomics.
 	mu    sync.Mutex
 	buf   []byte // header space (datedHeaderLen) + commands not yet proposed
 	count uint32
