@@ -277,17 +277,35 @@ func queueLen(n *Node, key string) int {
 	return 0
 }
 
-// waitUntil polls cond until it holds, failing the test after within: the
-// package's one wait for a condition of a running cluster.
+// waitUntil polls cond until it holds, failing the test after within.
 func waitUntil(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !eventually(within, 5*time.Millisecond, cond) {
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// waitFor is waitUntil at the multi-process tests' pace: each look at a
+// process costs it a request.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	if !eventually(within, 50*time.Millisecond, cond) {
+		t.Fatalf("%s: not within %v", what, within)
+	}
+}
+
+// eventually polls cond every interval until it holds, for at most
+// within, and reports whether it held: the package's one wait for a
+// condition of running nodes or processes.
+func eventually(within, every time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(within)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			return false
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(every)
 	}
+	return true
 }
 
 // isQueued reports whether the request behind h is queued in its group.
