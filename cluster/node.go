@@ -41,13 +41,13 @@
 //     statements, and a replica's halt on what it cannot read.
 //   - peerlink.go: the node's own messages to its peers (frames of kind
 //     'L') and their dispatch.
-//   - logger.go: dragonboat's logs into zerolog; metrics.go: the
-//     counters, engine stats and the Prometheus collector; inspect.go:
-//     the read-only lock inspection.
+//   - metrics.go: the counters, engine stats and the Prometheus
+//     collector; inspect.go: the read-only lock inspection.
 //
 // The Raft transport is cluster/raftnet, the Raft log store
-// cluster/logdb, and the runtime monitor anchor internal/sysmonanchor;
-// this package reaches them only through their exported calls.
+// cluster/logdb, dragonboat's logs cluster/raftlog, and the runtime
+// monitor anchor internal/sysmonanchor; this package reaches them only
+// through their exported calls.
 //
 // Locks: a group's fsm.mu is taken before its orphanQueue.mu (the
 // housekeeping step), the only two held together. The node's regMu and a
@@ -74,6 +74,7 @@ import (
 	"github.com/lni/dragonboat/v4/config"
 	sm "github.com/lni/dragonboat/v4/statemachine"
 	"github.com/lockd/lockd/cluster/logdb"
+	"github.com/lockd/lockd/cluster/raftlog"
 	"github.com/lockd/lockd/cluster/raftnet"
 	"github.com/lockd/lockd/engine"
 	"github.com/lockd/lockd/internal/sysmonanchor"
@@ -227,7 +228,7 @@ func Start(cfg Config) (*Node, error) {
 	if err := checkMeta(&cfg); err != nil {
 		return nil, err
 	}
-	setupLogging(cfg.Logger)
+	raftlog.Setup(cfg.Logger)
 	n, err := newNode(cfg)
 	if err != nil {
 		return nil, err
