@@ -102,14 +102,9 @@ func (n *Node) AsyncAnswers() bool { return true }
 // Release proposes the release; the answer comes through w. A nil w is
 // the server releasing an orphaned grant: nobody is told.
 func (n *Node) Release(ns engine.Namespace, key []byte, owner, token uint64, w engine.Waiter) engine.Result {
-	tenant := n.tenant(ns)
-	g := n.groups[groupOf(tenant, key, len(n.groups))]
-	if g.halted() {
+	g, tenant, id, ok := n.ungated(ns, key, owner, w, 0)
+	if !ok {
 		return engine.Result{Outcome: engine.Unavailable}
-	}
-	var id uint64
-	if w != nil {
-		id = n.registerUngated(owner, w)
 	}
 	g.queue(func(b []byte) []byte { return appendRelease(b, n.cfg.NodeID, id, token, tenant, key) })
 	if w == nil {
@@ -123,14 +118,9 @@ func (n *Node) Release(ns engine.Namespace, key []byte, owner, token uint64, w e
 // not apply it within ProposeTimeout (the lease may or may not have been
 // renewed). Like Release it passes no gate.
 func (n *Node) Keep(ns engine.Namespace, key []byte, owner, token uint64, lease time.Duration, w engine.Waiter) engine.Result {
-	tenant := n.tenant(ns)
-	g := n.groups[groupOf(tenant, key, len(n.groups))]
-	if g.halted() {
+	g, tenant, id, ok := n.ungated(ns, key, owner, w, 0)
+	if !ok {
 		return engine.Result{Outcome: engine.Unavailable}
-	}
-	var id uint64
-	if w != nil {
-		id = n.registerUngated(owner, w)
 	}
 	renewals := g.fsm.Load().renewalsOf(lockKey([]byte(tenant), key), token)
 	g.queue(func(b []byte) []byte {
@@ -139,13 +129,23 @@ func (n *Node) Keep(ns engine.Namespace, key []byte, owner, token uint64, lease 
 	return engine.Result{Outcome: engine.Queued}
 }
 
-// registerUngated registers a release, keep or abandon answered through w and
-// returns its request id.
-func (n *Node) registerUngated(owner uint64, w engine.Waiter) uint64 {
-	now := n.clock()
-	p := &pending{id: n.nextID(), w: w, owner: owner, start: now, deadline: now + n.cfg.ProposeTimeout, ungated: true}
-	n.register(p)
-	return p.id
+// ungated starts a release, keep or abandon of key, which passes no gate:
+// it returns key's group, the tenant's name and the request's id, which
+// w is answered for (0 for a nil w: nobody is told); !ok when this
+// node's replica of the group halted or is below log format minFormat.
+func (n *Node) ungated(ns engine.Namespace, key []byte, owner uint64, w engine.Waiter, minFormat uint32) (g *group, tenant string, id uint64, ok bool) {
+	tenant = n.tenant(ns)
+	g = n.groups[groupOf(tenant, key, len(n.groups))]
+	if g.halted() || g.logFormat.Load() < minFormat {
+		return nil, "", 0, false
+	}
+	if w != nil {
+		now := n.clock()
+		p := &pending{id: n.nextID(), w: w, owner: owner, start: now, deadline: now + n.cfg.ProposeTimeout, ungated: true}
+		n.register(p)
+		id = p.id
+	}
+	return g, tenant, id, true
 }
 
 // Abandon proposes SPEC §6a ABANDON of the request tagged r on key (a
@@ -154,14 +154,9 @@ func (n *Node) registerUngated(owner uint64, w engine.Waiter) uint64 {
 // when the group did not apply it within ProposeTimeout. Like Release it
 // passes no gate.
 func (n *Node) Abandon(ns engine.Namespace, key []byte, owner uint64, r engine.Requester, w engine.Waiter) engine.Result {
-	tenant := n.tenant(ns)
-	g := n.groups[groupOf(tenant, key, len(n.groups))]
-	if g.halted() || g.logFormat.Load() < logFormat4 {
+	g, tenant, id, ok := n.ungated(ns, key, owner, w, logFormat4)
+	if !ok {
 		return engine.Result{Outcome: engine.Unavailable}
-	}
-	var id uint64
-	if w != nil {
-		id = n.registerUngated(owner, w)
 	}
 	g.queue(func(b []byte) []byte { return appendAbandon(b, n.cfg.NodeID, id, r, tenant, key) })
 	return engine.Result{Outcome: engine.Queued}

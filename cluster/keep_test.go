@@ -18,6 +18,14 @@ func applyOne(t *testing.T, f *fsm, now int64, cmd func([]byte) []byte) {
 	}
 }
 
+// keepRequest registers a KEEP's request of owner on n, as Node.Keep
+// does, and returns its id.
+func keepRequest(n *Node, rec *recorder, owner uint64) uint64 {
+	p := &pending{id: n.nextID(), w: rec, owner: owner, start: n.clock(), deadline: n.clock() + time.Minute, ungated: true}
+	n.register(p)
+	return p.id
+}
+
 // A KEEP of the current token renews it in place (same token, new lease,
 // a fresh expiry entry); the expiry entry and any lease end proposed for
 // the lease it replaced free nothing, in either format; the lease end of
@@ -25,7 +33,7 @@ func applyOne(t *testing.T, f *fsm, now int64, cmd func([]byte) []byte) {
 func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 	n, _, f := localNode()
 	rec := newRecorder()
-	ask := func(owner uint64) uint64 { return n.registerUngated(owner, rec) } // a KEEP's request, as Node.Keep makes it
+	ask := func(owner uint64) uint64 { return keepRequest(n, rec, owner) }
 	key := []byte("k")
 	k := lockKey([]byte("t"), key)
 	now := time.Duration(100)
@@ -89,7 +97,7 @@ func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 func TestFSMKeepAppliedTwiceRenewsOnce(t *testing.T) {
 	n, g, f := localNode()
 	rec := newRecorder()
-	ask := func(owner uint64) uint64 { return n.registerUngated(owner, rec) } // a KEEP's request, as Node.Keep makes it
+	ask := func(owner uint64) uint64 { return keepRequest(n, rec, owner) }
 	key := []byte("k")
 	k := lockKey([]byte("t"), key)
 	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 10, 0, 1<<20, 0, "t", key) })

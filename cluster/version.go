@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/lni/dragonboat/v4"
+	"github.com/lockd/lockd/cluster/raftnet"
 )
 
 // Log formats: what a group may write. Formats 1 and 2 were written by
@@ -149,24 +150,24 @@ func (n *Node) onStatement(b []byte, sink replySink) {
 func (n *Node) exchangeStatements(ctx context.Context, addr string) (uint64, uint32, error) {
 	ctx, cancel := context.WithTimeout(ctx, statementTimeout)
 	defer cancel()
-	conn, err := dialRaft(ctx, n.cfg.RaftTLS, n.log, addr)
+	conn, err := raftnet.Dial(ctx, n.cfg.RaftTLS, n.log, addr)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer conn.Close()
 	deadline, _ := ctx.Deadline()
-	if err := writeFrame(conn, frameLockd, appendStatement(nil, n.cfg.NodeID, logFormatNewest), time.Until(deadline)); err != nil {
+	if err := raftnet.WriteFrame(conn, raftnet.FrameLockd, appendStatement(nil, n.cfg.NodeID, logFormatNewest), time.Until(deadline)); err != nil {
 		return 0, 0, err
 	}
 	if err := conn.SetReadDeadline(deadline); err != nil {
 		return 0, 0, err
 	}
 	for {
-		kind, body, err := readFrame(conn, nil)
+		kind, body, err := raftnet.ReadFrame(conn, nil)
 		if err != nil {
 			return 0, 0, err
 		}
-		if kind == frameLockd && len(body) > 0 && body[0] == peerFormat {
+		if kind == raftnet.FrameLockd && len(body) > 0 && body[0] == peerFormat {
 			if node, format, ok := readStatement(body[1:]); ok {
 				return node, format, nil
 			}
