@@ -353,3 +353,66 @@ func (n *Node) timerLoop(ctx context.Context) {
 		}
 	}
 }
+
+// Shutdown starts the node's drain: it first hands the leadership of the
+// groups it leads to a live peer (handOverLeadership), so that the
+// cluster does not wait out an election when it stops, then answers its
+// queued waiters ShuttingDown and drops them from their queues: they were
+// never granted. An acquire still on its way through Raft gets its real
+// answer (a grant, T, or E unavailable), or ShuttingDown if it applies as
+// queued; releases and keeps are answered as usual. Locks stay in the
+// cluster.
+func (n *Node) Shutdown() {
+	n.handOverLeadership()
+	var done []*pending
+	n.regMu.Lock()
+	n.shutting.Store(true)
+	for _, p := range n.reg {
+		if p.queued && n.finishLocked(p) {
+			done = append(done, p)
+		}
+	}
+	n.regMu.Unlock()
+	for _, p := range done {
+		p.group.cancel(p.key, p.id)
+		p.w.Resolve(p.owner, engine.Result{Outcome: engine.ShuttingDown})
+	}
+}
+
+// handOverLeadership asks for every group this node leads to pass to the
+// peer heard from most recently, and waits until none is led here any
+// more or handOverTimeout passed (a transfer Raft gives up leaves this
+// node leader until it stops; its peers then elect after the election
+// timeout, as after a crash).
+func (n *Node) handOverLeadership() {
+	deadline := time.Now().Add(n.handOverTimeout())
+	for {
+		asked := 0
+		for i, g := range n.groups {
+			if n.Leader(i) != n.cfg.NodeID {
+				continue
+			}
+			if to := n.liveness.freshest(n.clock(), n.cfg.ForgetAfter); to != 0 {
+				n.moveLeader(g, to)
+				asked++
+			}
+		}
+		if asked == 0 {
+			return // nothing led here, or no live peer to take it
+		}
+		if time.Now().After(deadline) {
+			for i, g := range n.groups {
+				if n.Leader(i) == n.cfg.NodeID {
+					n.resendProposals(g) // the followers' it dropped meanwhile
+				}
+			}
+			return
+		}
+		time.Sleep(n.cfg.RTT)
+	}
+}
+
+// handOverTimeout bounds a drain's hand-over: two election timeouts.
+func (n *Node) handOverTimeout() time.Duration {
+	return 2 * time.Duration(n.cfg.ElectionRTT) * n.cfg.RTT
+}

@@ -1,13 +1,17 @@
 package cluster
 
-// This file owns a node's configuration: its defaults, their checks, and
-// the peer list format of the --peers flag.
+// This file owns a node's configuration: its defaults, their checks, the
+// peer list format of the --peers flag, and the data dir's record of the
+// node id, group count and log format it was created with.
 
 import (
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -249,4 +253,70 @@ func ParsePeers(s string) (map[uint64]string, error) {
 		return nil, errors.New("cluster: no peers")
 	}
 	return peers, nil
+}
+
+// metaFile pins the group count, node id and log format of a data dir.
+const metaFile = "lockd-cluster.json"
+
+type meta struct {
+	NodeID uint64 `json:"node_id"`
+	Groups int    `json:"groups"`
+	// LogFormat is the log format the data dir was created at
+	// (version.go); the builds of the formats before logFormatBase wrote
+	// none.
+	LogFormat int `json:"log_format"`
+}
+
+// ErrOldDataDir refuses a data dir written by a build of a log format
+// before logFormatBase.
+var ErrOldDataDir = errors.New("cluster: data dir of an unreleased log format")
+
+// checkMeta ties a data dir to the node id and group count it was
+// bootstrapped with. A Groups of 0 takes the dir's count (DefaultGroups
+// for a new dir), so a restart needs no --groups and a later change of
+// the default cannot strand a cluster bootstrapped before it. A dir of a
+// log format before logFormatBase is refused: its log and snapshots are
+// of forms this build does not read, and no release wrote them, so there
+// is no upgrade path.
+func checkMeta(cfg *Config) error {
+	var have *meta // nil: a new data dir, or files kept in cfg.FS
+	path := filepath.Join(cfg.DataDir, metaFile)
+	if cfg.FS == nil {
+		if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+			return fmt.Errorf("cluster: data dir: %w", err)
+		}
+		b, err := os.ReadFile(path)
+		switch {
+		case err == nil:
+			have = new(meta)
+			if err := json.Unmarshal(b, have); err != nil {
+				return fmt.Errorf("cluster: %s: %w", path, err)
+			}
+		case !errors.Is(err, os.ErrNotExist):
+			return fmt.Errorf("cluster: %w", err)
+		}
+	}
+	if have != nil && have.LogFormat < logFormatBase {
+		return fmt.Errorf("%w: %s was written by a build before v0.1.0 (a log format before %d), which this build cannot read; "+
+			"move the data dir aside and start this node on an empty one: with --join to add it to a running cluster, or bootstrap a new cluster from empty data dirs",
+			ErrOldDataDir, cfg.DataDir, logFormatBase)
+	}
+	if cfg.Groups == 0 {
+		cfg.Groups = DefaultGroups
+		if have != nil {
+			cfg.Groups = have.Groups
+		}
+	}
+	want := meta{NodeID: cfg.NodeID, Groups: cfg.Groups, LogFormat: logFormatBase}
+	switch {
+	case cfg.FS != nil:
+		return nil
+	case have == nil:
+		b, _ := json.Marshal(want)
+		return os.WriteFile(path, b, 0o640)
+	case have.NodeID != want.NodeID || have.Groups != want.Groups:
+		return fmt.Errorf("cluster: %s was bootstrapped as node %d with %d groups; --node-id %d --groups %d cannot reuse it",
+			cfg.DataDir, have.NodeID, have.Groups, cfg.NodeID, cfg.Groups)
+	}
+	return nil
 }

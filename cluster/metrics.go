@@ -204,3 +204,17 @@ func (n *Node) ClusterStats() ClusterStats {
 		RaftForgedAddresses: raftnet.ForgedAddresses(),
 	}
 }
+
+type nodeStats struct {
+	proposals       atomic.Uint64 // Raft proposals made
+	commands        atomic.Uint64 // commands carried by them
+	proposeRetries  atomic.Uint64
+	proposeFailures atomic.Uint64
+	unavailable     atomic.Uint64
+	orphanReleases  atomic.Uint64
+	abandoned       atomic.Uint64 // grants nobody takes, handed to the orphan releases
+	expires         atomic.Uint64
+	leaderTransfers atomic.Uint64
+	raftFramesSent  atomic.Uint64 // Raft message frames written to peers
+	raftStreams     atomic.Uint64 // Raft message connections dialed, redials included
+}

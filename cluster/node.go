@@ -10,8 +10,9 @@
 // Files by responsibility, in the order a request meets them:
 //
 //   - backend.go: the engine.Backend calls the server makes (Acquire,
-//     Release, Keep, Abandon, Cancel, Flush) and the request registry:
-//     this node's requests awaiting their group, and their deadlines.
+//     Release, Keep, Abandon, Cancel, Flush, Shutdown's drain) and the
+//     request registry: this node's requests awaiting their group, and
+//     their deadlines.
 //   - proposer.go: a group's proposer (the one way to queue a command,
 //     group commit, proposal slots, retries, re-sends on a leader
 //     change).
@@ -25,9 +26,10 @@
 //
 // and off that path:
 //
-//   - node.go: the Node, start, stop, drain, request ids.
-//   - config.go: the configuration, its defaults and checks; check.go:
-//     CheckConfig and the Raft exposure check.
+//   - node.go: the Node, its groups, start, stop, request ids.
+//   - config.go: the configuration, its defaults and checks, and the
+//     data dir's record of them; check.go: CheckConfig and the Raft
+//     exposure check.
 //   - housekeeping.go: a group's periodic step (lease ends, dated
 //     batches, leader changes, silent peers' and earlier runs' waiters,
 //     orphan rechecks) and the loop that carries out its outbox.
@@ -61,11 +63,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -126,87 +124,7 @@ type Node struct {
 	closeOnce sync.Once
 }
 
-type nodeStats struct {
-	proposals       atomic.Uint64 // Raft proposals made
-	commands        atomic.Uint64 // commands carried by them
-	proposeRetries  atomic.Uint64
-	proposeFailures atomic.Uint64
-	unavailable     atomic.Uint64
-	orphanReleases  atomic.Uint64
-	abandoned       atomic.Uint64 // grants nobody takes, handed to the orphan releases
-	expires         atomic.Uint64
-	leaderTransfers atomic.Uint64
-	raftFramesSent  atomic.Uint64 // Raft message frames written to peers
-	raftStreams     atomic.Uint64 // Raft message connections dialed, redials included
-}
-
 var _ engine.Backend = (*Node)(nil)
-
-// metaFile pins the group count, node id and log format of a data dir.
-const metaFile = "lockd-cluster.json"
-
-type meta struct {
-	NodeID uint64 `json:"node_id"`
-	Groups int    `json:"groups"`
-	// LogFormat is the log format the data dir was created at
-	// (version.go); the builds of the formats before logFormatBase wrote
-	// none.
-	LogFormat int `json:"log_format"`
-}
-
-// ErrOldDataDir refuses a data dir written by a build of a log format
-// before logFormatBase.
-var ErrOldDataDir = errors.New("cluster: data dir of an unreleased log format")
-
-// checkMeta ties a data dir to the node id and group count it was
-// bootstrapped with. A Groups of 0 takes the dir's count (DefaultGroups
-// for a new dir), so a restart needs no --groups and a later change of
-// the default cannot strand a cluster bootstrapped before it. A dir of a
-// log format before logFormatBase is refused: its log and snapshots are
-// of forms this build does not read, and no release wrote them, so there
-// is no upgrade path.
-func checkMeta(cfg *Config) error {
-	var have *meta // nil: a new data dir, or files kept in cfg.FS
-	path := filepath.Join(cfg.DataDir, metaFile)
-	if cfg.FS == nil {
-		if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
-			return fmt.Errorf("cluster: data dir: %w", err)
-		}
-		b, err := os.ReadFile(path)
-		switch {
-		case err == nil:
-			have = new(meta)
-			if err := json.Unmarshal(b, have); err != nil {
-				return fmt.Errorf("cluster: %s: %w", path, err)
-			}
-		case !errors.Is(err, os.ErrNotExist):
-			return fmt.Errorf("cluster: %w", err)
-		}
-	}
-	if have != nil && have.LogFormat < logFormatBase {
-		return fmt.Errorf("%w: %s was written by a build before v0.1.0 (a log format before %d), which this build cannot read; "+
-			"move the data dir aside and start this node on an empty one: with --join to add it to a running cluster, or bootstrap a new cluster from empty data dirs",
-			ErrOldDataDir, cfg.DataDir, logFormatBase)
-	}
-	if cfg.Groups == 0 {
-		cfg.Groups = DefaultGroups
-		if have != nil {
-			cfg.Groups = have.Groups
-		}
-	}
-	want := meta{NodeID: cfg.NodeID, Groups: cfg.Groups, LogFormat: logFormatBase}
-	switch {
-	case cfg.FS != nil:
-		return nil
-	case have == nil:
-		b, _ := json.Marshal(want)
-		return os.WriteFile(path, b, 0o640)
-	case have.NodeID != want.NodeID || have.Groups != want.Groups:
-		return fmt.Errorf("cluster: %s was bootstrapped as node %d with %d groups; --node-id %d --groups %d cannot reuse it",
-			cfg.DataDir, have.NodeID, have.Groups, cfg.NodeID, cfg.Groups)
-	}
-	return nil
-}
 
 // shardID names group idx of a cluster of groups groups. The group count
 // is part of the id because it is part of key placement: a node started
@@ -477,69 +395,6 @@ func (n *Node) heardFrom(replica uint64) { n.liveness.heard(replica, n.clock()) 
 func (n *Node) ownRun(id uint64) bool {
 	v := id &^ (1 << 63)
 	return v >= n.idFirst && v <= n.idBase.Load()
-}
-
-// Shutdown starts the node's drain: it first hands the leadership of the
-// groups it leads to a live peer (handOverLeadership), so that the
-// cluster does not wait out an election when it stops, then answers its
-// queued waiters ShuttingDown and drops them from their queues: they were
-// never granted. An acquire still on its way through Raft gets its real
-// answer (a grant, T, or E unavailable), or ShuttingDown if it applies as
-// queued; releases and keeps are answered as usual. Locks stay in the
-// cluster.
-func (n *Node) Shutdown() {
-	n.handOverLeadership()
-	var done []*pending
-	n.regMu.Lock()
-	n.shutting.Store(true)
-	for _, p := range n.reg {
-		if p.queued && n.finishLocked(p) {
-			done = append(done, p)
-		}
-	}
-	n.regMu.Unlock()
-	for _, p := range done {
-		p.group.cancel(p.key, p.id)
-		p.w.Resolve(p.owner, engine.Result{Outcome: engine.ShuttingDown})
-	}
-}
-
-// handOverLeadership asks for every group this node leads to pass to the
-// peer heard from most recently, and waits until none is led here any
-// more or handOverTimeout passed (a transfer Raft gives up leaves this
-// node leader until it stops; its peers then elect after the election
-// timeout, as after a crash).
-func (n *Node) handOverLeadership() {
-	deadline := time.Now().Add(n.handOverTimeout())
-	for {
-		asked := 0
-		for i, g := range n.groups {
-			if n.Leader(i) != n.cfg.NodeID {
-				continue
-			}
-			if to := n.liveness.freshest(n.clock(), n.cfg.ForgetAfter); to != 0 {
-				n.moveLeader(g, to)
-				asked++
-			}
-		}
-		if asked == 0 {
-			return // nothing led here, or no live peer to take it
-		}
-		if time.Now().After(deadline) {
-			for i, g := range n.groups {
-				if n.Leader(i) == n.cfg.NodeID {
-					n.resendProposals(g) // the followers' it dropped meanwhile
-				}
-			}
-			return
-		}
-		time.Sleep(n.cfg.RTT)
-	}
-}
-
-// handOverTimeout bounds a drain's hand-over: two election timeouts.
-func (n *Node) handOverTimeout() time.Duration {
-	return 2 * time.Duration(n.cfg.ElectionRTT) * n.cfg.RTT
 }
 
 // Run returns when ctx is done: the node's goroutines run from Start to
