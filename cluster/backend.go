@@ -416,3 +416,15 @@ func (n *Node) handOverLeadership() {
 func (n *Node) handOverTimeout() time.Duration {
 	return 2 * time.Duration(n.cfg.ElectionRTT) * n.cfg.RTT
 }
+
+func (n *Node) nextID() uint64 { return n.idBase.Add(1) | 1<<63 }
+
+// runIDSpan bounds the request ids one run of a node issues.
+const runIDSpan = 1 << 40
+
+// ownRun reports whether id was issued by this run of the node
+// (group.unclaimed).
+func (n *Node) ownRun(id uint64) bool {
+	v := id &^ (1 << 63)
+	return v >= n.idFirst && v <= n.idBase.Load()
+}

@@ -179,8 +179,7 @@ func (c *Config) wall() time.Time {
 
 func (c *Config) applyDefaults() error {
 	if c.Clock == nil {
-		start := time.Now()
-		c.Clock = func() time.Duration { return time.Since(start) }
+		c.Clock = monotonicClock()
 	}
 	c.RTT = defaults.Or(c.RTT, DefaultRTT)
 	c.ElectionRTT = defaults.Or(c.ElectionRTT, DefaultElectionRTT)

@@ -392,3 +392,6 @@ func (n *Node) groupMembership(ctx context.Context, g *group) (*dragonboat.Membe
 		}
 	}
 }
+
+// heardFrom records a Raft message from replica (the transport's hook).
+func (n *Node) heardFrom(replica uint64) { n.liveness.heard(replica, n.clock()) }

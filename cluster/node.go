@@ -11,22 +11,23 @@
 //
 //   - backend.go: the engine.Backend calls the server makes (Acquire,
 //     Release, Keep, Abandon, Cancel, Flush, Shutdown's drain) and the
-//     request registry: this node's requests awaiting their group, and
-//     their deadlines.
+//     request registry: this node's requests awaiting their group, their
+//     ids and their deadlines.
 //   - proposer.go: a group's proposer (the one way to queue a command,
 //     group commit, proposal slots, retries, re-sends on a leader
 //     change).
 //   - command.go: the log's batch and command format, and what of it
 //     this build cannot read.
-//   - clock.go: the group's replicated clock: the stamp a proposer puts
-//     on a batch and the rule by which a replica moves time with it.
+//   - clock.go: the node's monotonic clock, and the group's replicated
+//     clock: the stamp a proposer puts on a batch and the rule by which
+//     a replica moves time with it.
 //   - fsm.go: the dragonboat state machine adapter, and the routing of
 //     its answers to this node's requests.
 //   - state.go: the replicated state and the apply of each command.
 //
 // and off that path:
 //
-//   - node.go: the Node, its groups, start, stop, request ids.
+//   - node.go: the Node, its groups, start and stop.
 //   - config.go: the configuration, its defaults and checks, and the
 //     data dir's record of them; check.go: CheckConfig and the Raft
 //     exposure check.
@@ -340,13 +341,7 @@ func (n *Node) Groups() int { return len(n.groups) }
 func (n *Node) GroupOf(tenant string, key []byte) int { return groupOf(tenant, key, len(n.groups)) }
 
 // Leader reports this node's view of group idx's leader (0 when unknown).
-func (n *Node) Leader(idx int) uint64 {
-	id, _, ok, err := n.nh.GetLeaderID(n.groups[idx].shardID)
-	if err != nil || !ok {
-		return 0
-	}
-	return id
-}
+func (n *Node) Leader(idx int) uint64 { return n.groups[idx].leader() }
 
 // WaitReady waits until every group has a known leader.
 func (n *Node) WaitReady(ctx context.Context) error {
@@ -377,24 +372,6 @@ func (n *Node) Token(tenant string, key []byte) uint64 {
 		return 0
 	}
 	return f.tokenOf(lockKey([]byte(tenant), key))
-}
-
-// clock is the node's monotonic clock (Config.Clock).
-func (n *Node) clock() time.Duration { return n.cfg.Clock() }
-
-func (n *Node) nextID() uint64 { return n.idBase.Add(1) | 1<<63 }
-
-// runIDSpan bounds the request ids one run of a node issues.
-const runIDSpan = 1 << 40
-
-// heardFrom records a Raft message from replica (the transport's hook).
-func (n *Node) heardFrom(replica uint64) { n.liveness.heard(replica, n.clock()) }
-
-// ownRun reports whether id was issued by this run of the node
-// (group.unclaimed).
-func (n *Node) ownRun(id uint64) bool {
-	v := id &^ (1 << 63)
-	return v >= n.idFirst && v <= n.idBase.Load()
 }
 
 // Run returns when ctx is done: the node's goroutines run from Start to

@@ -74,6 +74,15 @@ type proposer struct {
 	newLeader atomic.Pointer[chan struct{}]
 }
 
+// leader is this node's view of g's leader (0 when unknown).
+func (g *group) leader() uint64 {
+	id, _, ok, err := g.n.nh.GetLeaderID(g.shardID)
+	if err != nil || !ok {
+		return 0
+	}
+	return id
+}
+
 func (g *group) waitingCommands() uint32 {
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -200,7 +209,7 @@ func (g *group) proposeFromLoop() {
 		g.propose()
 		return
 	}
-	if len(g.slots) > 1 || g.n.Leader(g.idx) == 0 {
+	if len(g.slots) > 1 || g.leader() == 0 {
 		<-g.slots
 		g.propose()
 		return
@@ -292,7 +301,7 @@ func (g *group) send(ctx context.Context, b *bytebufferpool.ByteBuffer, deadline
 			n.stats.proposeFailures.Add(1)
 			return false
 		}
-		if g.n.Leader(g.idx) == 0 {
+		if g.leader() == 0 {
 			// No leader known (an election, or a node waiting to be
 			// added): dragonboat would drop the proposal with a warning.
 			n.stats.proposeRetries.Add(1)
