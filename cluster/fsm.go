@@ -39,7 +39,7 @@ type fsm struct {
 	keysRefused atomic.Uint64
 
 	// node-local, under mu:
-	heap engine.DeadlineHeap[expiry]
+	heap engine.DeadlineHeap[leaseRef]
 	// waitEnds are the ends of the waits applied, on this node's clock:
 	// the leader asks for a dated batch at each (clock.go).
 	waitEnds engine.DeadlineHeap[struct{}]
@@ -49,7 +49,7 @@ type fsm struct {
 	// batch, for inspection (replicaNow).
 	nowAppliedAt time.Duration
 	// holds are the hold times of the leases that ended while this
-	// replica's node led the group (as its expiry driver last saw):
+	// replica's node led the group (as its housekeeping last saw):
 	// about one node counts each, as the group saw it.
 	holdTimes histogram.Histogram
 

@@ -33,7 +33,7 @@ type housekeeper struct {
 	pastRunsForgotten atomic.Bool
 	forgetSentAt      time.Duration
 	placement         leaderPlacement
-	due               []expiry // scratch: the lease ends of one pass
+	due               []leaseRef // scratch: the lease ends of one pass
 }
 
 // observed is what the loop read for one group's step besides the clock:
@@ -59,9 +59,9 @@ type outbox struct {
 	// new leader; the followers' proposals it dropped meanwhile must go
 	// out again (resendProposals).
 	handOverGivenUp bool
-	orphans         []expiry // orphan releases to send again
-	forgot          []uint64 // silent peers whose waiters the commands drop
-	leaseEnds       int      // lease ends among the commands
+	orphans         []leaseRef // orphan releases to send again
+	forgot          []uint64   // silent peers whose waiters the commands drop
+	leaseEnds       int        // lease ends among the commands
 }
 
 // propose reports whether the outbox holds anything for the proposer.

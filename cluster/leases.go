@@ -10,10 +10,11 @@ import (
 	"github.com/lockd/lockd/engine"
 )
 
-// expiry is a lease end in a replica's expiry heap, due at an instant of
-// this process's monotonic clock, valid while key still holds token and
-// no KEEP renewed it since (renewals).
-type expiry struct {
+// leaseRef names one lease: key's grant of token at its renewals-th
+// renewal, valid while the key still holds that token and no KEEP renewed
+// it since. In the lease heap it is due at an instant of this node's
+// clock; an orphan release names the grant it releases by it.
+type leaseRef struct {
 	key      string
 	token    uint64
 	renewals uint32
@@ -34,7 +35,7 @@ func (f *fsm) waitEnded(now time.Duration) bool {
 
 // valid reports whether e still names the key's current lease: its token
 // and its latest renewal.
-func (f *fsm) valid(e expiry) bool {
+func (f *fsm) valid(e leaseRef) bool {
 	l := f.state.locks[e.key]
 	return l != nil && l.Token == e.token && l.renewals == e.renewals
 }
@@ -42,7 +43,7 @@ func (f *fsm) valid(e expiry) bool {
 // compactHeap drops stale heap entries when they outnumber live locks.
 func (f *fsm) compactHeap() {
 	if len(f.heap) > 64 && len(f.heap) > 2*len(f.state.locks) {
-		f.heap.Retain(func(d engine.Deadline[expiry]) bool { return f.valid(d.Item) })
+		f.heap.Retain(func(d engine.Deadline[leaseRef]) bool { return f.valid(d.Item) })
 	}
 }
 
@@ -63,14 +64,14 @@ func (f *fsm) rebuild(now time.Duration) {
 		if !ok {
 			at = now + seconds(l.lease)
 		}
-		f.heap = append(f.heap, engine.Deadline[expiry]{At: at, Item: expiry{key: k, token: l.Token, renewals: l.renewals}})
+		f.heap = append(f.heap, engine.Deadline[leaseRef]{At: at, Item: leaseRef{key: k, token: l.Token, renewals: l.renewals}})
 	}
 	f.heap.Init()
 }
 
 // due pops the valid entries due at now, re-arming each retry later in
 // case the expire proposal is lost (a later token makes it stale).
-func (f *fsm) due(now, retry time.Duration, out []expiry) []expiry {
+func (f *fsm) due(now, retry time.Duration, out []leaseRef) []leaseRef {
 	for at, ok := f.heap.Next(); ok && at <= now; at, ok = f.heap.Next() {
 		e := f.heap.Pop().Item
 		if !f.valid(e) {

@@ -13,7 +13,7 @@ import (
 // the group's fsm.mu (the housekeeping step), never before it.
 type orphanQueue struct {
 	mu      sync.Mutex
-	pending []expiry // grants to release, current or not
+	pending []leaseRef // grants to release, current or not
 	// releasing are the releases proposed, checked again at their
 	// instant in case their proposal was given up (due).
 	releasing []orphanCheck
@@ -25,17 +25,17 @@ type orphanQueue struct {
 // released again; a duplicate release of a token no longer current is a
 // no-op.
 type orphanCheck struct {
-	expiry
+	leaseRef
 	at time.Duration
 }
 
-func (q *orphanQueue) add(grants ...expiry) {
+func (q *orphanQueue) add(grants ...leaseRef) {
 	q.mu.Lock()
 	q.pending = append(q.pending, grants...)
 	q.mu.Unlock()
 }
 
-func (q *orphanQueue) take() []expiry {
+func (q *orphanQueue) take() []leaseRef {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	grants := q.pending
@@ -44,16 +44,16 @@ func (q *orphanQueue) take() []expiry {
 }
 
 // due returns the releases whose check falls at now or before.
-func (q *orphanQueue) due(now time.Duration) []expiry {
+func (q *orphanQueue) due(now time.Duration) []leaseRef {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	n := 0
 	for n < len(q.releasing) && q.releasing[n].at <= now {
 		n++
 	}
-	due := make([]expiry, n)
+	due := make([]leaseRef, n)
 	for i, c := range q.releasing[:n] {
-		due[i] = c.expiry
+		due[i] = c.leaseRef
 	}
 	q.releasing = q.releasing[n:]
 	return due
@@ -66,7 +66,7 @@ func (q *orphanQueue) due(now time.Duration) []expiry {
 // only queues.
 func (g *group) orphan(key string, token uint64) {
 	g.n.stats.abandoned.Add(1)
-	g.orphans.add(expiry{key: key, token: token})
+	g.orphans.add(leaseRef{key: key, token: token})
 	g.propose()
 }
 
@@ -95,7 +95,7 @@ func (g *group) releaseOrphans() {
 	checkAt := g.n.clock() + 2*g.n.cfg.ProposeTimeout + g.n.cfg.AttemptTimeout
 	g.orphans.mu.Lock()
 	for _, o := range kept {
-		g.orphans.releasing = append(g.orphans.releasing, orphanCheck{expiry: o, at: checkAt})
+		g.orphans.releasing = append(g.orphans.releasing, orphanCheck{leaseRef: o, at: checkAt})
 	}
 	g.orphans.mu.Unlock()
 	for _, o := range kept {

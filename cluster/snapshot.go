@@ -299,7 +299,7 @@ func (f *fsm) SaveSnapshot(w io.Writer, _ sm.ISnapshotFileCollection, stop <-cha
 }
 
 // RecoverFromSnapshot replaces the state. Every held lock is handed to the
-// expiry driver with its full lease from now on this replica: a restored
+// lease heap with its full lease from now on this replica: a restored
 // replica may extend a lease, never shorten it. Grants and queue entries
 // of this node's requests that the snapshot holds are handed to the node
 // (answerRestored), since no Update will report them. A snapshot of a
@@ -325,7 +325,7 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 		f.g.n.log.Warn().Uint64("group", f.g.shardID).Msg("halted replica resumed from a snapshot this build reads")
 	}
 	for k, l := range state.locks {
-		f.out.leases = append(f.out.leases, expiry{key: k, token: l.Token, renewals: l.renewals, lease: seconds(l.lease)})
+		f.out.leases = append(f.out.leases, leaseRef{key: k, token: l.Token, renewals: l.renewals, lease: seconds(l.lease)})
 		if l.node == self {
 			// Before its queue: a retried duplicate of the holder's own
 			// request may wait behind it.

@@ -122,7 +122,7 @@ type answer struct {
 // and how long each lease that ended was held (on the group's clock).
 type applied struct {
 	answers []answer
-	leases  []expiry
+	leases  []leaseRef
 	holds   []time.Duration
 	// waits are the deadlines of the waits the batch queued, on the
 	// group's clock: the leader moves the group's time when one ends
