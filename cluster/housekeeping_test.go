@@ -204,3 +204,26 @@ func formatOutbox(r *replica, out outbox) (string, error) {
 	}
 	return strings.Join(append(items, "wake "+out.wake.String()), ", "), nil
 }
+
+// The loop carries an outbox out on the group: its commands go into the
+// next batch, its orphans back to the orphan releases, and the proposer
+// is woken, asked for a dated batch when the step wants one.
+func TestCarryOutQueuesTheOutbox(t *testing.T) {
+	r := newReplica(t, 1)
+	g := r.f.g
+	out := outbox{
+		commands: [][]byte{appendLeaseEnd(nil, "t", []byte("a")), appendForget(nil, 2, 1, 0)},
+		orphans:  []leaseRef{{key: lockKey([]byte("t"), []byte("b")), token: 7}},
+		stamp:    true, leaseEnds: 1,
+	}
+	r.n().carryOut(g, &out)
+	if g.waitingCommands() != 2 || !g.dirty.Load() {
+		t.Fatalf("%d commands queued (dirty %v), want the outbox's 2", g.waitingCommands(), g.dirty.Load())
+	}
+	if orphans := g.orphans.take(); len(orphans) != 1 || orphans[0] != out.orphans[0] {
+		t.Fatalf("orphan releases %+v, want %+v", orphans, out.orphans)
+	}
+	if !g.needStamp.Load() || len(g.kick) != 1 || r.n().stats.expires.Load() != 1 {
+		t.Fatalf("stamp asked %v, proposer woken %v, lease ends counted %d", g.needStamp.Load(), len(g.kick) == 1, r.n().stats.expires.Load())
+	}
+}

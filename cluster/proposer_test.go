@@ -163,33 +163,6 @@ func TestAnsweredRequestsLeaveTheTimerHeap(t *testing.T) {
 	}
 }
 
-// An orphaned grant whose release proposal was given up (its group had
-// no quorum for the whole propose timeout) is released again once the
-// group is back, long before its lease would end.
-func TestGivenUpOrphanReleaseIsRetried(t *testing.T) {
-	tc := newTestCluster(t, 3, func(c *Config) { c.ProposeTimeout = 300 * time.Millisecond })
-	rec := newRecorder()
-	const key = "orphan-retry"
-	n := tc.node(1)
-	r := acquire(t, n, rec, 1, key, time.Minute, 0)
-	if r.Outcome != engine.Granted {
-		t.Fatal(r)
-	}
-	tc.stop(2)
-	tc.stop(3)
-	g := n.groups[n.GroupOf("default", []byte(key))]
-	failed := n.ClusterStats().ProposeFailures
-	g.orphan(lockKey([]byte("default"), []byte(key)), r.Token) // as if its waiter had gone
-	waitUntil(t, 10*time.Second, "the orphan release to be given up", func() bool {
-		return n.ClusterStats().ProposeFailures > failed
-	})
-	tc.restart(2)
-	tc.restart(3)
-	waitUntil(t, 20*time.Second, "the orphaned lock to be released", func() bool {
-		return n.Token("default", []byte(key)) == 0
-	})
-}
-
 // A request a follower forwarded to a leader that then died is proposed
 // again as soon as the follower sees the group's new leader. With an
 // attempt timeout of an hour it would otherwise be answered E unavailable
