@@ -337,10 +337,7 @@ func (n *Node) changeGroup(ctx context.Context, g *group, what string, id uint64
 		if !errors.Is(err, dragonboat.ErrRejected) && !dragonboat.IsTempError(err) || ctx.Err() != nil {
 			return fmt.Errorf("cluster: group %d: %s node %d: %w (repeat the command: groups done already are skipped)", g.shardID, what, id, err)
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(20 * time.Millisecond):
-		}
+		pause(ctx, 20*time.Millisecond)
 	}
 }
 
@@ -386,10 +383,7 @@ func (n *Node) groupMembership(ctx context.Context, g *group) (*dragonboat.Membe
 		if !dragonboat.IsTempError(err) || ctx.Err() != nil {
 			return nil, fmt.Errorf("cluster: group %d: read membership: %w", g.shardID, err)
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(20 * time.Millisecond):
-		}
+		pause(ctx, 20*time.Millisecond)
 	}
 }
 

@@ -194,8 +194,8 @@ func (g *group) freeSlot() {
 
 // proposeFromLoop proposes what the event loops gathered for g from the
 // calling loop itself when no proposal of g is out and g has a leader:
-// handing each commit to the proposer goroutine cost a wake-up on its
-// path, a context switch on this machine. Otherwise the proposer decides
+// handing each commit to the proposer goroutine costs a wake-up, a
+// context switch, on its path. Otherwise the proposer decides
 // (the next batch gathers behind the one out; no leader means retries),
 // and so it does for an attempt refused here, on a goroutine of its own,
 // since a loop must not wait.
@@ -305,10 +305,7 @@ func (g *group) send(ctx context.Context, b *bytebufferpool.ByteBuffer, deadline
 			// No leader known (an election, or a node waiting to be
 			// added): dragonboat would drop the proposal with a warning.
 			n.stats.proposeRetries.Add(1)
-			select {
-			case <-ctx.Done():
-			case <-time.After(n.cfg.RTT):
-			}
+			pause(ctx, n.cfg.RTT)
 			continue
 		}
 		err := g.proposeOnce(ctx, b, deadline)
@@ -321,10 +318,7 @@ func (g *group) send(ctx context.Context, b *bytebufferpool.ByteBuffer, deadline
 			return false
 		}
 		n.stats.proposeRetries.Add(1)
-		select {
-		case <-ctx.Done():
-		case <-time.After(5 * time.Millisecond):
-		}
+		pause(ctx, 5*time.Millisecond)
 	}
 }
 
@@ -386,10 +380,7 @@ func (g *group) watch(ctx context.Context, rs *dragonboat.RequestState, leaderCh
 	rs.Release()
 	if r.Dropped() || r.Timeout() {
 		g.n.stats.proposeRetries.Add(1)
-		select {
-		case <-ctx.Done():
-		case <-time.After(5 * time.Millisecond):
-		}
+		pause(ctx, 5*time.Millisecond)
 		if g.send(ctx, b, deadline) {
 			return // the new watcher owns the slot
 		}
@@ -446,6 +437,16 @@ func (n *Node) onSendAgain(b []byte) {
 				g.sendAgain()
 			}
 		}
+	}
+}
+
+// pause waits d, or until ctx is done: the back-off of a retry.
+func pause(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
 	}
 }
 
