@@ -200,8 +200,8 @@ func (s *replicated) resolve(applied uint64, out *applied) {
 		}
 		if l.origin != 0 && l.origin <= applied {
 			l.origin = 0
-			l.End = s.now + seconds(l.lease)
-			out.leases = append(out.leases, leaseRef{key: p.key, token: l.Token, renewals: l.renewals, lease: seconds(l.lease)})
+			l.End = s.now + seconds(l.leaseSeconds)
+			out.leases = append(out.leases, leaseRef{key: p.key, token: l.Token, renewals: l.renewals, lease: seconds(l.leaseSeconds)})
 		}
 		for i := range l.queue {
 			if w := &l.queue[i]; w.origin <= applied {
@@ -219,7 +219,7 @@ func (s *replicated) resolve(applied uint64, out *applied) {
 func (s *replicated) started(k string, l *lockState, origin uint64, out *applied) {
 	l.origin = origin
 	if origin == 0 {
-		out.leases = append(out.leases, leaseRef{key: k, token: l.Token, renewals: l.renewals, lease: seconds(l.lease)})
+		out.leases = append(out.leases, leaseRef{key: k, token: l.Token, renewals: l.renewals, lease: seconds(l.leaseSeconds)})
 		return
 	}
 	l.End = pendingEnd

@@ -269,7 +269,7 @@ func TestExpiryHeapValidatedByToken(t *testing.T) {
 	}
 	// An unknown lock (e.g. after a restore) gets a full lease from now.
 	g := detachedFSM()
-	g.state.locks["x"] = &lockState{Lease: engine.Lease{Token: 5, End: 3e9}, lease: 3}
+	g.state.locks["x"] = &lockState{Lease: engine.Lease{Token: 5, End: 3e9}, leaseSeconds: 3}
 	g.rebuild(1000)
 	if g.heap[0].At != 1000+3e9 {
 		t.Fatalf("%+v", g.heap)

@@ -46,7 +46,7 @@ func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 	if got := rec.wait(t, 1, time.Second); got != (engine.Result{Outcome: engine.Renewed, Token: token}) {
 		t.Fatalf("KEEP of the current token: %+v", got)
 	}
-	if l := f.state.locks[k]; l.Token != token || l.lease != 30 || l.renewals != 1 {
+	if l := f.state.locks[k]; l.Token != token || l.leaseSeconds != 30 || l.renewals != 1 {
 		t.Fatalf("renewed lock %+v", *l)
 	}
 	if due := f.due(100+10e9, 5e8, nil); len(due) != 0 {
@@ -115,7 +115,7 @@ func TestFSMKeepAppliedTwiceRenewsOnce(t *testing.T) {
 	}
 	deadlines := len(f.heap)
 	applyOne(t, f, 4, short(first)) // the first KEEP's batch, applied again
-	if l := f.state.locks[k]; l.lease != 60 || l.renewals != 2 || len(f.heap) != deadlines {
+	if l := f.state.locks[k]; l.leaseSeconds != 60 || l.renewals != 2 || len(f.heap) != deadlines {
 		t.Fatalf("a duplicate KEEP changed the lock: %+v, %d expiry entries (was %d)", *l, len(f.heap), deadlines)
 	}
 	g.mu.Lock()
@@ -211,17 +211,27 @@ func TestKeepAcrossLeaderChange(t *testing.T) {
 		lastSent = renew()
 		tc.advance(clock, lease/4)
 	}
-	// Two leases after the grant, the new leader's deadline for the lock
-	// is the last renewal's, no earlier than its client's own bound.
-	leaderFSM := tc.node(waiterNode).groups[tc.node(waiterNode).GroupOf("default", []byte(key))].fsm.Load()
-	leaderFSM.mu.Lock()
+	// Two leases after the grant, once the new leader has applied and
+	// dated the last renewal (via answered it), its deadline for the lock
+	// is that renewal's, no earlier than its client's own bound.
+	fsmOf := func(id uint64) *fsm { return tc.node(id).groups[tc.node(id).GroupOf("default", []byte(key))].fsm.Load() }
+	k := lockKey([]byte("default"), []byte(key))
+	viaFSM := fsmOf(via)
+	viaFSM.mu.Lock()
+	renewals := viaFSM.state.locks[k].renewals
+	viaFSM.mu.Unlock()
 	var deadline time.Duration
-	for _, d := range leaderFSM.heap {
-		if d.Item.key == lockKey([]byte("default"), []byte(key)) && leaderFSM.valid(d.Item) {
-			deadline = d.At
+	waitUntil(t, 10*time.Second, "the new leader's deadline for the last renewal", func() bool {
+		f := fsmOf(waiterNode)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, d := range f.heap {
+			if e := d.Item; e.key == k && e.token == token && e.renewals == renewals && f.valid(e) {
+				deadline = d.At
+			}
 		}
-	}
-	leaderFSM.mu.Unlock()
+		return deadline != 0
+	})
 	if deadline < lastSent+lease {
 		t.Fatalf("the new leader ends the renewed lease at %v, before the last renewal's bound %v", deadline, lastSent+lease)
 	}
@@ -229,7 +239,15 @@ func TestKeepAcrossLeaderChange(t *testing.T) {
 		t.Fatalf("the waiter was answered while the lock was renewed: %+v", r)
 	}
 	tc.advance(clock, deadline-clock.now())
-	got := rec.wait(t, 2, 20*time.Second)
+	// From the deadline on the clock runs at twice real time: a lease end
+	// lost with a leader is proposed again only once it has moved on.
+	var got engine.Result
+	waitUntil(t, 20*time.Second, "the waiter's answer", func() bool {
+		r, answered := rec.peek(2)
+		got = r
+		tc.advance(clock, 10*time.Millisecond)
+		return answered
+	})
 	if got.Outcome != engine.Granted || got.Token <= token {
 		t.Fatalf("waiter after the renewals stopped: %+v", got)
 	}

@@ -62,7 +62,7 @@ func (f *fsm) rebuild(now time.Duration) {
 	for k, l := range f.state.locks {
 		at, ok := known[k]
 		if !ok {
-			at = now + seconds(l.lease)
+			at = now + seconds(l.leaseSeconds)
 		}
 		f.heap = append(f.heap, engine.Deadline[leaseRef]{At: at, Item: leaseRef{key: k, token: l.Token, renewals: l.renewals}})
 	}

@@ -86,7 +86,7 @@ func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
 		b = binary.BigEndian.AppendUint16(b, uint16(len(k)))
 		b = append(b, k...)
 		b = binary.BigEndian.AppendUint64(b, l.Token)
-		b = binary.BigEndian.AppendUint16(b, l.lease)
+		b = binary.BigEndian.AppendUint16(b, l.leaseSeconds)
 		b = binary.BigEndian.AppendUint64(b, uint64(l.End))
 		b = binary.BigEndian.AppendUint64(b, l.node)
 		b = binary.BigEndian.AppendUint64(b, l.id)
@@ -94,7 +94,7 @@ func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
 			b = binary.BigEndian.AppendUint64(b, uint64(l.requester))
 		}
 		b = binary.BigEndian.AppendUint32(b, l.renewals)
-		b = binary.BigEndian.AppendUint64(b, uint64(l.granted))
+		b = binary.BigEndian.AppendUint64(b, uint64(l.grantedAt))
 		if version >= snapshotVersion {
 			b = binary.BigEndian.AppendUint64(b, l.origin)
 		}
@@ -196,10 +196,10 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 			return replicated{}, err
 		}
 		l := &lockState{
-			Lease: engine.Lease{Token: be.Uint64(buf[:]), End: time.Duration(be.Uint64(buf[10:]))},
-			lease: be.Uint16(buf[8:]),
-			node:  be.Uint64(buf[18:]),
-			id:    be.Uint64(buf[26:]),
+			Lease:        engine.Lease{Token: be.Uint64(buf[:]), End: time.Duration(be.Uint64(buf[10:]))},
+			leaseSeconds: be.Uint16(buf[8:]),
+			node:         be.Uint64(buf[18:]),
+			id:           be.Uint64(buf[26:]),
 		}
 		at := 34
 		if requesterLen > 0 {
@@ -207,7 +207,7 @@ func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
 			at += 8
 		}
 		l.renewals = be.Uint32(buf[at:])
-		l.granted = time.Duration(be.Uint64(buf[at+4:]))
+		l.grantedAt = time.Duration(be.Uint64(buf[at+4:]))
 		at += 12
 		if originLen > 0 {
 			l.origin = be.Uint64(buf[at:])
@@ -325,7 +325,7 @@ func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan 
 		f.g.n.log.Warn().Uint64("group", f.g.shardID).Msg("halted replica resumed from a snapshot this build reads")
 	}
 	for k, l := range state.locks {
-		f.out.leases = append(f.out.leases, leaseRef{key: k, token: l.Token, renewals: l.renewals, lease: seconds(l.lease)})
+		f.out.leases = append(f.out.leases, leaseRef{key: k, token: l.Token, renewals: l.renewals, lease: seconds(l.leaseSeconds)})
 		if l.node == self {
 			// Before its queue: a retried duplicate of the holder's own
 			// request may wait behind it.

@@ -36,7 +36,7 @@ type waitEntry struct {
 // only learns of the grant from a snapshot can still deliver it.
 type lockState struct {
 	engine.Lease        // token and lease end, on the replicated clock
-	lease        uint16 // seconds, of the grant or of the latest KEEP
+	leaseSeconds uint16 // of the grant or of the latest KEEP
 	// renewals counts the KEEPs applied to the token: a retried KEEP
 	// names the renewal it extends, so that applied twice it renews once.
 	renewals uint32
@@ -44,9 +44,9 @@ type lockState struct {
 	// requester tags the request the token was issued to (SPEC §6a), 0
 	// when it had no session: only its ABANDON gives the grant back.
 	requester engine.Requester
-	// granted is the group's clock when the token was issued, for the
+	// grantedAt is the group's time when the token was issued, for the
 	// hold time when its lease ends.
-	granted time.Duration
+	grantedAt time.Duration
 	// origin is the index of the undated batch that started the lease
 	// (End is pendingEnd) until a dated batch dates it (clock.go); 0
 	// once dated.
@@ -146,7 +146,7 @@ func (s *replicated) apply(c *command, out *applied) {
 		r := engine.Result{Outcome: engine.NotHeld}
 		if l := s.settle(k, out); l != nil && engine.Release(l.Lease, c.token, s.now) == engine.Released {
 			r.Outcome = engine.Released
-			out.holds = append(out.holds, s.now-l.granted)
+			out.holds = append(out.holds, s.now-l.grantedAt)
 			s.free(k, l, out)
 		}
 		if c.id != 0 {
@@ -169,7 +169,7 @@ func (s *replicated) apply(c *command, out *applied) {
 			})
 		default:
 			engine.Keep(&l.Lease, c.token, s.now, seconds(c.lease))
-			l.lease = c.lease
+			l.leaseSeconds = c.lease
 			l.renewals++
 			s.started(k, l, s.batch.origin(), out)
 			if c.id != 0 {
@@ -254,16 +254,16 @@ func (s *replicated) admitKey(limit int64) bool {
 
 func (s *replicated) grant(k string, l *lockState, node, id uint64, r engine.Requester, lease uint16, out *applied) {
 	s.tokens.Grant(&l.Lease, s.now, seconds(lease))
-	s.granted(k, l, node, id, r, lease, s.batch.origin(), out)
+	s.setHolder(k, l, node, id, r, lease, s.batch.origin(), out)
 }
 
-// granted records who holds the token just issued to l, whose lease
+// setHolder records who holds the token just issued to l, whose lease
 // started at origin (clock.go).
-func (s *replicated) granted(k string, l *lockState, node, id uint64, r engine.Requester, lease uint16, origin uint64, out *applied) {
-	l.lease = lease
+func (s *replicated) setHolder(k string, l *lockState, node, id uint64, r engine.Requester, lease uint16, origin uint64, out *applied) {
+	l.leaseSeconds = lease
 	l.renewals = 0
 	l.node, l.id, l.requester = node, id, r
-	l.granted = s.now
+	l.grantedAt = s.now
 	s.started(k, l, origin, out)
 }
 
@@ -275,7 +275,7 @@ func (s *replicated) settle(k string, out *applied) *lockState {
 	if l == nil || !l.Lapsed(s.now) {
 		return l
 	}
-	out.holds = append(out.holds, l.End-l.granted) // the holder had the whole lease
+	out.holds = append(out.holds, l.End-l.grantedAt) // the holder had the whole lease
 	return s.free(k, l, out)
 }
 
@@ -294,7 +294,7 @@ func (s *replicated) free(k string, l *lockState, out *applied) *lockState {
 		if r.Outcome == engine.Granted {
 			// A waiter queued in a dated batch sent its request before
 			// the time it was queued at, so before s.now.
-			s.granted(k, l, w.node, w.id, w.requester, uint16(w.Lease/time.Second), w.origin, out)
+			s.setHolder(k, l, w.node, w.id, w.requester, uint16(w.Lease/time.Second), w.origin, out)
 			return l
 		}
 	}
@@ -329,7 +329,7 @@ func (s *replicated) abandon(k string, c *command, out *applied) {
 		}
 		if engine.AbandonGrant(l.Lease, l.requester, c.requester, s.now) == engine.Released {
 			r.Outcome = engine.Released
-			out.holds = append(out.holds, s.now-l.granted)
+			out.holds = append(out.holds, s.now-l.grantedAt)
 			s.free(k, l, out)
 		}
 	}
