@@ -214,7 +214,9 @@ func TestKeepAcrossLeaderChange(t *testing.T) {
 	// Two leases after the grant, once the new leader has applied and
 	// dated the last renewal (via answered it), its deadline for the lock
 	// is that renewal's, no earlier than its client's own bound.
-	fsmOf := func(id uint64) *fsm { return tc.node(id).groups[tc.node(id).GroupOf("default", []byte(key))].fsm.Load() }
+	fsmOf := func(id uint64) *fsm {
+		return tc.node(id).groups[tc.node(id).GroupOf("default", []byte(key))].fsm.Load()
+	}
 	k := lockKey([]byte("default"), []byte(key))
 	viaFSM := fsmOf(via)
 	viaFSM.mu.Lock()
