@@ -56,16 +56,14 @@ type outbox struct {
 	// moveLeaderTo asks for the leadership to pass to this node.
 	moveLeaderTo uint64
 	// handOverGivenUp: a hand-over this leader asked for ended without a
-	// new leader; the followers' proposals it dropped meanwhile must go
-	// out again (resendProposals).
+	// new leader; the loop sends the group's other voters a send-again
+	// (resendProposals), since this leader dropped their proposals
+	// meanwhile.
 	handOverGivenUp bool
 	orphans         []leaseRef // orphan releases to send again
 	forgot          []uint64   // silent peers whose waiters the commands drop
 	leaseEnds       int        // lease ends among the commands
 }
-
-// propose reports whether the outbox holds anything for the proposer.
-func (o *outbox) propose() bool { return len(o.commands) > 0 || o.stamp }
 
 // housekeepingInterval bounds how long the loop sleeps: it wakes at the
 // next lease deadline or wait end a step asked for and when a group's
@@ -292,7 +290,7 @@ func (n *Node) carryOut(g *group, out *outbox) {
 	if out.stamp {
 		g.needStamp.Store(true)
 	}
-	if out.propose() {
+	if len(out.commands) > 0 || out.stamp {
 		g.propose()
 	}
 }
