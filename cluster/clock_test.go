@@ -208,7 +208,7 @@ func TestUndatedStartsWaitForTheLeadersDate(t *testing.T) {
 		t.Fatalf("dated at %v: end %v, waiter origin %d; want end %v, the waiter's handoff dated", at, l.End, l.queue[0].origin, at+30*time.Second)
 	}
 	if len(r.f.out.leases) != 0 || len(r.f.heap) == 0 {
-		t.Fatal("the dated lease was not handed to the expiry heap")
+		t.Fatal("the dated lease was not handed to the lease heap")
 	}
 	// A renewal in an undated batch is pending the same way.
 	r.applyStamped(follower.stamp(4, 1, r.index), func(b []byte) []byte { return appendKeep(b, 2, 0, l.Token, 0, 30, "t", []byte("k")) })

@@ -186,7 +186,7 @@ func TestFSMDeterministicAndSnapshot(t *testing.T) {
 		t.Fatalf("snapshot restore differs:\n%+v\n%+v", stateOf(a), stateOf(c))
 	}
 	if len(c.heap) != len(c.state.locks) {
-		t.Fatalf("restored locks not handed to the expiry heap: %d of %d", len(c.heap), len(c.state.locks))
+		t.Fatalf("restored locks not handed to the lease heap: %d of %d", len(c.heap), len(c.state.locks))
 	}
 	// Continuing after the restore stays in step.
 	for i, cmd := range randomBatches(8, 200) {

@@ -27,7 +27,7 @@ func keepRequest(n *Node, rec *recorder, owner uint64) uint64 {
 }
 
 // A KEEP of the current token renews it in place (same token, new lease,
-// a fresh expiry entry); the expiry entry and any lease end proposed for
+// a fresh heap entry); the heap entry and any lease end proposed for
 // the lease it replaced free nothing, in either format; the lease end of
 // the renewal frees the key.
 func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
@@ -116,7 +116,7 @@ func TestFSMKeepAppliedTwiceRenewsOnce(t *testing.T) {
 	deadlines := len(f.heap)
 	applyOne(t, f, 4, short(first)) // the first KEEP's batch, applied again
 	if l := f.state.locks[k]; l.leaseSeconds != 60 || l.renewals != 2 || len(f.heap) != deadlines {
-		t.Fatalf("a duplicate KEEP changed the lock: %+v, %d expiry entries (was %d)", *l, len(f.heap), deadlines)
+		t.Fatalf("a duplicate KEEP changed the lock: %+v, %d heap entries (was %d)", *l, len(f.heap), deadlines)
 	}
 	g.mu.Lock()
 	queued := g.count
