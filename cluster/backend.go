@@ -1,13 +1,14 @@
 package cluster
 
 // This file owns the Node's side of the backend interface the server
-// talks to: each request becomes a command in its group's next proposal,
-// answered through the request registry.
+// talks to, and the request registry: each request becomes a command in
+// its group's next proposal, and waits in the registry until the state
+// machine's answer (fsm.go, group.answer) or its deadline resolves it.
 
 import (
+	"context"
 	"time"
 
-	"github.com/lockd/lockd/cluster/raftnet"
 	"github.com/lockd/lockd/engine"
 )
 
@@ -62,11 +63,9 @@ func (n *Node) Acquire(ns engine.Namespace, key []byte, owner uint64, r engine.R
 	if g.logFormat.Load() < logFormat4 {
 		r = 0 // the group cannot record it yet; no ABANDON is served until it can (ServesAbandon)
 	}
-	g.mu.Lock()
-	g.buf = appendAcquire(g.buf, n.cfg.NodeID, p.id, uint16(lease/time.Second), int64(wait), uint32(g.maxKeys), r, tenant, key)
-	g.count++
-	g.mu.Unlock()
-	g.dirty.Store(true)
+	g.queue(func(b []byte) []byte {
+		return appendAcquire(b, n.cfg.NodeID, p.id, uint16(lease/time.Second), int64(wait), uint32(g.maxKeys), r, tenant, key)
+	})
 	return engine.Result{Outcome: engine.Queued}, p
 }
 
@@ -103,16 +102,11 @@ func (n *Node) AsyncAnswers() bool { return true }
 // Release proposes the release; the answer comes through w. A nil w is
 // the server releasing an orphaned grant: nobody is told.
 func (n *Node) Release(ns engine.Namespace, key []byte, owner, token uint64, w engine.Waiter) engine.Result {
-	tenant := n.tenant(ns)
-	g := n.groups[groupOf(tenant, key, len(n.groups))]
-	if g.halted() {
+	g, tenant, id, ok := n.ungated(ns, key, owner, w, 0)
+	if !ok {
 		return engine.Result{Outcome: engine.Unavailable}
 	}
-	var id uint64
-	if w != nil {
-		id = n.registerUngated(owner, w)
-	}
-	g.enqueueRelease(id, token, tenant, key)
+	g.queue(func(b []byte) []byte { return appendRelease(b, n.cfg.NodeID, id, token, tenant, key) })
 	if w == nil {
 		g.propose()
 	}
@@ -124,39 +118,34 @@ func (n *Node) Release(ns engine.Namespace, key []byte, owner, token uint64, w e
 // not apply it within ProposeTimeout (the lease may or may not have been
 // renewed). Like Release it passes no gate.
 func (n *Node) Keep(ns engine.Namespace, key []byte, owner, token uint64, lease time.Duration, w engine.Waiter) engine.Result {
-	tenant := n.tenant(ns)
-	g := n.groups[groupOf(tenant, key, len(n.groups))]
-	if g.halted() {
+	g, tenant, id, ok := n.ungated(ns, key, owner, w, 0)
+	if !ok {
 		return engine.Result{Outcome: engine.Unavailable}
 	}
-	var id uint64
-	if w != nil {
-		id = n.registerUngated(owner, w)
-	}
 	renewals := g.fsm.Load().renewalsOf(lockKey([]byte(tenant), key), token)
-	g.mu.Lock()
-	g.buf = appendKeep(g.buf, n.cfg.NodeID, id, token, renewals, uint16(lease/time.Second), tenant, key)
-	g.count++
-	g.mu.Unlock()
-	g.dirty.Store(true)
+	g.queue(func(b []byte) []byte {
+		return appendKeep(b, n.cfg.NodeID, id, token, renewals, uint16(lease/time.Second), tenant, key)
+	})
 	return engine.Result{Outcome: engine.Queued}
 }
 
-// registerUngated registers a release, keep or abandon answered through w and
-// returns its request id.
-func (n *Node) registerUngated(owner uint64, w engine.Waiter) uint64 {
-	now := n.clock()
-	p := &pending{id: n.nextID(), w: w, owner: owner, start: now, deadline: now + n.cfg.ProposeTimeout, ungated: true}
-	n.register(p)
-	return p.id
-}
-
-func (g *group) enqueueRelease(id, token uint64, tenant string, key []byte) {
-	g.mu.Lock()
-	g.buf = appendRelease(g.buf, g.n.cfg.NodeID, id, token, tenant, key)
-	g.count++
-	g.mu.Unlock()
-	g.dirty.Store(true)
+// ungated starts a release, keep or abandon of key, which passes no gate:
+// it returns key's group, the tenant's name and the request's id, which
+// w is answered for (0 for a nil w: nobody is told); !ok when this
+// node's replica of the group halted or is below log format minFormat.
+func (n *Node) ungated(ns engine.Namespace, key []byte, owner uint64, w engine.Waiter, minFormat uint32) (g *group, tenant string, id uint64, ok bool) {
+	tenant = n.tenant(ns)
+	g = n.groups[groupOf(tenant, key, len(n.groups))]
+	if g.halted() || g.logFormat.Load() < minFormat {
+		return nil, "", 0, false
+	}
+	if w != nil {
+		now := n.clock()
+		p := &pending{id: n.nextID(), w: w, owner: owner, start: now, deadline: now + n.cfg.ProposeTimeout, ungated: true}
+		n.register(p)
+		id = p.id
+	}
+	return g, tenant, id, true
 }
 
 // Abandon proposes SPEC §6a ABANDON of the request tagged r on key (a
@@ -165,20 +154,11 @@ func (g *group) enqueueRelease(id, token uint64, tenant string, key []byte) {
 // when the group did not apply it within ProposeTimeout. Like Release it
 // passes no gate.
 func (n *Node) Abandon(ns engine.Namespace, key []byte, owner uint64, r engine.Requester, w engine.Waiter) engine.Result {
-	tenant := n.tenant(ns)
-	g := n.groups[groupOf(tenant, key, len(n.groups))]
-	if g.halted() || g.logFormat.Load() < logFormat4 {
+	g, tenant, id, ok := n.ungated(ns, key, owner, w, logFormat4)
+	if !ok {
 		return engine.Result{Outcome: engine.Unavailable}
 	}
-	var id uint64
-	if w != nil {
-		id = n.registerUngated(owner, w)
-	}
-	g.mu.Lock()
-	g.buf = appendAbandon(g.buf, n.cfg.NodeID, id, r, tenant, key)
-	g.count++
-	g.mu.Unlock()
-	g.dirty.Store(true)
+	g.queue(func(b []byte) []byte { return appendAbandon(b, n.cfg.NodeID, id, r, tenant, key) })
 	return engine.Result{Outcome: engine.Queued}
 }
 
@@ -231,11 +211,7 @@ func (n *Node) Cancel(h engine.Handle) {
 // connection closed, so it wakes the proposer itself.
 func (g *group) cancel(key string, id uint64) {
 	tenant, k := splitLockKey(key)
-	g.mu.Lock()
-	g.buf = appendCancel(g.buf, g.n.cfg.NodeID, id, tenant, k)
-	g.count++
-	g.mu.Unlock()
-	g.dirty.Store(true)
+	g.queue(func(b []byte) []byte { return appendCancel(b, g.n.cfg.NodeID, id, tenant, k) })
 	g.propose()
 }
 
@@ -249,61 +225,206 @@ func (n *Node) Flush() {
 	}
 }
 
-// Stats sums the replicated tables of this replica (keys, tokens, the keys
-// gates: closed when any group's is) and the node's own gates (waiters,
-// in-flight).
-func (n *Node) Stats() engine.Stats {
-	var st engine.Stats
-	var keysClosed bool
-	var keysRefused uint64
-	for _, g := range n.groups {
-		f := g.fsm.Load()
-		if f == nil {
-			continue
+// pending is a request of this node's connections awaiting its group.
+type pending struct {
+	id       uint64
+	w        engine.Waiter
+	owner    uint64
+	start    time.Duration // node clock at receipt
+	wait     time.Duration
+	deadline time.Duration // Unavailable (proposal) or TimedOut (queued) at this instant
+	// ungated marks a release or keep: it holds no gate, and it is still
+	// answered after Shutdown.
+	ungated bool
+	queued  bool                // the state machine queued it
+	done    bool                // resolved or cancelled
+	quota   *engine.TenantGates // of the acquire's tenant, nil without limits
+	// group and key (a lock key) of an acquire, to release a grant its
+	// waiter abandons.
+	group *group
+	key   string
+}
+
+// register adds p; an acquire is refused once Shutdown ran, checked under
+// the lock Shutdown takes, so that no acquire escapes its sweep.
+func (n *Node) register(p *pending) bool {
+	n.regMu.Lock()
+	if !p.ungated && n.shutting.Load() {
+		n.regMu.Unlock()
+		return false
+	}
+	n.reg[p.id] = p
+	next, ok := n.timers.Next()
+	wake := !ok || p.deadline < next
+	n.timers.Push(p.deadline, p)
+	// Answered requests stay in the heap until their deadline (up to a
+	// 255 s wait): drop them once they outnumber the live ones. A queued
+	// request keeps its stale first entry too, so the heap stays within
+	// twice the live requests after a pass: passes are rare.
+	if len(n.timers) > 64 && len(n.timers) > 3*len(n.reg) {
+		n.timers.Retain(func(d engine.Deadline[*pending]) bool { return !d.Item.done })
+	}
+	n.regMu.Unlock()
+	if wake {
+		n.wakeTimers()
+	}
+	return true
+}
+
+// wakeTimers has timerLoop look at the earliest deadline again.
+func (n *Node) wakeTimers() {
+	select {
+	case n.wakeReg <- struct{}{}:
+	default:
+	}
+}
+
+// finishLocked retires p, giving back its gates; false if it was already.
+func (n *Node) finishLocked(p *pending) bool {
+	if p.done {
+		return false
+	}
+	p.done = true
+	delete(n.reg, p.id)
+	if !p.ungated {
+		n.inflight.Leave()
+		p.quota.LeaveInflight()
+		if p.queued {
+			n.waiters.Leave()
+			p.quota.LeaveWaiter()
 		}
-		f.mu.Lock()
-		st.Keys += len(f.state.locks)
-		st.TokensIssued += f.state.tokens.Issued
-		st.LastToken = max(st.LastToken, f.state.tokens.Last)
-		// The replicated flag changes only when an acquire asks; the gate
-		// is open again as soon as the count is below its reopening mark.
-		f.holdTimes.AddTo(&st.HoldTimes)
-		keys := int64(len(f.state.locks))
-		keysClosed = keysClosed || f.state.keysClosed && !engine.NewGateRule(int64(g.maxKeys)).Reopens(keys)
-		f.mu.Unlock()
-		keysRefused += f.keysRefused.Load()
 	}
-	st.WaitersGate, st.InflightGate = n.waiters.Stats(), n.inflight.Stats()
-	st.Waiters, st.Inflight = st.WaitersGate.Count, st.InflightGate.Count
-	st.KeysGate = engine.GateStats{Open: !keysClosed, Limit: n.cfg.MaxKeys, Count: st.Keys, Refused: keysRefused}
-	st.UndeliveredQueued = n.stats.abandoned.Load()
-	st.LeaseExpiries = n.stats.expires.Load()
-	st.Tenants = n.quotas.Stats(n.Namespace)
-	for i := range st.Tenants {
-		// The keys gate holds no units here: the replicas count the keys.
-		st.Tenants[i].KeysGate.Count = n.tenantKeys(st.Tenants[i].Tenant)
-	}
-	return st
+	return true
 }
 
-// ClusterStats are counters for benchmarks and tests.
-type ClusterStats struct {
-	Proposals, Commands, ProposeRetries, ProposeFailures, Unavailable, OrphanReleases, Expires, LeaderTransfers uint64
-	RaftFramesSent, RaftStreamsOpened                                                                           uint64
-	// RaftForgedAddresses counts, for the whole process, the addresses a
-	// frame from outside the membership gave a replica id first that the
-	// membership then superseded (raftnet, raft_sources.go).
-	RaftForgedAddresses uint64
+// admitWaiter takes a unit of the node's waiters gate and of the tenant's.
+func (n *Node) admitWaiter(quota *engine.TenantGates) bool {
+	if !n.waiters.Admit() {
+		return false
+	}
+	if !quota.AdmitWaiter() {
+		n.waiters.Leave()
+		return false
+	}
+	return true
 }
 
-// ClusterStats returns the node's Raft-side counters.
-func (n *Node) ClusterStats() ClusterStats {
-	s := &n.stats
-	return ClusterStats{
-		Proposals: s.proposals.Load(), Commands: s.commands.Load(), ProposeRetries: s.proposeRetries.Load(),
-		ProposeFailures: s.proposeFailures.Load(), Unavailable: s.unavailable.Load(),
-		OrphanReleases: s.orphanReleases.Load(), Expires: s.expires.Load(), LeaderTransfers: s.leaderTransfers.Load(),
-		RaftFramesSent: s.raftFramesSent.Load(), RaftStreamsOpened: s.raftStreams.Load(),
-		RaftForgedAddresses: raftnet.ForgedAddresses(),
+// timerLoop answers requests whose deadline passed: Unavailable while the
+// group has not applied them, TimedOut once queued.
+func (n *Node) timerLoop(ctx context.Context) {
+	tm := time.NewTimer(time.Hour)
+	defer tm.Stop()
+	var due []*pending
+	for {
+		now := n.clock()
+		next := time.Hour
+		n.regMu.Lock()
+		for at, ok := n.timers.Next(); ok; at, ok = n.timers.Next() {
+			p := n.timers[0].Item
+			if p.done || p.deadline != at {
+				n.timers.Pop()
+				continue
+			}
+			if at > now {
+				next = at - now
+				break
+			}
+			n.timers.Pop()
+			n.finishLocked(p)
+			due = append(due, p)
+		}
+		n.regMu.Unlock()
+		for i, p := range due {
+			r := engine.Result{Outcome: engine.TimedOut}
+			if !p.queued {
+				r.Outcome = engine.Unavailable
+				n.stats.unavailable.Add(1)
+			}
+			p.w.Resolve(p.owner, r)
+			due[i] = nil
+		}
+		due = due[:0]
+		tm.Reset(next)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tm.C:
+		case <-n.wakeReg:
+		}
 	}
+}
+
+// Shutdown starts the node's drain: it first hands the leadership of the
+// groups it leads to a live peer (handOverLeadership), so that the
+// cluster does not wait out an election when it stops, then answers its
+// queued waiters ShuttingDown and drops them from their queues: they were
+// never granted. An acquire still on its way through Raft gets its real
+// answer (a grant, T, or E unavailable), or ShuttingDown if it applies as
+// queued; releases and keeps are answered as usual. Locks stay in the
+// cluster.
+func (n *Node) Shutdown() {
+	n.handOverLeadership()
+	var done []*pending
+	n.regMu.Lock()
+	n.shutting.Store(true)
+	for _, p := range n.reg {
+		if p.queued && n.finishLocked(p) {
+			done = append(done, p)
+		}
+	}
+	n.regMu.Unlock()
+	for _, p := range done {
+		p.group.cancel(p.key, p.id)
+		p.w.Resolve(p.owner, engine.Result{Outcome: engine.ShuttingDown})
+	}
+}
+
+// handOverLeadership asks for every group this node leads to pass to the
+// peer heard from most recently, and waits until none is led here any
+// more or handOverTimeout passed (a transfer Raft gives up leaves this
+// node leader until it stops; its peers then elect after the election
+// timeout, as after a crash).
+func (n *Node) handOverLeadership() {
+	deadline := time.Now().Add(n.handOverTimeout())
+	for {
+		asked := 0
+		for i, g := range n.groups {
+			if n.Leader(i) != n.cfg.NodeID {
+				continue
+			}
+			if to := n.liveness.freshest(n.clock(), n.cfg.ForgetAfter); to != 0 {
+				n.moveLeader(g, to)
+				asked++
+			}
+		}
+		if asked == 0 {
+			return // nothing led here, or no live peer to take it
+		}
+		if time.Now().After(deadline) {
+			for i, g := range n.groups {
+				if n.Leader(i) == n.cfg.NodeID {
+					n.resendProposals(g) // the followers' it dropped meanwhile
+				}
+			}
+			return
+		}
+		time.Sleep(n.cfg.RTT)
+	}
+}
+
+// handOverTimeout bounds a drain's hand-over: two election timeouts.
+func (n *Node) handOverTimeout() time.Duration {
+	return 2 * time.Duration(n.cfg.ElectionRTT) * n.cfg.RTT
+}
+
+func (n *Node) nextID() uint64 { return n.idBase.Add(1) | 1<<63 }
+
+// runIDSpan bounds the request ids one run of a node issues.
+const runIDSpan = 1 << 40
+
+// ownRun reports whether id was issued by this run of the node
+// (group.unclaimed).
+func (n *Node) ownRun(id uint64) bool {
+	v := id &^ (1 << 63)
+	return v >= n.idFirst && v <= n.idBase.Load()
 }

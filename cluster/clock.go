@@ -1,7 +1,7 @@
 package cluster
 
-// This file owns a group's replicated clock (docs/cluster.md, The group's
-// clock): the stamp a proposer puts on a batch, and the rule by which a
+// This file owns the clocks: the node's monotonic clock, and a group's
+// replicated clock (docs/cluster.md, The group's clock): the stamp a proposer puts on a batch, and the rule by which a
 // replica moves the group's time with it. From log format 5 on, only the
 // monotonic clock of the node that leads moves time: the leader stamps
 // each batch with its Raft term, its id and the elapsed time since its
@@ -17,6 +17,17 @@ package cluster
 // No wall clock enters the state machine from format 5 on.
 
 import "time"
+
+// clock is the node's monotonic clock (Config.Clock): leases, waits,
+// request deadlines and peer liveness are judged on it.
+func (n *Node) clock() time.Duration { return n.cfg.Clock() }
+
+// monotonicClock is the process's monotonic clock from now, the default
+// Config.Clock.
+func monotonicClock() func() time.Duration {
+	start := time.Now()
+	return func() time.Duration { return time.Since(start) }
+}
 
 // undated is a stamp's elapsed when the proposer did not lead the group.
 const undated = -1
@@ -189,8 +200,8 @@ func (s *replicated) resolve(applied uint64, out *applied) {
 		}
 		if l.origin != 0 && l.origin <= applied {
 			l.origin = 0
-			l.End = s.now + seconds(l.lease)
-			out.leases = append(out.leases, expiry{key: p.key, token: l.Token, renewals: l.renewals, lease: seconds(l.lease)})
+			l.End = s.now + seconds(l.leaseSeconds)
+			out.leases = append(out.leases, leaseRef{key: p.key, token: l.Token, renewals: l.renewals, lease: seconds(l.leaseSeconds)})
 		}
 		for i := range l.queue {
 			if w := &l.queue[i]; w.origin <= applied {
@@ -208,7 +219,7 @@ func (s *replicated) resolve(applied uint64, out *applied) {
 func (s *replicated) started(k string, l *lockState, origin uint64, out *applied) {
 	l.origin = origin
 	if origin == 0 {
-		out.leases = append(out.leases, expiry{key: k, token: l.Token, renewals: l.renewals, lease: seconds(l.lease)})
+		out.leases = append(out.leases, leaseRef{key: k, token: l.Token, renewals: l.renewals, lease: seconds(l.leaseSeconds)})
 		return
 	}
 	l.End = pendingEnd

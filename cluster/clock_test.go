@@ -208,7 +208,7 @@ func TestUndatedStartsWaitForTheLeadersDate(t *testing.T) {
 		t.Fatalf("dated at %v: end %v, waiter origin %d; want end %v, the waiter's handoff dated", at, l.End, l.queue[0].origin, at+30*time.Second)
 	}
 	if len(r.f.out.leases) != 0 || len(r.f.heap) == 0 {
-		t.Fatal("the dated lease was not handed to the expiry heap")
+		t.Fatal("the dated lease was not handed to the lease heap")
 	}
 	// A renewal in an undated batch is pending the same way.
 	r.applyStamped(follower.stamp(4, 1, r.index), func(b []byte) []byte { return appendKeep(b, 2, 0, l.Token, 0, 30, "t", []byte("k")) })
@@ -293,13 +293,12 @@ func TestLeaderAsksForADateWhileAStartIsUndated(t *testing.T) {
 		if got := g.needStamp.Swap(false); got != leading {
 			t.Fatalf("leading %v: a dated batch asked for: %v", leading, got)
 		}
-		view := leaderView{leader: 2, term: 4}
+		obs := observed{leader: 2, gatherOn: 1, heard: r.n().liveness.heardAt()}
 		if leading {
-			view.leader = 1
+			obs.leader = 1
 		}
-		step := g.expiryStep(time.Second, view, 1)
-		if got := g.needStamp.Load(); got != leading || step.propose != leading {
-			t.Fatalf("leading %v: the housekeeping pass asked for a dated batch: %v (propose %v)", leading, got, step.propose)
+		if out := g.step(time.Second, obs); out.stamp != leading {
+			t.Fatalf("leading %v: the housekeeping pass asked for a dated batch: %v", leading, out.stamp)
 		}
 	}
 }

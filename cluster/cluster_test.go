@@ -413,3 +413,15 @@ func TestGroupsShareOneRaftStreamPerPeer(t *testing.T) {
 		}
 	}
 }
+
+// With Config.MonitorAnchor every node's anchor sees the entries its
+// replica applies, and Close stops it (the package's goleak check).
+func TestMonitorAnchorSeesEveryReplicasApplies(t *testing.T) {
+	tc := newTestCluster(t, 3, func(c *Config) { c.MonitorAnchor = true })
+	if r := acquire(t, tc.node(1), newRecorder(), 1, "k", 10*time.Second, 0); r.Outcome != engine.Granted {
+		t.Fatalf("acquire: %+v", r)
+	}
+	for i := uint64(1); i <= 3; i++ {
+		waitUntil(t, 10*time.Second, fmt.Sprintf("node %d's anchor to see an applied entry", i), func() bool { return tc.node(i).anchor.Applied() > 0 })
+	}
+}

@@ -363,3 +363,44 @@ func groupOf(tenant string, key []byte, groups int) int {
 	}
 	return int(h % uint64(groups))
 }
+
+// unreadable is what in the batch cmd this build cannot apply — a batch
+// version or a command kind it does not know, or a format above the
+// newest it reads — nil when there is none. It walks the commands without
+// decoding their fields. A batch this build can read but finds malformed
+// is Update's to skip: every replica of the same build skips it alike.
+func unreadable(cmd []byte) error {
+	_, count, b, err := readHeader(cmd)
+	if err != nil {
+		if errors.Is(err, errUnknownCommand) {
+			return err
+		}
+		return nil
+	}
+	for range count {
+		if len(b) < 1 {
+			return nil
+		}
+		kind := b[0]
+		need, err := fieldsLen(kind)
+		if err != nil {
+			return err
+		}
+		if len(b) < 1+need {
+			return nil
+		}
+		if kind == cmdFormat {
+			if format := binary.BigEndian.Uint32(b[1:]); format > logFormatNewest {
+				return fmt.Errorf("%w log format %d (this build reads %d to %d)", errUnknownCommand, format, logFormatBase, logFormatNewest)
+			}
+		}
+		var ok bool
+		if _, b, ok = readText(b[1+need:]); !ok {
+			return nil
+		}
+		if _, b, ok = readText(b); !ok {
+			return nil
+		}
+	}
+	return nil
+}

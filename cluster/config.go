@@ -1,13 +1,17 @@
 package cluster
 
-// This file owns a node's configuration: its defaults, their checks, and
-// the peer list format of the --peers flag.
+// This file owns a node's configuration: its defaults, their checks, the
+// peer list format of the --peers flag, and the data dir's record of the
+// node id, group count and log format it was created with.
 
 import (
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -51,15 +55,6 @@ const (
 	DefaultSnapshotEntries    = 10000
 	DefaultCompactionOverhead = 2000
 	DefaultProposeTimeout     = 2 * time.Second
-	// expiryHousekeeping bounds how long the expiry driver sleeps: it
-	// wakes at its next lease deadline and when a group's leader changes,
-	// and at least this often for what is judged by elapsed time (silent
-	// peers, leader placement, orphan rechecks, and leases applied since,
-	// which last at least a second). A short fixed tick instead costs an
-	// idle cluster much of its CPU (docs/cluster.md, Performance).
-	expiryHousekeeping = 250 * time.Millisecond
-	// expireRetry re-arms a due lease whose expire proposal may be lost.
-	expireRetry = 500 * time.Millisecond
 	// proposalsInFlight per group and node: enough to overlap one batch's
 	// commit with the next one's send, few enough that requests arriving
 	// meanwhile are batched (group commit).
@@ -110,9 +105,9 @@ type Config struct {
 	LogDBShards uint64
 
 	// MonitorAnchor keeps one Go processor in a system call while the
-	// node applies commands (monitor.go), so that the Go runtime's monitor
-	// thread does not fall into its deep sleep between two Raft messages
-	// and wake up polling every 20 µs. It needs a processor of its own:
+	// node applies commands (internal/sysmonanchor), so that the Go
+	// runtime's monitor thread does not fall into its deep sleep between
+	// two Raft messages and wake up polling every 20 µs. It needs a processor of its own:
 	// set it only where GOMAXPROCS counts one for it (lockd serve does).
 	MonitorAnchor bool
 
@@ -134,7 +129,7 @@ type Config struct {
 	// peer, before it drops that peer's queued waiters (cmdForget), so
 	// that a freed lock goes to a live waiter; default two election
 	// timeouts. The group's previous leader is given one election timeout
-	// at most (expiry.go, forgetSilentPeers).
+	// at most (housekeeping.go, silentPeers).
 	ForgetAfter time.Duration
 
 	// RaftTLS, when set, runs the Raft transport over mutual TLS
@@ -162,6 +157,12 @@ type Config struct {
 	FS     config.IFS
 	Logger zerolog.Logger
 
+	// Clock, when set, is this node's monotonic clock, the time since an
+	// arbitrary origin: leases, waits, request deadlines, peer liveness
+	// and the housekeeping pass read it. nil is the process's monotonic
+	// clock from Start; tests pass a fake one.
+	Clock func() time.Duration
+
 	// WallClock, when set, is this node's wall clock instead of
 	// time.Now: a test hook that skews or steps it. A wall clock dates
 	// only the batches of the log formats before 5 (clock.go).
@@ -177,6 +178,9 @@ func (c *Config) wall() time.Time {
 }
 
 func (c *Config) applyDefaults() error {
+	if c.Clock == nil {
+		c.Clock = monotonicClock()
+	}
 	c.RTT = defaults.Or(c.RTT, DefaultRTT)
 	c.ElectionRTT = defaults.Or(c.ElectionRTT, DefaultElectionRTT)
 	c.AttemptTimeout = defaults.Or(c.AttemptTimeout, max(100*time.Millisecond, 2*time.Duration(c.ElectionRTT)*c.RTT))
@@ -248,4 +252,70 @@ func ParsePeers(s string) (map[uint64]string, error) {
 		return nil, errors.New("cluster: no peers")
 	}
 	return peers, nil
+}
+
+// metaFile pins the group count, node id and log format of a data dir.
+const metaFile = "lockd-cluster.json"
+
+type meta struct {
+	NodeID uint64 `json:"node_id"`
+	Groups int    `json:"groups"`
+	// LogFormat is the log format the data dir was created at
+	// (version.go); the builds of the formats before logFormatBase wrote
+	// none.
+	LogFormat int `json:"log_format"`
+}
+
+// ErrOldDataDir refuses a data dir written by a build of a log format
+// before logFormatBase.
+var ErrOldDataDir = errors.New("cluster: data dir of an unreleased log format")
+
+// checkMeta ties a data dir to the node id and group count it was
+// bootstrapped with. A Groups of 0 takes the dir's count (DefaultGroups
+// for a new dir), so a restart needs no --groups and a later change of
+// the default cannot strand a cluster bootstrapped before it. A dir of a
+// log format before logFormatBase is refused: its log and snapshots are
+// of forms this build does not read, and no release wrote them, so there
+// is no upgrade path.
+func checkMeta(cfg *Config) error {
+	var have *meta // nil: a new data dir, or files kept in cfg.FS
+	path := filepath.Join(cfg.DataDir, metaFile)
+	if cfg.FS == nil {
+		if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
+			return fmt.Errorf("cluster: data dir: %w", err)
+		}
+		b, err := os.ReadFile(path)
+		switch {
+		case err == nil:
+			have = new(meta)
+			if err := json.Unmarshal(b, have); err != nil {
+				return fmt.Errorf("cluster: %s: %w", path, err)
+			}
+		case !errors.Is(err, os.ErrNotExist):
+			return fmt.Errorf("cluster: %w", err)
+		}
+	}
+	if have != nil && have.LogFormat < logFormatBase {
+		return fmt.Errorf("%w: %s was written by a build before v0.1.0 (a log format before %d), which this build cannot read; "+
+			"move the data dir aside and start this node on an empty one: with --join to add it to a running cluster, or bootstrap a new cluster from empty data dirs",
+			ErrOldDataDir, cfg.DataDir, logFormatBase)
+	}
+	if cfg.Groups == 0 {
+		cfg.Groups = DefaultGroups
+		if have != nil {
+			cfg.Groups = have.Groups
+		}
+	}
+	want := meta{NodeID: cfg.NodeID, Groups: cfg.Groups, LogFormat: logFormatBase}
+	switch {
+	case cfg.FS != nil:
+		return nil
+	case have == nil:
+		b, _ := json.Marshal(want)
+		return os.WriteFile(path, b, 0o640)
+	case have.NodeID != want.NodeID || have.Groups != want.Groups:
+		return fmt.Errorf("cluster: %s was bootstrapped as node %d with %d groups; --node-id %d --groups %d cannot reuse it",
+			cfg.DataDir, have.NodeID, have.Groups, cfg.NodeID, cfg.Groups)
+	}
+	return nil
 }

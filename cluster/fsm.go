@@ -2,8 +2,6 @@ package cluster
 
 import (
 	"errors"
-	"fmt"
-	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,15 +14,15 @@ import (
 // fsm is one group's dragonboat state machine: the replicated state
 // (state.go) behind a mutex, since Lookup and SaveSnapshot run beside
 // Update, and the node-local state derived from it on this replica — the
-// expiry heap, per-node load counts — which is never snapshotted. Update
-// applies a batch under the mutex and delivers its answers to the node
-// after releasing it.
+// lease deadlines (leases.go), per-node load counts — which is never
+// snapshotted. Update applies a batch under the mutex and delivers its
+// answers to this node's requests after releasing it (group.deliver).
 type fsm struct {
 	g *group
 
-	// mu guards state and the node-local fields below. Lock order: the
-	// node's regMu before mu (node.go); Update releases mu before it
-	// delivers answers, which take regMu.
+	// mu guards state and the node-local fields below. It is taken
+	// before the group's orphanQueue.mu and never with the node's regMu
+	// (package comment): Update releases it before it delivers answers.
 	mu    sync.Mutex
 	state replicated
 
@@ -41,7 +39,7 @@ type fsm struct {
 	keysRefused atomic.Uint64
 
 	// node-local, under mu:
-	heap engine.DeadlineHeap[expiry]
+	heap engine.DeadlineHeap[leaseRef]
 	// waitEnds are the ends of the waits applied, on this node's clock:
 	// the leader asks for a dated batch at each (clock.go).
 	waitEnds engine.DeadlineHeap[struct{}]
@@ -51,7 +49,7 @@ type fsm struct {
 	// batch, for inspection (replicaNow).
 	nowAppliedAt time.Duration
 	// holds are the hold times of the leases that ended while this
-	// replica's node led the group (as its expiry driver last saw):
+	// replica's node led the group (as its housekeeping last saw):
 	// about one node counts each, as the group saw it.
 	holdTimes histogram.Histogram
 
@@ -126,7 +124,7 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 		f.g.propose()
 	}
 	f.g.appliedOwn(e.Cmd)
-	f.g.n.anchor.noteApplied()
+	f.g.n.anchor.NoteApplied()
 	f.deliver()
 	return sm.Result{Value: uint64(count)}, nil
 }
@@ -134,8 +132,9 @@ func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
 // takeLeases gives the grants and renewals just applied their deadline,
 // now + lease on this replica's clock, read after the apply, so that no
 // replica ends a lease before the client's own bound (send instant +
-// waited + lease). The expiry driver is not woken: a lease lasts at least
-// a second, so it ends after the driver's next pass (expiryHousekeeping),
+// waited + lease). The housekeeping loop is not woken: a lease lasts at
+// least a second, so it ends after the loop's next pass
+// (housekeepingInterval),
 // and a wake-up per batch would cost a context switch per commit on every
 // node.
 func (f *fsm) takeLeases(now time.Duration) {
@@ -154,18 +153,6 @@ func (f *fsm) takeWaits() {
 		f.waitEnds.Push(f.nowAppliedAt+deadline-f.state.now, struct{}{})
 	}
 	f.out.waits = f.out.waits[:0]
-}
-
-// waitEnded pops the wait ends due at now and reports whether there was
-// one; called with f.mu held.
-func (f *fsm) waitEnded(now time.Duration) bool {
-	ended := false
-	for at, ok := f.waitEnds.Next(); ok && at <= now; at, ok = f.waitEnds.Next() {
-		f.waitEnds.Pop()
-		ended = true
-	}
-	f.waitEnds.Shrink()
-	return ended
 }
 
 // observeHolds records the hold times of the leases the batch ended, on
@@ -213,100 +200,13 @@ func (f *fsm) tokenOf(k string) uint64 {
 	return 0
 }
 
-// SaveSnapshot writes the replicated state. IStateMachine snapshots block
-// Update for their duration; the state is a few dozen bytes per key. A
-// halted replica aborts it (dragonboat keeps its last snapshot and log):
-// its state is no longer the group's as of its applied index.
-func (f *fsm) SaveSnapshot(w io.Writer, _ sm.ISnapshotFileCollection, stop <-chan struct{}) error {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.halted.Load() != nil {
-		return sm.ErrSnapshotAborted
-	}
-	return f.state.save(w, stop)
-}
-
-// RecoverFromSnapshot replaces the state. Every held lock is handed to the
-// expiry driver with its full lease from now on this replica: a restored
-// replica may extend a lease, never shorten it. Grants and queue entries
-// of this node's requests that the snapshot holds are handed to the node
-// (answerRestored), since no Update will report them. A snapshot of a
-// version or format this build does not read halts the replica; one it
-// reads is the group's whole state, and a halted replica resumes from it.
-func (f *fsm) RecoverFromSnapshot(r io.Reader, _ []sm.SnapshotFile, stop <-chan struct{}) error {
-	state, err := restore(r, stop)
-	if err == nil && state.format > logFormatNewest {
-		err = fmt.Errorf("%w with log format %d (this build reads %d to %d)", errUnknownSnapshot, state.format, logFormatBase, logFormatNewest)
-	}
-	if errors.Is(err, errUnknownSnapshot) {
-		f.mu.Lock()
-		f.halt(0, err)
-		f.mu.Unlock()
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	self := f.g.n.cfg.NodeID
-	f.mu.Lock()
-	if f.halted.Swap(nil) != nil {
-		f.g.n.log.Warn().Uint64("group", f.g.shardID).Msg("halted replica resumed from a snapshot this build reads")
-	}
-	for k, l := range state.locks {
-		f.out.leases = append(f.out.leases, expiry{key: k, token: l.Token, renewals: l.renewals, lease: seconds(l.lease)})
-		if l.node == self {
-			// Before its queue: a retried duplicate of the holder's own
-			// request may wait behind it.
-			f.out.answer(answerRestored, k, self, l.id, engine.Result{Outcome: engine.Granted, Token: l.Token})
-		}
-		for _, w := range l.queue {
-			f.out.waits = append(f.out.waits, w.Deadline)
-			if w.node == self {
-				f.out.answer(answerRestored, k, self, w.id, engine.Result{Outcome: engine.Queued})
-			}
-		}
-	}
-	f.state = state
-	f.g.logFormat.Store(state.format)
-	// As if the snapshot's last dated batch applied now: a new leader
-	// here carries over no time from before the restore.
-	f.nowAppliedAt = f.clock()
-	f.lastDated.Store(&appliedBatch{index: state.clock.dated, at: f.nowAppliedAt, term: state.clock.term, now: state.now})
-	f.heap = f.heap[:0]
-	f.takeLeases(f.clock())
-	f.waitEnds = f.waitEnds[:0]
-	f.takeWaits()
-	f.restored.Add(1)
-	f.mu.Unlock()
-	f.deliver()
-	return nil
-}
-
 func (f *fsm) Close() error { return nil }
 
-// expiry is a lease end in a replica's expiry heap, due at an instant of
-// this process's monotonic clock, valid while key still holds token and
-// no KEEP renewed it since (renewals).
-type expiry struct {
-	key      string
-	token    uint64
-	renewals uint32
-	lease    time.Duration // for entries not yet in the heap
-}
-
-// takeLoad returns and resets the per-node command counts since the last
-// call: the busiest node other than self, and self's own count.
-func (f *fsm) takeLoad(self uint64) (busiest loadShare, own uint64) {
-	for node, n := range f.load {
-		switch {
-		case node == self:
-			own = n
-		case n > busiest.commands || n == busiest.commands && node < busiest.node:
-			busiest = loadShare{node: node, commands: n}
-		}
-	}
-	clear(f.load)
-	return busiest, own
+// halted reports whether g's replica on this node halted: the node
+// answers g's requests E unavailable.
+func (g *group) halted() bool {
+	f := g.fsm.Load()
+	return f != nil && f.halted.Load() != nil
 }
 
 // holds reports whether this replica holds a lock on key.
@@ -335,52 +235,127 @@ func (f *fsm) renewalsOf(key string, token uint64) uint32 {
 	return 0
 }
 
-// valid reports whether e still names the key's current lease: its token
-// and its latest renewal.
-func (f *fsm) valid(e expiry) bool {
-	l := f.state.locks[e.key]
-	return l != nil && l.Token == e.token && l.renewals == e.renewals
-}
-
-// compactHeap drops stale heap entries when they outnumber live locks.
-func (f *fsm) compactHeap() {
-	if len(f.heap) > 64 && len(f.heap) > 2*len(f.state.locks) {
-		f.heap.Retain(func(d engine.Deadline[expiry]) bool { return f.valid(d.Item) })
+// deliver routes one answer of g's state machine, given after Update
+// released the state machine's lock; only the node that owns the request
+// acts on it.
+func (g *group) deliver(a answer) {
+	n := g.n
+	if a.node != n.cfg.NodeID || a.id == 0 {
+		return
 	}
-}
-
-// rebuild is run when this replica becomes the group's leader: the heap
-// is rebuilt from the replicated lock table, keeping every deadline this
-// replica already knew (never shorter) and giving a lock it has no entry
-// for a full lease from now.
-func (f *fsm) rebuild(now time.Duration) {
-	known := make(map[string]time.Duration, len(f.heap))
-	for _, d := range f.heap {
-		if f.valid(d.Item) {
-			known[d.Item.key] = max(known[d.Item.key], d.At)
+	switch a.kind {
+	case answerDirect, answerHandOff, answerRestored:
+		g.answer(a)
+	case answerStaleKeep:
+		g.staleKeep(a)
+	case answerForgotten:
+		if a.id == n.idFirst {
+			g.house.pastRunsForgotten.Store(true)
 		}
 	}
-	f.heap = f.heap[:0]
-	for k, l := range f.state.locks {
-		at, ok := known[k]
-		if !ok {
-			at = now + seconds(l.lease)
-		}
-		f.heap = append(f.heap, engine.Deadline[expiry]{At: at, Item: expiry{key: k, token: l.Token, renewals: l.renewals}})
-	}
-	f.heap.Init()
 }
 
-// due pops the valid entries due at now, re-arming each retry later in
-// case the expire proposal is lost (a later token makes it stale).
-func (f *fsm) due(now, retry time.Duration, out []expiry) []expiry {
-	for at, ok := f.heap.Next(); ok && at <= now; at, ok = f.heap.Next() {
-		e := f.heap.Pop().Item
-		if !f.valid(e) {
-			continue
-		}
-		out = append(out, e)
-		f.heap.Push(now+retry, e)
+// answer resolves request a.id with its outcome: a grant at once (an
+// immediate one waited nothing; a handoff's waited_ms is bounded by
+// deliverable), a queue entry by arming the request's wait.
+func (g *group) answer(a answer) {
+	n, r := g.n, a.r
+	n.regMu.Lock()
+	p := n.reg[a.id]
+	switch {
+	case p == nil && a.kind == answerRestored && r.Outcome == engine.Granted:
+		// Learnt from a snapshot (this node fell behind its group): the
+		// request may have been answered with this very grant before, so
+		// the lock is left to its lease.
+		n.regMu.Unlock()
+		return
+	case p == nil:
+		n.regMu.Unlock()
+		g.unclaimed(a.key, a.id, r)
+		return
+	case r.Outcome == engine.Queued:
+		g.queuedLocked(p, a.key)
+		return
+	case r.Outcome == engine.Granted && a.kind == answerHandOff:
+		r = n.deliverable(p, r)
+	case r.Outcome == engine.Granted:
+		r.Waited = 0 // the lease starts at apply, after receipt
 	}
-	return out
+	n.finishLocked(p)
+	n.regMu.Unlock()
+	p.w.Resolve(p.owner, r)
+}
+
+// unclaimed is the rule for an outcome no registered request waits for
+// (answered already: unavailable, timed out or cancelled; a duplicate of
+// a retried proposal, which may apply after its request's cancel or
+// beside its first grant): a grant to a request of this run is released
+// and a queue entry of it cancelled. A grant to an earlier run's request
+// may have been delivered before the restart: its lease bounds it.
+func (g *group) unclaimed(key string, id uint64, r engine.Result) {
+	if !g.n.ownRun(id) {
+		return
+	}
+	switch r.Outcome {
+	case engine.Granted:
+		g.orphan(key, r.Token)
+	case engine.Queued:
+		g.cancel(key, id)
+	}
+}
+
+// queuedLocked arms the wait of p, which its group queued, unless the
+// node is draining (it would wait for nobody) or its waiters gate is
+// full; called with regMu held, which it releases.
+func (g *group) queuedLocked(p *pending, key string) {
+	n := g.n
+	if p.queued { // a retried proposal applied twice; its grant will be released
+		n.regMu.Unlock()
+		return
+	}
+	refusal := engine.Result{Outcome: engine.ShuttingDown}
+	if !n.shutting.Load() {
+		if n.admitWaiter(p.quota) {
+			p.queued = true
+			p.deadline = p.start + p.wait
+			n.timers.Push(p.deadline, p)
+			n.regMu.Unlock()
+			n.wakeTimers()
+			return
+		}
+		refusal.Outcome = engine.Busy
+	}
+	n.finishLocked(p)
+	n.regMu.Unlock()
+	g.cancel(key, p.id)
+	p.w.Resolve(p.owner, refusal)
+}
+
+// staleKeep is called by g's state machine for a KEEP that named an older
+// renewal than the lock's current one. If its request still waits on this
+// node, the KEEP was proposed from a lagging view (this replica has now
+// applied everything before it): it is proposed again, naming the current
+// renewal. Otherwise it was a duplicate of one already answered. It runs
+// on dragonboat's apply goroutine, so it only queues.
+func (g *group) staleKeep(a answer) {
+	n := g.n
+	n.regMu.Lock()
+	p := n.reg[a.id]
+	n.regMu.Unlock()
+	if p == nil {
+		return
+	}
+	tenant, key := splitLockKey(a.key)
+	g.queue(func(b []byte) []byte {
+		return appendKeep(b, n.cfg.NodeID, a.id, a.token, a.renewals, a.lease, tenant, key)
+	})
+	g.propose()
+}
+
+// deliverable is a grant as the client gets it: waited_ms no more than
+// this node's own elapsed time since receipt, so the client's validity
+// bound never ends after the lease on any replica.
+func (n *Node) deliverable(p *pending, r engine.Result) engine.Result {
+	r.Waited = max(0, min(r.Waited, n.clock()-p.start))
+	return r
 }

@@ -186,7 +186,7 @@ func TestFSMDeterministicAndSnapshot(t *testing.T) {
 		t.Fatalf("snapshot restore differs:\n%+v\n%+v", stateOf(a), stateOf(c))
 	}
 	if len(c.heap) != len(c.state.locks) {
-		t.Fatalf("restored locks not handed to the expiry heap: %d of %d", len(c.heap), len(c.state.locks))
+		t.Fatalf("restored locks not handed to the lease heap: %d of %d", len(c.heap), len(c.state.locks))
 	}
 	// Continuing after the restore stays in step.
 	for i, cmd := range randomBatches(8, 200) {
@@ -269,7 +269,7 @@ func TestExpiryHeapValidatedByToken(t *testing.T) {
 	}
 	// An unknown lock (e.g. after a restore) gets a full lease from now.
 	g := detachedFSM()
-	g.state.locks["x"] = &lockState{Lease: engine.Lease{Token: 5, End: 3e9}, lease: 3}
+	g.state.locks["x"] = &lockState{Lease: engine.Lease{Token: 5, End: 3e9}, leaseSeconds: 3}
 	g.rebuild(1000)
 	if g.heap[0].At != 1000+3e9 {
 		t.Fatalf("%+v", g.heap)

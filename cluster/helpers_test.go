@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -153,20 +154,39 @@ func (tc *testCluster) node(id uint64) *Node { return tc.nodes[id-1] }
 // leaderOf finds the leader of key's group as seen by a live node.
 func (tc *testCluster) leaderOf(key string) uint64 {
 	tc.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	var leader uint64
+	waitUntil(tc.t, 20*time.Second, fmt.Sprintf("a live leader for %q", key), func() bool {
 		for _, n := range tc.nodes {
 			if n == nil {
 				continue
 			}
 			if l := n.Leader(n.GroupOf("default", []byte(key))); l != 0 && tc.nodes[l-1] != nil {
-				return l
+				leader = l
+				return true
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
+		return false
+	})
+	return leader
+}
+
+// fakeClock is a monotonic clock (Config.Clock) that moves only when a
+// test advances it; the nodes of a test cluster may share one.
+type fakeClock struct{ ns atomic.Int64 }
+
+func (c *fakeClock) now() time.Duration { return time.Duration(c.ns.Load()) }
+
+// advance moves the clock on by d and wakes every node's housekeeping
+// and request timers, which would otherwise look at it again only at
+// their next real-time wake-up.
+func (tc *testCluster) advance(c *fakeClock, d time.Duration) {
+	c.ns.Add(int64(d))
+	for _, n := range tc.nodes {
+		if n != nil {
+			n.wakeHousekeeping()
+			n.wakeTimers()
+		}
 	}
-	tc.t.Fatalf("no live leader for %q", key)
-	return 0
 }
 
 // outcome is one resolution seen by a recorder.
@@ -202,19 +222,13 @@ func (r *recorder) Resolve(owner uint64, res engine.Result) {
 // wait blocks for owner's resolution.
 func (r *recorder) wait(t testing.TB, owner uint64, within time.Duration) engine.Result {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		r.mu.Lock()
-		o, ok := r.got[owner]
-		r.mu.Unlock()
-		if ok {
-			return o.r
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("owner %d not resolved within %v", owner, within)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	var got engine.Result
+	waitUntil(t, within, fmt.Sprintf("owner %d's resolution", owner), func() bool {
+		var ok bool
+		got, ok = r.peek(owner)
+		return ok
+	})
+	return got
 }
 
 func (r *recorder) peek(owner uint64) (engine.Result, bool) {
@@ -263,15 +277,35 @@ func queueLen(n *Node, key string) int {
 	return 0
 }
 
+// waitUntil polls cond until it holds, failing the test after within.
 func waitUntil(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !eventually(within, 5*time.Millisecond, cond) {
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// waitFor is waitUntil at the multi-process tests' pace: each look at a
+// process costs it a request.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	if !eventually(within, 50*time.Millisecond, cond) {
+		t.Fatalf("%s: not within %v", what, within)
+	}
+}
+
+// eventually polls cond every interval until it holds, for at most
+// within, and reports whether it held: the package's one wait for a
+// condition of running nodes or processes.
+func eventually(within, every time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(within)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			return false
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(every)
 	}
+	return true
 }
 
 // isQueued reports whether the request behind h is queued in its group.

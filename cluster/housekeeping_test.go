@@ -1,113 +1,229 @@
 package cluster
 
 import (
+	"bufio"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
-
-	"github.com/lockd/lockd/engine"
-	"github.com/valyala/bytebufferpool"
 )
 
-// Answered requests do not pile up in the node's timer heap until their
-// deadlines: with a 60 s propose timeout every request below would
-// otherwise stay there for a minute.
-func TestAnsweredRequestsLeaveTheTimerHeap(t *testing.T) {
-	tc := newTestCluster(t, 3, func(c *Config) { c.ProposeTimeout = time.Minute })
-	rec := newRecorder()
-	n := tc.node(1)
-	owner := uint64(0)
-	for i := range 200 {
-		owner++
-		r := acquire(t, n, rec, owner, "heap", 30*time.Second, 0)
-		if r.Outcome != engine.Granted {
-			t.Fatalf("cycle %d: acquire %+v", i, r)
+// TestHousekeepingScenarios runs testdata/housekeeping.txt: node 1's
+// housekeeping step of one group on a fake clock, the group's members
+// being nodes 1, 2 and 3. A scenario is a title line "scenario: NAME"
+// followed by one step per line; "#" starts a comment:
+//
+//	advance 1.5s                          the fake clock moves on
+//	apply acquire NODE ID KEY [wait=D]    one entry applied on node 1's replica (30 s lease)
+//	apply release KEY                     the release of KEY's current token
+//	apply forget-run                      this run's forget of its earlier runs' waiters
+//	heard NODE...                         a message from each node, now
+//	load NODE COMMANDS                    commands NODE proposed since the last window
+//	placement on                          leader placement runs (FixedLeaders off)
+//	restarted                             this run's forget of its earlier runs has not applied
+//	orphan KEY                            KEY's current grant has nobody to take it, proposed now
+//	step leader=NODE [gather=NODE] -> OUTBOX
+//
+// OUTBOX lists, comma-separated and in this order, the commands ("forget
+// NODE", "forget-run", "leaseend KEY"), then "stamp", "resend", "move
+// NODE", "given-up", "orphan KEY", and last "wake D".
+func TestHousekeepingScenarios(t *testing.T) {
+	f, err := os.Open("testdata/housekeeping.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var r *replica
+	var name string
+	failed, scenarios := false, 0 // failed: the rest of the scenario is skipped
+	sc := bufio.NewScanner(f)
+	for line := 1; sc.Scan(); line++ {
+		text, _, _ := strings.Cut(sc.Text(), "#")
+		text = strings.TrimSpace(text)
+		switch {
+		case text == "":
+			continue
+		case strings.HasPrefix(text, "scenario: "):
+			name, r, failed = strings.TrimPrefix(text, "scenario: "), newReplica(t, 1), false
+			scenarios++
+			continue
+		case r == nil:
+			t.Fatalf("line %d: a step before the first scenario", line)
+		case failed:
+			continue
 		}
-		owner++
-		if rr := release(t, n, rec, owner, "heap", r.Token); rr.Outcome != engine.Released {
-			t.Fatalf("cycle %d: release %+v", i, rr)
+		if err := runHousekeepingStep(r, text); err != nil {
+			t.Errorf("%s, line %d: %s: %v", name, line, text, err)
+			failed = true
 		}
 	}
-	n.regMu.Lock()
-	timers, live := len(n.timers), len(n.reg)
-	n.regMu.Unlock()
-	if timers > 64+3*live {
-		t.Fatalf("%d timer entries for %d live requests after 400 answered ones", timers, live)
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if scenarios == 0 {
+		t.Fatal("no scenario in testdata/housekeeping.txt")
 	}
 }
 
-// An orphaned grant whose release proposal was given up (its group had
-// no quorum for the whole propose timeout) is released again once the
-// group is back, long before its lease would end.
-func TestGivenUpOrphanReleaseIsRetried(t *testing.T) {
-	tc := newTestCluster(t, 3, func(c *Config) { c.ProposeTimeout = 300 * time.Millisecond })
-	rec := newRecorder()
-	const key = "orphan-retry"
-	n := tc.node(1)
-	r := acquire(t, n, rec, 1, key, time.Minute, 0)
-	if r.Outcome != engine.Granted {
-		t.Fatal(r)
+func runHousekeepingStep(r *replica, text string) error {
+	g := r.f.g
+	words := strings.Fields(text)
+	arg := func(i int) uint64 {
+		if i >= len(words) {
+			return 0
+		}
+		v, _ := strconv.ParseUint(words[i], 10, 64)
+		return v
 	}
-	tc.stop(2)
-	tc.stop(3)
-	g := n.groups[n.GroupOf("default", []byte(key))]
-	failed := n.ClusterStats().ProposeFailures
-	g.orphan(lockKey([]byte("default"), []byte(key)), r.Token) // as if its waiter had gone
-	waitUntil(t, 10*time.Second, "the orphan release to be given up", func() bool {
-		return n.ClusterStats().ProposeFailures > failed
-	})
-	tc.restart(2)
-	tc.restart(3)
-	waitUntil(t, 20*time.Second, "the orphaned lock to be released", func() bool {
-		return n.Token("default", []byte(key)) == 0
-	})
+	switch words[0] {
+	case "advance":
+		d, err := time.ParseDuration(words[1])
+		if err != nil {
+			return err
+		}
+		r.clock += d
+	case "apply":
+		return r.applyScripted(words[1:])
+	case "heard":
+		for i := 1; i < len(words); i++ {
+			r.n().liveness.heard(arg(i), r.clock)
+		}
+	case "load":
+		r.f.mu.Lock()
+		r.f.load[arg(1)] += arg(2)
+		r.f.mu.Unlock()
+	case "placement":
+		r.n().cfg.FixedLeaders = words[1] != "on"
+	case "restarted":
+		g.house.pastRunsForgotten.Store(false)
+	case "orphan":
+		key := lockKey([]byte("t"), []byte(words[1]))
+		g.orphan(key, r.f.tokenOf(key))
+		g.releaseOrphans()
+		g.mu.Lock()
+		g.buf, g.count = g.buf[:datedHeaderLen], 0
+		g.mu.Unlock()
+	case "step":
+		step, want, ok := strings.Cut(text, " -> ")
+		if !ok {
+			return fmt.Errorf("want step ... -> OUTBOX")
+		}
+		obs := observed{heard: r.n().liveness.heardAt()}
+		for _, w := range strings.Fields(step)[1:] {
+			k, v, _ := strings.Cut(w, "=")
+			id, err := strconv.ParseUint(v, 10, 64)
+			switch {
+			case err != nil:
+				return fmt.Errorf("%s: %w", w, err)
+			case k == "leader":
+				obs.leader = id
+			case k == "gather":
+				obs.gatherOn = id
+			default:
+				return fmt.Errorf("unknown %s", w)
+			}
+		}
+		got, err := formatOutbox(r, g.step(r.clock, obs))
+		if err != nil {
+			return err
+		}
+		if got != strings.TrimSpace(want) {
+			return fmt.Errorf("outbox %q, want %q", got, strings.TrimSpace(want))
+		}
+	default:
+		return fmt.Errorf("unknown step %q", words[0])
+	}
+	return nil
 }
 
-// A request a follower forwarded to a leader that then died is proposed
-// again as soon as the follower sees the group's new leader. With an
-// attempt timeout of an hour it would otherwise be answered E unavailable
-// at its propose timeout.
-func TestForwardedRequestFollowsTheNewLeader(t *testing.T) {
-	tc := newTestCluster(t, 3, func(c *Config) {
-		c.ProposeTimeout = 30 * time.Second
-		c.FixedLeaders = true
-		c.AttemptTimeout = time.Hour // only a leader change can send it again
-	})
-	rec := newRecorder()
-	const key = "forwarded"
-	leader := tc.leaderOf(key)
-	via := 1 + leader%3
-	n := tc.node(via)
-	tc.stop(leader) // the follower learns of it only at its election timeout
-	startAcquire(t, n, rec, 1, key, 30*time.Second, 0)
-	if r := rec.wait(t, 1, 15*time.Second); r.Outcome != engine.Granted {
-		t.Fatalf("acquire forwarded to a dead leader: %+v", r)
+// applyScripted applies one entry holding the command words say, dated
+// by the fake clock (the wall-clock form of the formats before 5).
+func (r *replica) applyScripted(words []string) error {
+	var cmd func([]byte) []byte
+	switch {
+	case words[0] == "acquire" && len(words) >= 4:
+		node, _ := strconv.ParseUint(words[1], 10, 64)
+		id, _ := strconv.ParseUint(words[2], 10, 64)
+		var wait time.Duration
+		if len(words) > 4 {
+			d, err := time.ParseDuration(strings.TrimPrefix(words[4], "wait="))
+			if err != nil {
+				return err
+			}
+			wait = d
+		}
+		cmd = acquireBy(node, id, words[3], wait)
+	case words[0] == "forget-run":
+		n := r.n()
+		cmd = func(b []byte) []byte { return append(b, n.pastRunsForget()...) }
+	case words[0] == "release" && len(words) == 2:
+		cmd = releaseOf(r.f.tokenOf(lockKey([]byte("t"), []byte(words[1]))), words[1])
+	default:
+		return fmt.Errorf("unknown command %q", strings.Join(words, " "))
 	}
-	if leader == n.Leader(n.GroupOf("default", []byte(key))) {
-		t.Fatal("the dead node still leads the group")
-	}
+	r.applyEntry(logBatch(int64(r.clock), cmd))
+	return nil
 }
 
-// A batch sent with less time left than dragonboat's smallest timeout
-// (one tick) is still proposed and applied, not refused with a warning.
-func TestNearDeadlineBatchIsProposed(t *testing.T) {
-	tc := newTestCluster(t, 1, nil)
-	rec := newRecorder()
-	const key = "near-deadline"
-	n := tc.node(1)
-	r := acquire(t, n, rec, 1, key, time.Minute, 0)
-	if r.Outcome != engine.Granted {
-		t.Fatal(r)
+// formatOutbox writes out as the scripts spell it.
+func formatOutbox(r *replica, out outbox) (string, error) {
+	var items []string
+	for _, b := range out.commands {
+		var c command
+		if _, err := readCommand(b, &c); err != nil {
+			return "", err
+		}
+		switch {
+		case c.kind == cmdForget && c.node == r.n().cfg.NodeID && c.keepFirst == r.n().idFirst:
+			items = append(items, "forget-run")
+		case c.kind == cmdForget && c.keepFirst == 1 && c.keepLast == 0:
+			items = append(items, fmt.Sprintf("forget %d", c.node))
+		case c.kind == cmdLeaseEnd:
+			items = append(items, "leaseend "+string(c.key))
+		default:
+			return "", fmt.Errorf("unexpected command %+v", c)
+		}
 	}
-	g := n.groups[n.GroupOf("default", []byte(key))]
-	b := appendRelease(make([]byte, headerLen), n.cfg.NodeID, 0, r.Token, "default", []byte(key))
-	putHeader(b, time.Now().UnixNano(), 1)
-	failed := n.ClusterStats().ProposeFailures
-	g.slots <- struct{}{} // the slot the watcher gives back
-	if !g.send(n.ctx, &bytebufferpool.ByteBuffer{B: b}, time.Now().Add(time.Millisecond)) {
-		t.Fatalf("a batch 1 ms from its deadline was not proposed (%d failures before, %d after)", failed, n.ClusterStats().ProposeFailures)
+	flags := []struct {
+		set  bool
+		item string
+	}{
+		{out.stamp, "stamp"}, {out.resend, "resend"}, {out.moveLeaderTo != 0, fmt.Sprintf("move %d", out.moveLeaderTo)},
+		{out.handOverGivenUp, "given-up"},
 	}
-	waitUntil(t, 10*time.Second, "the release to apply", func() bool { return n.Token("default", []byte(key)) == 0 })
-	if got := n.ClusterStats().ProposeFailures; got != failed {
-		t.Fatalf("propose failures went from %d to %d", failed, got)
+	for _, f := range flags {
+		if f.set {
+			items = append(items, f.item)
+		}
+	}
+	for _, o := range out.orphans {
+		_, key := splitLockKey(o.key)
+		items = append(items, "orphan "+string(key))
+	}
+	return strings.Join(append(items, "wake "+out.wake.String()), ", "), nil
+}
+
+// The loop carries an outbox out on the group: its commands go into the
+// next batch, its orphans back to the orphan releases, and the proposer
+// is woken, asked for a dated batch when the step wants one.
+func TestCarryOutQueuesTheOutbox(t *testing.T) {
+	r := newReplica(t, 1)
+	g := r.f.g
+	out := outbox{
+		commands: [][]byte{appendLeaseEnd(nil, "t", []byte("a")), appendForget(nil, 2, 1, 0)},
+		orphans:  []leaseRef{{key: lockKey([]byte("t"), []byte("b")), token: 7}},
+		stamp:    true, leaseEnds: 1,
+	}
+	r.n().carryOut(g, &out)
+	if g.waitingCommands() != 2 || !g.dirty.Load() {
+		t.Fatalf("%d commands queued (dirty %v), want the outbox's 2", g.waitingCommands(), g.dirty.Load())
+	}
+	if orphans := g.orphans.take(); len(orphans) != 1 || orphans[0] != out.orphans[0] {
+		t.Fatalf("orphan releases %+v, want %+v", orphans, out.orphans)
+	}
+	if !g.needStamp.Load() || len(g.kick) != 1 || r.n().stats.expires.Load() != 1 {
+		t.Fatalf("stamp asked %v, proposer woken %v, lease ends counted %d", g.needStamp.Load(), len(g.kick) == 1, r.n().stats.expires.Load())
 	}
 }

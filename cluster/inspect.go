@@ -71,9 +71,9 @@ func (l *lockState) info(key string, now time.Duration) engine.LockInfo {
 	info := engine.LockInfo{Key: key, Waiters: len(l.queue)}
 	if l.HeldAt(now) {
 		info.Held, info.Token, info.LeaseRemaining = true, l.Token, l.End-now
-		info.HeldFor, info.GrantNode = max(now-l.granted, 0), l.node
+		info.HeldFor, info.GrantNode = max(now-l.grantedAt, 0), l.node
 		if l.origin != 0 {
-			info.LeaseRemaining = seconds(l.lease) // not dated yet: all of it (clock.go)
+			info.LeaseRemaining = seconds(l.leaseSeconds) // not dated yet: all of it (clock.go)
 		}
 	}
 	return info

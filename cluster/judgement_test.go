@@ -2,23 +2,29 @@ package cluster
 
 import (
 	"bytes"
-	"encoding/binary"
 	"testing"
 	"time"
 )
 
-// leaderPass runs one expiry pass of r's group as its leader at now (s)
-// and returns what it queued as one entry stamped at now, nil for none.
+// leaderPass runs one housekeeping step of r's group as its leader at now
+// (s), every peer heard from at 0, and returns the commands it proposes as
+// one entry stamped at now, nil for none.
 func (r *replica) leaderPass(now int64) []byte {
-	g := r.f.g
-	g.expiryStep(time.Duration(now)*time.Second, leaderView{leader: r.n().cfg.NodeID, term: 9}, r.n().cfg.NodeID)
-	b := g.take()
-	if b == nil {
+	self := r.n().cfg.NodeID
+	out := r.f.g.step(time.Duration(now)*time.Second, observed{leader: self, gatherOn: self, heard: r.n().liveness.heardAt()})
+	if len(out.commands) == 0 {
 		return nil
 	}
-	entry := bytes.Clone(b.B)
-	putHeader(entry, now*1e9, binary.BigEndian.Uint32(entry[9:]))
-	return entry
+	return logBatch(now*1e9, commandsOf(out)...)
+}
+
+// commandsOf is the commands of an outbox, to build a batch of.
+func commandsOf(out outbox) []func([]byte) []byte {
+	var cmds []func([]byte) []byte
+	for _, c := range out.commands {
+		cmds = append(cmds, func(b []byte) []byte { return append(b, c...) })
+	}
+	return cmds
 }
 
 // restarted is r's node after a restart: a new replica restored from
@@ -70,7 +76,7 @@ func TestNoGrantIsTakenBackOnAJudgement(t *testing.T) {
 			leader.applyEntry(e)
 			member.applyEntry(e)
 		}
-		leader.f.g.leaderSince, leader.f.g.leaderSeen = 0, 1 // node 1 led before
+		leader.f.g.house.leaderSince, leader.f.g.house.leaderSeen = 0, 1 // node 1 led before
 		return leader, member, log
 	}
 	// passes runs the leader's passes from 2 s to 40 s, applying what
@@ -131,7 +137,7 @@ func TestNoGrantIsTakenBackOnAJudgement(t *testing.T) {
 	t.Run("the leader restarts", func(t *testing.T) {
 		leader, member, _ := history(t)
 		restarted := leader.restarted(leader.snapshot())
-		restarted.f.g.leaderSince, restarted.f.g.leaderSeen = 0, 1
+		restarted.f.g.house.leaderSince, restarted.f.g.house.leaderSeen = 0, 1
 		passes(t, restarted, member)
 	})
 }

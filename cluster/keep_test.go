@@ -18,14 +18,22 @@ func applyOne(t *testing.T, f *fsm, now int64, cmd func([]byte) []byte) {
 	}
 }
 
+// keepRequest registers a KEEP's request of owner on n, as Node.Keep
+// does, and returns its id.
+func keepRequest(n *Node, rec *recorder, owner uint64) uint64 {
+	p := &pending{id: n.nextID(), w: rec, owner: owner, start: n.clock(), deadline: n.clock() + time.Minute, ungated: true}
+	n.register(p)
+	return p.id
+}
+
 // A KEEP of the current token renews it in place (same token, new lease,
-// a fresh expiry entry); the expiry entry and any lease end proposed for
+// a fresh heap entry); the heap entry and any lease end proposed for
 // the lease it replaced free nothing, in either format; the lease end of
 // the renewal frees the key.
 func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 	n, _, f := localNode()
 	rec := newRecorder()
-	ask := func(owner uint64) uint64 { return n.registerUngated(owner, rec) } // a KEEP's request, as Node.Keep makes it
+	ask := func(owner uint64) uint64 { return keepRequest(n, rec, owner) }
 	key := []byte("k")
 	k := lockKey([]byte("t"), key)
 	now := time.Duration(100)
@@ -38,7 +46,7 @@ func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 	if got := rec.wait(t, 1, time.Second); got != (engine.Result{Outcome: engine.Renewed, Token: token}) {
 		t.Fatalf("KEEP of the current token: %+v", got)
 	}
-	if l := f.state.locks[k]; l.Token != token || l.lease != 30 || l.renewals != 1 {
+	if l := f.state.locks[k]; l.Token != token || l.leaseSeconds != 30 || l.renewals != 1 {
 		t.Fatalf("renewed lock %+v", *l)
 	}
 	if due := f.due(100+10e9, 5e8, nil); len(due) != 0 {
@@ -89,7 +97,7 @@ func TestFSMKeepInvalidatesTheOldLeaseEnd(t *testing.T) {
 func TestFSMKeepAppliedTwiceRenewsOnce(t *testing.T) {
 	n, g, f := localNode()
 	rec := newRecorder()
-	ask := func(owner uint64) uint64 { return n.registerUngated(owner, rec) } // a KEEP's request, as Node.Keep makes it
+	ask := func(owner uint64) uint64 { return keepRequest(n, rec, owner) }
 	key := []byte("k")
 	k := lockKey([]byte("t"), key)
 	applyOne(t, f, 1, func(b []byte) []byte { return appendAcquire(b, 2, 1, 10, 0, 1<<20, 0, "t", key) })
@@ -107,8 +115,8 @@ func TestFSMKeepAppliedTwiceRenewsOnce(t *testing.T) {
 	}
 	deadlines := len(f.heap)
 	applyOne(t, f, 4, short(first)) // the first KEEP's batch, applied again
-	if l := f.state.locks[k]; l.lease != 60 || l.renewals != 2 || len(f.heap) != deadlines {
-		t.Fatalf("a duplicate KEEP changed the lock: %+v, %d expiry entries (was %d)", *l, len(f.heap), deadlines)
+	if l := f.state.locks[k]; l.leaseSeconds != 60 || l.renewals != 2 || len(f.heap) != deadlines {
+		t.Fatalf("a duplicate KEEP changed the lock: %+v, %d heap entries (was %d)", *l, len(f.heap), deadlines)
 	}
 	g.mu.Lock()
 	queued := g.count
@@ -148,12 +156,17 @@ func TestRebuildKeepsTheRenewedDeadline(t *testing.T) {
 	}
 }
 
-// Over three nodes: a lock renewed through a follower stays held past its
-// granted lease while the group's leader changes, keeps its token, and a
-// waiter gets it (with a larger token) only after the renewals stop and
-// the last renewed lease ends.
+// Over three nodes on one fake clock: a lock renewed through a follower
+// stays held past its granted lease while the group's leader changes,
+// keeps its token, and a waiter gets it (with a larger token) only after
+// the renewals stop and the last renewed lease ends.
 func TestKeepAcrossLeaderChange(t *testing.T) {
-	tc := newTestCluster(t, 3, nil)
+	clock := new(fakeClock)
+	tc := newTestCluster(t, 3, func(c *Config) {
+		c.Clock = clock.now
+		c.FixedLeaders = true     // the test moves the leader itself
+		c.ForgetAfter = time.Hour // the clock jumps between two messages
+	})
 	rec := newRecorder()
 	const key = "renewed"
 	const lease = 2 * time.Second
@@ -164,7 +177,6 @@ func TestKeepAcrossLeaderChange(t *testing.T) {
 		t.Fatal(r)
 	}
 	token := r.Token
-	granted := time.Now()
 	waiterNode := 1 + via%3
 	if waiterNode == leader {
 		waiterNode = 1 + waiterNode%3
@@ -172,11 +184,11 @@ func TestKeepAcrossLeaderChange(t *testing.T) {
 	startAcquire(t, tc.node(waiterNode), rec, 2, key, lease, 60*time.Second)
 
 	owner := uint64(10)
-	renew := func() time.Time {
+	renew := func() time.Duration {
 		t.Helper()
 		for attempt := 0; ; attempt++ {
 			owner++
-			sent := time.Now()
+			sent := clock.now()
 			got := keep(t, tc.node(via), rec, owner, key, token, lease)
 			if got.Outcome == engine.Unavailable && attempt < 10 {
 				continue // an election in progress
@@ -187,33 +199,59 @@ func TestKeepAcrossLeaderChange(t *testing.T) {
 			return sent
 		}
 	}
-	var lastSent time.Time
+	var lastSent time.Duration
 	for range 4 {
 		lastSent = renew()
-		time.Sleep(lease / 4)
+		tc.advance(clock, lease/4)
 	}
 	// Hand the group to the waiter's node: the new leader expires leases
 	// from its own heap, where the renewal's deadline must be the one.
 	tc.transferLeader(key, waiterNode)
 	for range 4 {
 		lastSent = renew()
-		time.Sleep(lease / 4)
+		tc.advance(clock, lease/4)
 	}
-	if held := time.Since(granted); held < 2*lease {
-		t.Fatalf("the test renewed for only %v", held)
+	// Two leases after the grant, once the new leader has applied and
+	// dated the last renewal (via answered it), its deadline for the lock
+	// is that renewal's, no earlier than its client's own bound.
+	fsmOf := func(id uint64) *fsm {
+		return tc.node(id).groups[tc.node(id).GroupOf("default", []byte(key))].fsm.Load()
 	}
-	if _, done := rec.peek(2); done {
-		t.Fatalf("the waiter was answered while the lock was renewed: %+v", rec.got[2].r)
+	k := lockKey([]byte("default"), []byte(key))
+	viaFSM := fsmOf(via)
+	viaFSM.mu.Lock()
+	renewals := viaFSM.state.locks[k].renewals
+	viaFSM.mu.Unlock()
+	var deadline time.Duration
+	waitUntil(t, 10*time.Second, "the new leader's deadline for the last renewal", func() bool {
+		f := fsmOf(waiterNode)
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		for _, d := range f.heap {
+			if e := d.Item; e.key == k && e.token == token && e.renewals == renewals && f.valid(e) {
+				deadline = d.At
+			}
+		}
+		return deadline != 0
+	})
+	if deadline < lastSent+lease {
+		t.Fatalf("the new leader ends the renewed lease at %v, before the last renewal's bound %v", deadline, lastSent+lease)
 	}
-	got := rec.wait(t, 2, 20*time.Second)
+	if r, done := rec.peek(2); done {
+		t.Fatalf("the waiter was answered while the lock was renewed: %+v", r)
+	}
+	tc.advance(clock, deadline-clock.now())
+	// From the deadline on the clock runs at twice real time: a lease end
+	// lost with a leader is proposed again only once it has moved on.
+	var got engine.Result
+	waitUntil(t, 20*time.Second, "the waiter's answer", func() bool {
+		r, answered := rec.peek(2)
+		got = r
+		tc.advance(clock, 10*time.Millisecond)
+		return answered
+	})
 	if got.Outcome != engine.Granted || got.Token <= token {
 		t.Fatalf("waiter after the renewals stopped: %+v", got)
-	}
-	rec.mu.Lock()
-	at := rec.got[2].at
-	rec.mu.Unlock()
-	if at.Sub(lastSent) < lease {
-		t.Fatalf("the waiter got the lock %v after the last renewal was sent, before its lease %v", at.Sub(lastSent), lease)
 	}
 }
 
@@ -234,12 +272,15 @@ func (tc *testCluster) transferLeader(key string, to uint64) {
 	tc.t.Helper()
 	n := tc.node(to)
 	idx := n.GroupOf("default", []byte(key))
+	var asked time.Time
 	waitUntil(tc.t, 20*time.Second, "leader transfer", func() bool {
 		if n.Leader(idx) == to {
 			return true
 		}
-		_ = n.NodeHost().RequestLeaderTransfer(shardID(len(n.groups), idx), to)
-		time.Sleep(50 * time.Millisecond)
+		if time.Since(asked) > 50*time.Millisecond { // once more: Raft gave the last one up
+			asked = time.Now()
+			_ = n.NodeHost().RequestLeaderTransfer(shardID(len(n.groups), idx), to)
+		}
 		return false
 	})
 	for _, other := range tc.nodes {

@@ -4,8 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	"github.com/lockd/lockd/engine"
 )
 
@@ -66,90 +64,5 @@ func TestRestartedNodeDropsItsOldWaiters(t *testing.T) {
 	}
 	if r := rec.wait(t, 3, 10*time.Second); r.Outcome != engine.Granted {
 		t.Fatalf("the restarted node's new waiter: %+v", r)
-	}
-}
-
-// A node that becomes a group's leader does not take the other follower
-// for dead. As followers the two never talked, so its record of that peer
-// is stale when its first pass as leader runs (before that peer's answer
-// to the transfer's vote arrives), but the peer is alive: its waiter
-// stays queued.
-func TestNewLeaderKeepsTheOtherFollowersWaiters(t *testing.T) {
-	tc := newTestCluster(t, 3, func(c *Config) { c.FixedLeaders = true })
-	groups := tc.cfgs[0].Groups
-	rec := newRecorder()
-	const key = "liveness/followers"
-	y := tc.leaderOf(key)
-	x, z := 1+y%3, 1+(y+1)%3
-	// Every group led by y: x and z are followers everywhere.
-	for g := range groups {
-		tc.transferLeader(keyInGroup("lead", g, groups), y)
-	}
-	nx := tc.node(x)
-	waitUntil(t, 20*time.Second, "node x's record of node z older than ForgetAfter", func() bool {
-		return nx.clock()-time.Duration(nx.liveness.snapshot()[z].Load()) > nx.cfg.ForgetAfter
-	})
-	holder := acquire(t, tc.node(y), rec, 1, key, time.Minute, 0)
-	if holder.Outcome != engine.Granted {
-		t.Fatal(holder)
-	}
-	startAcquire(t, tc.node(z), rec, 2, key, time.Minute, 30*time.Second)
-	waitUntil(t, 10*time.Second, "node z's waiter queued", func() bool { return queueLen(tc.node(y), key) == 1 })
-
-	tc.transferLeader(key, x)
-	since := nx.clock()
-	waitUntil(t, 20*time.Second, "node x leading for ForgetAfter", func() bool { return nx.clock()-since > 2*nx.cfg.ForgetAfter })
-	// A forget would have been proposed by node x before this marker.
-	commitMarker(t, tc, x, key, rec, 3)
-	if n := queueLen(nx, key); n != 1 {
-		t.Fatalf("the new leader dropped the live follower's waiter: %d queued", n)
-	}
-	if r, answered := rec.peek(2); answered {
-		t.Fatalf("node z's waiter was answered: %+v", r)
-	}
-}
-
-// The silent-peer rule on a fake clock: which peers a group's leader
-// (node 1) takes for dead, and when. Node 2 led the group before it.
-func TestForgetSilentPeersRule(t *testing.T) {
-	const (
-		election    = 400 * time.Millisecond
-		forgetAfter = 800 * time.Millisecond
-		leaderSince = 10 * time.Second // node 1 became leader then
-	)
-	for _, tc := range []struct {
-		name          string
-		heard2        time.Duration // last message from node 2 (the previous leader)
-		heard3        time.Duration // last message from node 3 (a follower all along)
-		now           time.Duration
-		wantForgotten []uint64
-	}{
-		{"just elected: the dead previous leader goes at once", leaderSince - election - time.Millisecond, 0, leaderSince, []uint64{2}},
-		{"just elected: a follower never heard as a follower stays", leaderSince - time.Millisecond, 0, leaderSince + time.Millisecond, nil},
-		{"the previous leader, alive, answering heartbeats", leaderSince + 900*time.Millisecond, leaderSince + 900*time.Millisecond, leaderSince + time.Second, nil},
-		{"a follower silent for ForgetAfter of leadership goes", leaderSince + forgetAfter, 0, leaderSince + forgetAfter + time.Millisecond, []uint64{3}},
-		{"a follower silent a little less stays", leaderSince + time.Second, leaderSince + 300*time.Millisecond, leaderSince + time.Second, nil},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			n := &Node{cfg: Config{NodeID: 1, RTT: 50 * time.Millisecond, ElectionRTT: 8, ForgetAfter: forgetAfter}, log: zerolog.Nop()}
-			n.liveness.init(1, map[uint64]string{1: "a", 2: "b", 3: "c"})
-			n.liveness.heard(2, tc.heard2)
-			n.liveness.heard(3, tc.heard3)
-			g := &group{n: n, kick: make(chan struct{}, 1), forgotten: map[uint64]bool{}, prevLeader: 2, leaderSince: leaderSince}
-			g.fsm.Store(newFSM(g, 1))
-			g.forgetSilentPeers(tc.now)
-			var got []uint64
-			for _, peer := range []uint64{2, 3} {
-				if g.forgotten[peer] {
-					got = append(got, peer)
-				}
-			}
-			if len(got) != len(tc.wantForgotten) || (len(got) > 0 && got[0] != tc.wantForgotten[0]) {
-				t.Fatalf("forgotten %v, want %v", got, tc.wantForgotten)
-			}
-			if int(g.count) != len(got) {
-				t.Fatalf("%d forget commands queued for %d forgotten peers", g.count, len(got))
-			}
-		})
 	}
 }

@@ -2,8 +2,8 @@ package cluster
 
 // This file owns online membership changes: listing, adding and removing
 // a node in every group, one group after the other, and the record of
-// which peers this node hears from (the silent-peer rule of expiry.go
-// reads it). A change goes through each group's Raft log as a
+// which peers this node hears from (the silent-peer rule of
+// housekeeping.go reads it). A change goes through each group's Raft log as a
 // configuration change; nothing here touches the replicated lock state
 // except the forget of a removed node's waiters.
 
@@ -158,16 +158,23 @@ func (l *peerLiveness) heard(peer uint64, now time.Duration) {
 // now; 0 when none is.
 func (l *peerLiveness) freshest(now, maxSilence time.Duration) uint64 {
 	best, bestAt := uint64(0), now-maxSilence
-	for peer, at := range l.snapshot() {
-		if t := time.Duration(at.Load()); t > bestAt || t == bestAt && best == 0 {
+	for peer, t := range l.heardAt() {
+		if t > bestAt || t == bestAt && best == 0 {
 			best, bestAt = peer, t
 		}
 	}
 	return best
 }
 
-// snapshot is the peers and their last heard instants, read-only.
-func (l *peerLiveness) snapshot() map[uint64]*atomic.Int64 { return *l.peers.Load() }
+// heardAt is the peers and their last heard instants.
+func (l *peerLiveness) heardAt() map[uint64]time.Duration {
+	peers := *l.peers.Load()
+	heard := make(map[uint64]time.Duration, len(peers))
+	for peer, at := range peers {
+		heard[peer] = time.Duration(at.Load())
+	}
+	return heard
+}
 
 // memberTimeout bounds one group's configuration change or membership
 // read: an election and a commit, with room for a busy leader.
@@ -202,14 +209,10 @@ func (n *Node) Members(ctx context.Context) (Membership, error) {
 			removed[id] = true
 		}
 	}
-	heard, now := n.liveness.snapshot(), n.clock()
+	heard, now := n.liveness.heardAt(), n.clock()
 	for _, id := range slices.Sorted(maps.Keys(byID)) {
 		mb := byID[id]
-		var at time.Duration
-		if h := heard[id]; h != nil {
-			at = time.Duration(h.Load())
-		}
-		mb.contact(id == n.cfg.NodeID, inTouch[id], at, now, n.reachableWithin())
+		mb.contact(id == n.cfg.NodeID, inTouch[id], heard[id], now, n.reachableWithin())
 		out.Members = append(out.Members, *mb)
 	}
 	out.Removed = slices.Sorted(maps.Keys(removed))
@@ -280,7 +283,8 @@ func (n *Node) RemoveMember(ctx context.Context, id uint64) error {
 		return err
 	}
 	for _, g := range n.groups {
-		g.queueForget(id)
+		g.queue(func(b []byte) []byte { return appendForget(b, id, 1, 0) })
+		g.propose()
 	}
 	n.log.Info().Uint64("node", id).Msg("member removed from every group")
 	return nil
@@ -333,10 +337,7 @@ func (n *Node) changeGroup(ctx context.Context, g *group, what string, id uint64
 		if !errors.Is(err, dragonboat.ErrRejected) && !dragonboat.IsTempError(err) || ctx.Err() != nil {
 			return fmt.Errorf("cluster: group %d: %s node %d: %w (repeat the command: groups done already are skipped)", g.shardID, what, id, err)
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(20 * time.Millisecond):
-		}
+		pause(ctx, 20*time.Millisecond)
 	}
 }
 
@@ -382,18 +383,9 @@ func (n *Node) groupMembership(ctx context.Context, g *group) (*dragonboat.Membe
 		if !dragonboat.IsTempError(err) || ctx.Err() != nil {
 			return nil, fmt.Errorf("cluster: group %d: read membership: %w", g.shardID, err)
 		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(20 * time.Millisecond):
-		}
+		pause(ctx, 20*time.Millisecond)
 	}
 }
 
-// queueForget queues the drop of node's queued waiters in g.
-func (g *group) queueForget(node uint64) {
-	g.mu.Lock()
-	g.buf = appendForget(g.buf, node, 1, 0)
-	g.count++
-	g.mu.Unlock()
-	g.propose()
-}
+// heardFrom records a Raft message from replica (the transport's hook).
+func (n *Node) heardFrom(replica uint64) { n.liveness.heard(replica, n.clock()) }

@@ -45,17 +45,16 @@ func lockctlCluster(t *testing.T, bin string, p *proc, args ...string) Membershi
 // awaitAdmin waits until p's admin endpoint accepts connections.
 func awaitAdmin(t *testing.T, p *proc) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", p.admin, time.Second)
-		if err == nil {
+	var err error
+	up := eventually(20*time.Second, 20*time.Millisecond, func() bool {
+		var c net.Conn
+		if c, err = net.DialTimeout("tcp", p.admin, time.Second); err == nil {
 			c.Close()
-			return
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node %d: admin endpoint not up in 20 s: %v", p.id, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return err == nil
+	})
+	if !up {
+		t.Fatalf("node %d: admin endpoint not up in 20 s: %v", p.id, err)
 	}
 }
 

@@ -187,21 +187,21 @@ func TestAddedNodesWaitersAreDroppedWhenItDies(t *testing.T) {
 func TestPeerLivenessTakesNewPeers(t *testing.T) {
 	var l peerLiveness
 	l.init(1, map[uint64]string{1: "a", 2: "b"})
-	if _, self := l.snapshot()[1]; self || l.snapshot()[2] == nil {
-		t.Fatalf("initial peers: %v", l.snapshot())
+	if h := l.heardAt(); len(h) != 1 || h[2] != 0 {
+		t.Fatalf("initial peers: %v, want node 2 heard of at 0 and not this node", h)
 	}
 	l.heard(9, 5*time.Second)
-	if at := l.snapshot()[9]; at == nil || at.Load() != int64(5*time.Second) {
+	if at, ok := l.heardAt()[9]; !ok || at != 5*time.Second {
 		t.Fatal("a new peer's first message was not recorded")
 	}
 	for id := uint64(100); id < 200; id++ {
 		l.heard(id, time.Second)
 	}
-	if len(l.snapshot()) != maxHeardPeers {
-		t.Fatalf("%d peers recorded, want at most %d", len(l.snapshot()), maxHeardPeers)
+	if len(l.heardAt()) != maxHeardPeers {
+		t.Fatalf("%d peers recorded, want at most %d", len(l.heardAt()), maxHeardPeers)
 	}
 	l.heard(2, 7*time.Second)
-	if l.snapshot()[2].Load() != int64(7*time.Second) {
+	if l.heardAt()[2] != 7*time.Second {
 		t.Fatal("a known peer's message was not recorded once the record was full")
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/lni/dragonboat/v4/raftio"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/lockd/lockd/cluster/raftnet"
 	"github.com/lockd/lockd/engine"
 	"github.com/lockd/lockd/internal/histogram"
 )
@@ -143,4 +144,77 @@ func (n *Node) AcquireAge(h engine.Handle) (time.Duration, bool) {
 		return 0, false
 	}
 	return n.clock() - p.start, true
+}
+
+// Stats sums the replicated tables of this replica (keys, tokens, the keys
+// gates: closed when any group's is) and the node's own gates (waiters,
+// in-flight).
+func (n *Node) Stats() engine.Stats {
+	var st engine.Stats
+	var keysClosed bool
+	var keysRefused uint64
+	for _, g := range n.groups {
+		f := g.fsm.Load()
+		if f == nil {
+			continue
+		}
+		f.mu.Lock()
+		st.Keys += len(f.state.locks)
+		st.TokensIssued += f.state.tokens.Issued
+		st.LastToken = max(st.LastToken, f.state.tokens.Last)
+		// The replicated flag changes only when an acquire asks; the gate
+		// is open again as soon as the count is below its reopening mark.
+		f.holdTimes.AddTo(&st.HoldTimes)
+		keys := int64(len(f.state.locks))
+		keysClosed = keysClosed || f.state.keysClosed && !engine.NewGateRule(int64(g.maxKeys)).Reopens(keys)
+		f.mu.Unlock()
+		keysRefused += f.keysRefused.Load()
+	}
+	st.WaitersGate, st.InflightGate = n.waiters.Stats(), n.inflight.Stats()
+	st.Waiters, st.Inflight = st.WaitersGate.Count, st.InflightGate.Count
+	st.KeysGate = engine.GateStats{Open: !keysClosed, Limit: n.cfg.MaxKeys, Count: st.Keys, Refused: keysRefused}
+	st.UndeliveredQueued = n.stats.abandoned.Load()
+	st.LeaseExpiries = n.stats.expires.Load()
+	st.Tenants = n.quotas.Stats(n.Namespace)
+	for i := range st.Tenants {
+		// The keys gate holds no units here: the replicas count the keys.
+		st.Tenants[i].KeysGate.Count = n.tenantKeys(st.Tenants[i].Tenant)
+	}
+	return st
+}
+
+// ClusterStats are counters for benchmarks and tests.
+type ClusterStats struct {
+	Proposals, Commands, ProposeRetries, ProposeFailures, Unavailable, OrphanReleases, Expires, LeaderTransfers uint64
+	RaftFramesSent, RaftStreamsOpened                                                                           uint64
+	// RaftForgedAddresses counts, for the whole process, the addresses a
+	// frame from outside the membership gave a replica id first that the
+	// membership then superseded (raftnet, raft_sources.go).
+	RaftForgedAddresses uint64
+}
+
+// ClusterStats returns the node's Raft-side counters.
+func (n *Node) ClusterStats() ClusterStats {
+	s := &n.stats
+	return ClusterStats{
+		Proposals: s.proposals.Load(), Commands: s.commands.Load(), ProposeRetries: s.proposeRetries.Load(),
+		ProposeFailures: s.proposeFailures.Load(), Unavailable: s.unavailable.Load(),
+		OrphanReleases: s.orphanReleases.Load(), Expires: s.expires.Load(), LeaderTransfers: s.leaderTransfers.Load(),
+		RaftFramesSent: s.raftFramesSent.Load(), RaftStreamsOpened: s.raftStreams.Load(),
+		RaftForgedAddresses: raftnet.ForgedAddresses(),
+	}
+}
+
+type nodeStats struct {
+	proposals       atomic.Uint64 // Raft proposals made
+	commands        atomic.Uint64 // commands carried by them
+	proposeRetries  atomic.Uint64
+	proposeFailures atomic.Uint64
+	unavailable     atomic.Uint64
+	orphanReleases  atomic.Uint64
+	abandoned       atomic.Uint64 // grants nobody takes, handed to the orphan releases
+	expires         atomic.Uint64
+	leaderTransfers atomic.Uint64
+	raftFramesSent  atomic.Uint64 // Raft message frames written to peers
+	raftStreams     atomic.Uint64 // Raft message connections dialed, redials included
 }

@@ -7,47 +7,64 @@
 // it writes no lock rule of its own and never touches sockets of the
 // client protocol. docs/cluster.md describes the design.
 //
-// Files by responsibility:
+// Files by responsibility, in the order a request meets them:
 //
-//   - node.go: the Node, start, stop, drain, the data dir's record.
-//   - config.go: the configuration, its defaults and checks; check.go:
-//     CheckConfig and the Raft exposure check.
-//   - backend.go: the engine.Backend side the server calls.
-//   - registry.go: this node's requests awaiting their group, their
-//     timers, and the routing of the state machine's answers to them.
-//   - proposer.go: a group's proposer (group commit, proposal slots,
-//     retries, re-sends on a leader change).
-//   - command.go: the log's batch and command format.
-//   - fsm.go: the dragonboat state machine adapter; state.go: the
-//     replicated state and the apply of each command.
-//   - expiry.go: the periodic pass of a group (lease ends, leader changes,
-//     silent peers' waiters) and the stamping of applied leases.
+//   - backend.go: the engine.Backend calls the server makes (Acquire,
+//     Release, Keep, Abandon, Cancel, Flush, Shutdown's drain) and the
+//     request registry: this node's requests awaiting their group, their
+//     ids and their deadlines.
+//   - proposer.go: a group's proposer (the one way to queue a command,
+//     group commit, proposal slots, retries, re-sends on a leader
+//     change).
+//   - command.go: the log's batch and command format, and what of it
+//     this build cannot read.
+//   - clock.go: the node's monotonic clock, and the group's replicated
+//     clock: the stamp a proposer puts on a batch and the rule by which
+//     a replica moves time with it.
+//   - fsm.go: the dragonboat state machine adapter, and the routing of
+//     its answers to this node's requests.
+//   - state.go: the replicated state and the apply of each command.
+//
+// and off that path:
+//
+//   - node.go: the Node, its groups, start and stop.
+//   - config.go: the configuration, its defaults and checks, and the
+//     data dir's record of them; check.go: CheckConfig and the Raft
+//     exposure check.
+//   - housekeeping.go: a group's periodic step (lease ends, dated
+//     batches, leader changes, silent peers' and earlier runs' waiters,
+//     orphan rechecks) and the loop that carries out its outbox.
+//   - leases.go: a replica's lease deadlines on this node's clock.
 //   - placement.go: leader placement; orphans.go: the release of grants
 //     nobody takes.
+//   - snapshot.go: a group's snapshots and their format.
 //   - membership.go, members_http.go: online membership changes and
 //     their admin endpoint, and the liveness record of peers.
 //   - version.go: the log format a group may write, the format
 //     statements, and a replica's halt on what it cannot read.
 //   - peerlink.go: the node's own messages to its peers (frames of kind
 //     'L') and their dispatch.
-//   - logger.go: dragonboat's logs into zerolog; metrics.go: the
-//     Prometheus collector; monitor.go: the runtime monitor anchor;
-//     inspect.go: the read-only lock inspection.
+//   - metrics.go: the counters, engine stats and the Prometheus
+//     collector; inspect.go: the read-only lock inspection.
 //
-// The Raft transport is cluster/raftnet and the Raft log store
-// cluster/logdb; this package reaches them only through their exported
-// factories and framing calls.
+// The Raft transport is cluster/raftnet, the Raft log store
+// cluster/logdb, dragonboat's logs cluster/raftlog, and the runtime
+// monitor anchor internal/sysmonanchor; this package reaches them only
+// through their exported calls.
+//
+// Locks: a group's fsm.mu is taken before its orphanQueue.mu (the
+// housekeeping step), the only two held together. The node's regMu and a
+// group's proposer.mu are held alone: Update releases fsm.mu before it
+// hands answers to the registry (regMu), the registry releases regMu
+// before it queues a command, and the proposer stamps a batch from the
+// replica's atomics.
 package cluster
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -56,8 +73,10 @@ import (
 	"github.com/lni/dragonboat/v4/config"
 	sm "github.com/lni/dragonboat/v4/statemachine"
 	"github.com/lockd/lockd/cluster/logdb"
+	"github.com/lockd/lockd/cluster/raftlog"
 	"github.com/lockd/lockd/cluster/raftnet"
 	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/internal/sysmonanchor"
 	"github.com/rs/zerolog"
 )
 
@@ -68,25 +87,21 @@ type Node struct {
 	log    zerolog.Logger
 	nh     *dragonboat.NodeHost
 	groups []*group
-	start  time.Time
 
 	idBase  atomic.Uint64 // waiter/request ids: random base, then +1
 	idFirst uint64        // first id of this run (without the top bit)
 
-	// regMu guards the request registry (reg, timers). Lock order:
-	// regMu before a group's fsm.mu and group.mu. No path holds them
-	// together: the state machine hands its answers to the registry
-	// after it releases fsm.mu (group.deliver), and the registry releases
-	// regMu before it queues a command.
+	// regMu guards the request registry (reg, timers); it is held
+	// alone (the package comment has the locks' order).
 	regMu   sync.Mutex
 	reg     map[uint64]*pending
 	timers  engine.DeadlineHeap[*pending] // stale once done or re-armed
 	wakeReg chan struct{}
 	links   peerLinks        // send-agains to peers (peerlink.go)
 	formats formatStatements // the log formats peers stated (version.go)
-	// wakeExpiry wakes the expiry driver before its timer: a group's
-	// leader changed.
-	wakeExpiry chan struct{}
+	// housekeepingDue wakes the housekeeping loop before its timer: a
+	// group's leader changed.
+	housekeepingDue chan struct{}
 
 	inflight *engine.AdmissionGate
 	waiters  *engine.AdmissionGate
@@ -101,8 +116,8 @@ type Node struct {
 
 	shutting atomic.Bool
 	stats    nodeStats
-	obs      observations   // for /metrics (metrics.go)
-	anchor   *monitorAnchor // nil unless Config.MonitorAnchor
+	obs      observations         // for /metrics (metrics.go)
+	anchor   *sysmonanchor.Anchor // nil unless Config.MonitorAnchor
 
 	ctx       context.Context
 	cancel    context.CancelFunc
@@ -110,87 +125,7 @@ type Node struct {
 	closeOnce sync.Once
 }
 
-type nodeStats struct {
-	proposals       atomic.Uint64 // Raft proposals made
-	commands        atomic.Uint64 // commands carried by them
-	proposeRetries  atomic.Uint64
-	proposeFailures atomic.Uint64
-	unavailable     atomic.Uint64
-	orphanReleases  atomic.Uint64
-	abandoned       atomic.Uint64 // grants nobody takes, handed to the orphan releases
-	expires         atomic.Uint64
-	leaderTransfers atomic.Uint64
-	raftFramesSent  atomic.Uint64 // Raft message frames written to peers
-	raftStreams     atomic.Uint64 // Raft message connections dialed, redials included
-}
-
 var _ engine.Backend = (*Node)(nil)
-
-// metaFile pins the group count, node id and log format of a data dir.
-const metaFile = "lockd-cluster.json"
-
-type meta struct {
-	NodeID uint64 `json:"node_id"`
-	Groups int    `json:"groups"`
-	// LogFormat is the log format the data dir was created at
-	// (version.go); the builds of the formats before logFormatBase wrote
-	// none.
-	LogFormat int `json:"log_format"`
-}
-
-// ErrOldDataDir refuses a data dir written by a build of a log format
-// before logFormatBase.
-var ErrOldDataDir = errors.New("cluster: data dir of an unreleased log format")
-
-// checkMeta ties a data dir to the node id and group count it was
-// bootstrapped with. A Groups of 0 takes the dir's count (DefaultGroups
-// for a new dir), so a restart needs no --groups and a later change of
-// the default cannot strand a cluster bootstrapped before it. A dir of a
-// log format before logFormatBase is refused: its log and snapshots are
-// of forms this build does not read, and no release wrote them, so there
-// is no upgrade path.
-func checkMeta(cfg *Config) error {
-	var have *meta // nil: a new data dir, or files kept in cfg.FS
-	path := filepath.Join(cfg.DataDir, metaFile)
-	if cfg.FS == nil {
-		if err := os.MkdirAll(cfg.DataDir, 0o750); err != nil {
-			return fmt.Errorf("cluster: data dir: %w", err)
-		}
-		b, err := os.ReadFile(path)
-		switch {
-		case err == nil:
-			have = new(meta)
-			if err := json.Unmarshal(b, have); err != nil {
-				return fmt.Errorf("cluster: %s: %w", path, err)
-			}
-		case !errors.Is(err, os.ErrNotExist):
-			return fmt.Errorf("cluster: %w", err)
-		}
-	}
-	if have != nil && have.LogFormat < logFormatBase {
-		return fmt.Errorf("%w: %s was written by a build before v0.1.0 (a log format before %d), which this build cannot read; "+
-			"move the data dir aside and start this node on an empty one: with --join to add it to a running cluster, or bootstrap a new cluster from empty data dirs",
-			ErrOldDataDir, cfg.DataDir, logFormatBase)
-	}
-	if cfg.Groups == 0 {
-		cfg.Groups = DefaultGroups
-		if have != nil {
-			cfg.Groups = have.Groups
-		}
-	}
-	want := meta{NodeID: cfg.NodeID, Groups: cfg.Groups, LogFormat: logFormatBase}
-	switch {
-	case cfg.FS != nil:
-		return nil
-	case have == nil:
-		b, _ := json.Marshal(want)
-		return os.WriteFile(path, b, 0o640)
-	case have.NodeID != want.NodeID || have.Groups != want.Groups:
-		return fmt.Errorf("cluster: %s was bootstrapped as node %d with %d groups; --node-id %d --groups %d cannot reuse it",
-			cfg.DataDir, have.NodeID, have.Groups, cfg.NodeID, cfg.Groups)
-	}
-	return nil
-}
 
 // shardID names group idx of a cluster of groups groups. The group count
 // is part of the id because it is part of key placement: a node started
@@ -212,7 +147,7 @@ func Start(cfg Config) (*Node, error) {
 	if err := checkMeta(&cfg); err != nil {
 		return nil, err
 	}
-	setupLogging(cfg.Logger)
+	raftlog.Setup(cfg.Logger)
 	n, err := newNode(cfg)
 	if err != nil {
 		return nil, err
@@ -248,20 +183,19 @@ func Start(cfg Config) (*Node, error) {
 // the gates, the liveness record and this run's request ids.
 func newNode(cfg Config) (*Node, error) {
 	n := &Node{
-		cfg:        cfg,
-		log:        cfg.Logger,
-		start:      time.Now(),
-		reg:        make(map[uint64]*pending),
-		wakeReg:    make(chan struct{}, 1),
-		wakeExpiry: make(chan struct{}, 1),
-		inflight:   engine.NewAdmissionGate(cfg.MaxInflight),
-		waiters:    engine.NewAdmissionGate(cfg.MaxWaiters),
-		quotas:     engine.NewTenantQuotas(cfg.TenantLimits),
+		cfg:             cfg,
+		log:             cfg.Logger,
+		reg:             make(map[uint64]*pending),
+		wakeReg:         make(chan struct{}, 1),
+		housekeepingDue: make(chan struct{}, 1),
+		inflight:        engine.NewAdmissionGate(cfg.MaxInflight),
+		waiters:         engine.NewAdmissionGate(cfg.MaxWaiters),
+		quotas:          engine.NewTenantQuotas(cfg.TenantLimits),
 	}
 	n.liveness.init(cfg.NodeID, cfg.Peers)
 	n.links.n = n
 	if cfg.MonitorAnchor {
-		n.anchor = newMonitorAnchor()
+		n.anchor = sysmonanchor.New()
 	}
 	var seed [8]byte
 	if _, err := rand.Read(seed[:]); err != nil {
@@ -307,11 +241,12 @@ func (n *Node) nodeHostConfig(sources *raftnet.Sources) config.NodeHostConfig {
 // forget of this node's earlier runs' waiters.
 func (n *Node) newGroup(idx int) *group {
 	perGroup := max(1, (n.cfg.MaxKeys+n.cfg.Groups-1)/n.cfg.Groups)
-	g := &group{n: n, idx: idx, shardID: shardID(n.cfg.Groups, idx), maxKeys: perGroup,
-		kick: make(chan struct{}, 1), slots: make(chan struct{}, proposalsInFlight), freed: make(chan struct{}, 1)}
+	g := &group{n: n, idx: idx, shardID: shardID(n.cfg.Groups, idx), maxKeys: perGroup, proposer: proposer{
+		kick: make(chan struct{}, 1), slots: make(chan struct{}, proposalsInFlight), freed: make(chan struct{}, 1)}}
 	g.buf = make([]byte, datedHeaderLen, 4096)
-	g.forgotten = make(map[uint64]bool)
-	g.forgetPastRuns()
+	g.house.forgotten = make(map[uint64]bool)
+	forget := n.pastRunsForget()
+	g.queue(func(b []byte) []byte { return append(b, forget...) })
 	g.newLeader.Store(new(make(chan struct{})))
 	return g
 }
@@ -362,8 +297,8 @@ func (n *Node) replicaConfig(g *group) config.Config {
 	}
 }
 
-// run starts the node's goroutines: a proposer per group, the expiry
-// driver, the request timers and the monitor anchor; then every group's
+// run starts the node's goroutines: a proposer per group, the
+// housekeeping loop, the request timers and the monitor anchor; then every group's
 // first proposal.
 func (n *Node) run() {
 	for _, g := range n.groups {
@@ -371,12 +306,12 @@ func (n *Node) run() {
 		go func() { defer n.wg.Done(); g.proposeLoop(n.ctx) }()
 	}
 	n.wg.Add(3)
-	go func() { defer n.wg.Done(); n.expiryLoop(n.ctx) }()
+	go func() { defer n.wg.Done(); n.housekeepingLoop(n.ctx) }()
 	go func() { defer n.wg.Done(); n.timerLoop(n.ctx) }()
 	go func() { defer n.wg.Done(); n.formatLoop(n.ctx) }()
 	if n.anchor != nil {
 		n.wg.Add(1)
-		go func() { defer n.wg.Done(); n.anchor.run(n.ctx) }()
+		go func() { defer n.wg.Done(); n.anchor.Run(n.ctx) }()
 	}
 	for _, g := range n.groups {
 		g.propose()
@@ -406,13 +341,7 @@ func (n *Node) Groups() int { return len(n.groups) }
 func (n *Node) GroupOf(tenant string, key []byte) int { return groupOf(tenant, key, len(n.groups)) }
 
 // Leader reports this node's view of group idx's leader (0 when unknown).
-func (n *Node) Leader(idx int) uint64 {
-	id, _, ok, err := n.nh.GetLeaderID(n.groups[idx].shardID)
-	if err != nil || !ok {
-		return 0
-	}
-	return id
-}
+func (n *Node) Leader(idx int) uint64 { return n.groups[idx].leader() }
 
 // WaitReady waits until every group has a known leader.
 func (n *Node) WaitReady(ctx context.Context) error {
@@ -443,87 +372,6 @@ func (n *Node) Token(tenant string, key []byte) uint64 {
 		return 0
 	}
 	return f.tokenOf(lockKey([]byte(tenant), key))
-}
-
-func (n *Node) clock() time.Duration { return time.Since(n.start) }
-
-func (n *Node) nextID() uint64 { return n.idBase.Add(1) | 1<<63 }
-
-// runIDSpan bounds the request ids one run of a node issues.
-const runIDSpan = 1 << 40
-
-// heardFrom records a Raft message from replica (the transport's hook).
-func (n *Node) heardFrom(replica uint64) { n.liveness.heard(replica, n.clock()) }
-
-// ownRun reports whether id was issued by this run of the node: a grant to
-// an id of a previous run may have been delivered, so it must not be
-// released here (its lease bounds it).
-func (n *Node) ownRun(id uint64) bool {
-	v := id &^ (1 << 63)
-	return v >= n.idFirst && v <= n.idBase.Load()
-}
-
-// Shutdown starts the node's drain: it first hands the leadership of the
-// groups it leads to a live peer (handOverLeadership), so that the
-// cluster does not wait out an election when it stops, then answers its
-// queued waiters ShuttingDown and drops them from their queues: they were
-// never granted. An acquire still on its way through Raft gets its real
-// answer (a grant, T, or E unavailable), or ShuttingDown if it applies as
-// queued; releases and keeps are answered as usual. Locks stay in the
-// cluster.
-func (n *Node) Shutdown() {
-	n.handOverLeadership()
-	var done []*pending
-	n.regMu.Lock()
-	n.shutting.Store(true)
-	for _, p := range n.reg {
-		if p.queued && n.finishLocked(p) {
-			done = append(done, p)
-		}
-	}
-	n.regMu.Unlock()
-	for _, p := range done {
-		p.group.cancel(p.key, p.id)
-		p.w.Resolve(p.owner, engine.Result{Outcome: engine.ShuttingDown})
-	}
-}
-
-// handOverLeadership asks for every group this node leads to pass to the
-// peer heard from most recently, and waits until none is led here any
-// more or handOverTimeout passed (a transfer Raft gives up leaves this
-// node leader until it stops; its peers then elect after the election
-// timeout, as after a crash).
-func (n *Node) handOverLeadership() {
-	deadline := time.Now().Add(n.handOverTimeout())
-	for {
-		asked := 0
-		for i, g := range n.groups {
-			if n.Leader(i) != n.cfg.NodeID {
-				continue
-			}
-			if to := n.liveness.freshest(n.clock(), n.cfg.ForgetAfter); to != 0 {
-				n.moveLeader(g, to)
-				asked++
-			}
-		}
-		if asked == 0 {
-			return // nothing led here, or no live peer to take it
-		}
-		if time.Now().After(deadline) {
-			for i, g := range n.groups {
-				if n.Leader(i) == n.cfg.NodeID {
-					n.resendProposals(g) // the followers' it dropped meanwhile
-				}
-			}
-			return
-		}
-		time.Sleep(n.cfg.RTT)
-	}
-}
-
-// handOverTimeout bounds a drain's hand-over: two election timeouts.
-func (n *Node) handOverTimeout() time.Duration {
-	return 2 * time.Duration(n.cfg.ElectionRTT) * n.cfg.RTT
 }
 
 // Run returns when ctx is done: the node's goroutines run from Start to

@@ -5,8 +5,59 @@ package cluster
 // the grant is a duplicate.
 
 import (
+	"sync"
 	"time"
 )
+
+// orphanQueue holds a group's grants to release. Its mu is taken after
+// the group's fsm.mu (the housekeeping step), never before it.
+type orphanQueue struct {
+	mu      sync.Mutex
+	pending []leaseRef // grants to release, current or not
+	// releasing are the releases proposed, checked again at their
+	// instant in case their proposal was given up (due).
+	releasing []orphanCheck
+}
+
+// orphanCheck is an orphan release to look at again at instant at: if
+// its token is still current then, the proposal was most likely given up
+// (the group had no leader for the whole propose timeout) and it is
+// released again; a duplicate release of a token no longer current is a
+// no-op.
+type orphanCheck struct {
+	leaseRef
+	at time.Duration
+}
+
+func (q *orphanQueue) add(grants ...leaseRef) {
+	q.mu.Lock()
+	q.pending = append(q.pending, grants...)
+	q.mu.Unlock()
+}
+
+func (q *orphanQueue) take() []leaseRef {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	grants := q.pending
+	q.pending = nil
+	return grants
+}
+
+// due returns the releases whose check falls at now or before.
+func (q *orphanQueue) due(now time.Duration) []leaseRef {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := 0
+	for n < len(q.releasing) && q.releasing[n].at <= now {
+		n++
+	}
+	due := make([]leaseRef, n)
+	for i, c := range q.releasing[:n] {
+		due[i] = c.leaseRef
+	}
+	q.releasing = q.releasing[n:]
+	return due
+}
 
 // orphan queues the release of a grant nobody waits for; the proposer
 // drops the ones no longer current before proposing (a restarted node
@@ -15,19 +66,14 @@ import (
 // only queues.
 func (g *group) orphan(key string, token uint64) {
 	g.n.stats.abandoned.Add(1)
-	g.mu.Lock()
-	g.orphans = append(g.orphans, expiry{key: key, token: token})
-	g.mu.Unlock()
+	g.orphans.add(leaseRef{key: key, token: token})
 	g.propose()
 }
 
 // releaseOrphans turns the queued orphans still holding their lock into
-// release commands.
+// release commands, each checked again later (due).
 func (g *group) releaseOrphans() {
-	g.mu.Lock()
-	orphans := g.orphans
-	g.orphans = nil
-	g.mu.Unlock()
+	orphans := g.orphans.take()
 	if len(orphans) == 0 {
 		return
 	}
@@ -47,53 +93,13 @@ func (g *group) releaseOrphans() {
 	// A batch may wait up to a propose timeout for a free slot, then be
 	// proposed for another one.
 	checkAt := g.n.clock() + 2*g.n.cfg.ProposeTimeout + g.n.cfg.AttemptTimeout
-	g.mu.Lock()
+	g.orphans.mu.Lock()
+	for _, o := range kept {
+		g.orphans.releasing = append(g.orphans.releasing, orphanCheck{leaseRef: o, at: checkAt})
+	}
+	g.orphans.mu.Unlock()
 	for _, o := range kept {
 		tenant, key := splitLockKey(o.key)
-		g.buf = appendRelease(g.buf, g.n.cfg.NodeID, 0, o.token, tenant, key)
-		g.count++
-		g.releasing = append(g.releasing, orphanCheck{expiry: o, at: checkAt})
+		g.queue(func(b []byte) []byte { return appendRelease(b, g.n.cfg.NodeID, 0, o.token, tenant, key) })
 	}
-	g.mu.Unlock()
-}
-
-// orphanCheck is an orphan release to look at again at instant at: if
-// its token is still current then, the proposal was most likely given up
-// (the group had no leader for the whole propose timeout) and it is
-// released again; a duplicate release of a token no longer current is a
-// no-op.
-type orphanCheck struct {
-	expiry
-	at time.Duration
-}
-
-// recheckOrphans queues again the orphan releases due for a check whose
-// lock is still held by the orphaned grant. Run by the expiry driver.
-func (g *group) recheckOrphans(now time.Duration, f *fsm) {
-	g.mu.Lock()
-	n := 0
-	for n < len(g.releasing) && g.releasing[n].at <= now {
-		n++
-	}
-	due := g.releasing[:n:n]
-	g.releasing = g.releasing[n:]
-	g.mu.Unlock()
-	if n == 0 {
-		return
-	}
-	f.mu.Lock()
-	var again []expiry
-	for _, c := range due {
-		if f.valid(c.expiry) {
-			again = append(again, c.expiry)
-		}
-	}
-	f.mu.Unlock()
-	if len(again) == 0 {
-		return
-	}
-	g.mu.Lock()
-	g.orphans = append(g.orphans, again...)
-	g.mu.Unlock()
-	g.propose()
 }

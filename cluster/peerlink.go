@@ -9,15 +9,11 @@ package cluster
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
-	"io"
 	"net"
 	"sync"
-	"time"
 
 	"github.com/lni/dragonboat/v4"
 	"github.com/lockd/lockd/cluster/raftnet"
-	"github.com/rs/zerolog"
 )
 
 // peerLinks is one link per peer this node has sent messages to.
@@ -117,7 +113,7 @@ func (l *peerLink) dial(ctx context.Context) (net.Conn, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, raftnet.DialTimeout)
 	defer cancel()
-	return dialRaft(ctx, l.n.cfg.RaftTLS, l.n.log, addr)
+	return raftnet.Dial(ctx, l.n.cfg.RaftTLS, l.n.log, addr)
 }
 
 // read hands the answers the peer writes back to the node, until the
@@ -184,20 +180,4 @@ func (n *Node) onPeerFrame(body []byte, sink replySink) {
 			n.onSendAgain(b)
 		}
 	}
-}
-
-// The transport's framing under the names version.go's format exchange
-// uses.
-const frameLockd = raftnet.FrameLockd
-
-func dialRaft(ctx context.Context, tlsCfg *tls.Config, log zerolog.Logger, addr string) (net.Conn, error) {
-	return raftnet.Dial(ctx, tlsCfg, log, addr)
-}
-
-func readFrame(r io.Reader, buf []byte) (kind byte, body []byte, err error) {
-	return raftnet.ReadFrame(r, buf)
-}
-
-func writeFrame(conn net.Conn, kind byte, payload []byte, timeout time.Duration) error {
-	return raftnet.WriteFrame(conn, kind, payload, timeout)
 }

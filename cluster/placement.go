@@ -27,7 +27,7 @@ import "time"
 // no lease whose deadline a new leader would re-stamp and nobody waiting.
 //
 // A hand-over decided is asked for one heartbeat interval later, not at
-// once. The decision is taken on an expiry pass, and the passes that
+// once. The decision is taken on a housekeeping pass, and the passes that
 // follow a grant's apply are the most frequent ones under traffic: at
 // that instant the target has usually not yet applied the grant, and a
 // dragonboat node that has committed entries it has not applied refuses
@@ -60,7 +60,7 @@ type loadShare struct {
 }
 
 // leaderPlacement is one group's placement decision on one node, driven
-// by the expiry loop's clock; deterministic, no I/O.
+// by the housekeeping step's clock; deterministic, no I/O.
 type leaderPlacement struct {
 	windowEnd time.Duration
 	candidate uint64 // the node that qualified in the last strikes windows
@@ -169,4 +169,19 @@ func (p *leaderPlacement) handOver(now time.Duration, leader bool) (to uint64, w
 	}
 	to, p.handOverTo = p.handOverTo, 0
 	return to, 0
+}
+
+// takeLoad returns and resets the per-node command counts since the last
+// call: the busiest node other than self, and self's own count.
+func (f *fsm) takeLoad(self uint64) (busiest loadShare, own uint64) {
+	for node, n := range f.load {
+		switch {
+		case node == self:
+			own = n
+		case n > busiest.commands || n == busiest.commands && node < busiest.node:
+			busiest = loadShare{node: node, commands: n}
+		}
+	}
+	clear(f.load)
+	return busiest, own
 }

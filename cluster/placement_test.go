@@ -198,43 +198,63 @@ func TestTakeLoadCountsProposers(t *testing.T) {
 
 // Traffic that enters through one follower moves its group's leadership
 // there, so its requests stop paying the forward and the commit notice.
+// The nodes share a fake clock: each burst of traffic fills one placement
+// window, and the hand-over is asked while no command is in flight (a
+// node applying a commit refuses it, placement.go).
 func TestLeaderFollowsLoad(t *testing.T) {
-	tc := newTestCluster(t, 3, nil)
+	clock := new(fakeClock)
+	tc := newTestCluster(t, 3, func(c *Config) {
+		c.Clock = clock.now
+		c.ForgetAfter = time.Hour // the clock jumps between two messages
+	})
 	const key = "follow-me"
 	leader := tc.leaderOf(key)
 	via := 1 + leader%3
 	n := tc.node(via)
 	group := n.GroupOf("default", []byte(key))
-	// A hand-over Raft gives up doubles the pause before the next one,
-	// 5 s then 10 s then 20 s: a minute is room for four attempts.
-	const within = time.Minute
-	deadline := time.Now().Add(within)
 	owner := uint64(0)
-	for n.Leader(group) != via {
-		if time.Now().After(deadline) {
-			t.Fatalf("group %d still led by %d after %v of traffic through node %d (%d leader transfers asked)",
-				group, n.Leader(group), within, via, tc.node(leader).ClusterStats().LeaderTransfers)
+	burst := func() { // one window's commands, all through via
+		for range placementMin {
+			rec := newRecorder()
+			owner++
+			r := acquire(t, n, rec, owner, key, 30*time.Second, 0)
+			if r.Outcome != engine.Granted {
+				t.Fatalf("acquire: %+v", r)
+			}
+			owner++
+			release(t, n, rec, owner, key, r.Token)
 		}
-		rec := newRecorder() // one per cycle: a recorder holds a bounded number of answers
-		owner++
-		r := acquire(t, n, rec, owner, key, 30*time.Second, 0)
-		if r.Outcome == engine.Unavailable {
-			continue // the hand-over's election
+	}
+	windowClosed := func() bool { // the leader's pass took the window's counts
+		f := tc.node(leader).groups[group].fsm.Load()
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return len(f.load) == 0
+	}
+	// Each round is one window of traffic through via; two in a row ask
+	// for the hand-over (the first may share its window with the pass
+	// before it). A hand-over Raft gives up doubles the pause before the
+	// next one, which the round after it waits out.
+	for round := 0; ; round++ {
+		if round == 8 {
+			t.Fatalf("group %d still led by %d after %d windows of traffic through node %d (%d leader transfers)",
+				group, n.Leader(group), round, via, tc.node(leader).ClusterStats().LeaderTransfers)
 		}
-		if r.Outcome != engine.Granted {
-			t.Fatalf("acquire: %+v", r)
+		burst()
+		tc.advance(clock, placementWindow)
+		waitUntil(t, 10*time.Second, "the leader's placement window to close", windowClosed)
+		asked := tc.node(leader).ClusterStats().LeaderTransfers
+		tc.advance(clock, time.Duration(tc.cfgs[0].HeartbeatRTT)*tc.cfgs[0].RTT) // the hand-over is asked a heartbeat later
+		if eventually(2*time.Second, 5*time.Millisecond, func() bool { return n.Leader(group) == via }) {
+			break
 		}
-		owner++
-		release(t, n, rec, owner, key, r.Token)
-		// Paced like a service that takes a lock now and then: back to
-		// back, the node is applying its last commit at most instants,
-		// and a node in that state refuses the hand-over (placement.go).
-		time.Sleep(20 * time.Millisecond)
+		if tc.node(leader).ClusterStats().LeaderTransfers > asked {
+			tc.advance(clock, placementCooldown<<placementMaxBackoff)
+		}
 	}
 	if got := tc.node(leader).ClusterStats().LeaderTransfers; got == 0 {
 		t.Fatalf("node %d moved no leader, yet group %d is now led by %d", leader, group, via)
 	}
-	t.Logf("group %d moved from node %d to node %d after %d requests", group, leader, via, owner)
 }
 
 // With no traffic, every group that holds no lock moves its leadership to

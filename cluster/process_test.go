@@ -131,6 +131,21 @@ type interval struct {
 	abandoned  bool
 }
 
+// hold is a claim's work, the one of both traffics: its client holds the
+// lock for d, then the claim iv is recorded as ending then, or at
+// validUntil if that is earlier (the client stops trusting the lock
+// there).
+func (lt *lockTraffic) hold(iv interval, d time.Duration, validUntil time.Time) {
+	time.Sleep(d)
+	iv.end = time.Now()
+	if iv.end.After(validUntil) {
+		iv.end = validUntil
+	}
+	lt.mu.Lock()
+	lt.history = append(lt.history, iv)
+	lt.mu.Unlock()
+}
+
 // buildLockd builds the lockd binary into dir.
 func buildLockd(t *testing.T, dir string, tags ...string) string {
 	t.Helper()
@@ -191,22 +206,25 @@ func killOnCleanup(t *testing.T, procs []*proc) {
 func groupLeader(t *testing.T, procs []*proc, g int) uint64 {
 	t.Helper()
 	var lastErr error // why the last view failed, for the failure message
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	var leader uint64
+	found := eventually(20*time.Second, 50*time.Millisecond, func() bool {
 		for _, p := range procs {
 			if p.alive() {
 				l, err := p.leaderView(g)
 				if err != nil {
 					lastErr = err
 				} else if l != 0 && procs[l-1].alive() {
-					return l
+					leader = l
+					return true
 				}
 			}
 		}
-		time.Sleep(50 * time.Millisecond)
+		return false
+	})
+	if !found {
+		t.Fatalf("no leader for group %d (last /metrics error: %v)", g+1, lastErr)
 	}
-	t.Fatalf("no leader for group %d (last /metrics error: %v)", g+1, lastErr)
-	return 0
+	return leader
 }
 
 // Lock traffic of the multi-process tests: 1 s leases, and a claim ends
@@ -275,18 +293,15 @@ func (lt *lockTraffic) awaitGrants(t *testing.T, n int, while string) {
 	lt.mu.Lock()
 	want := len(lt.history) + n
 	lt.mu.Unlock()
-	deadline := time.Now().Add(time.Minute)
-	for {
+	var got int
+	done := eventually(time.Minute, 10*time.Millisecond, func() bool {
 		lt.mu.Lock()
-		got := len(lt.history)
+		got = len(lt.history)
 		lt.mu.Unlock()
-		if got >= want {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: the traffic recorded %d of %d more grants in a minute (responses %v)", while, n-(want-got), n, fmtStats(lt.snapshotStats()))
-		}
-		time.Sleep(10 * time.Millisecond)
+		return got >= want
+	})
+	if !done {
+		t.Fatalf("%s: the traffic recorded %d of %d more grants in a minute (responses %v)", while, n-(want-got), n, fmtStats(lt.snapshotStats()))
 	}
 }
 
@@ -336,11 +351,20 @@ func (lt *lockTraffic) worker(w int) {
 		default:
 		}
 		if c == nil {
-			var err error
-			if c, err = lt.pick(rng).connect(); err != nil {
-				c = nil
-				time.Sleep(20 * time.Millisecond)
-				continue
+			eventually(time.Minute, 20*time.Millisecond, func() bool {
+				select {
+				case <-lt.stop:
+					return true
+				default:
+				}
+				var err error
+				if c, err = lt.pick(rng).connect(); err != nil {
+					c = nil
+				}
+				return c != nil
+			})
+			if c == nil {
+				continue // stopped, or no node took it for a minute
 			}
 			session = false
 			if c.flags&codec.GreetingAbandon != 0 {
@@ -419,14 +443,7 @@ func (lt *lockTraffic) worker(w int) {
 			lt.mu.Unlock()
 			continue
 		}
-		time.Sleep(time.Duration(2+rng.IntN(10)) * time.Millisecond)
-		iv.end = time.Now()
-		if iv.end.After(validUntil) {
-			iv.end = validUntil // it stopped trusting the lock there
-		}
-		lt.mu.Lock()
-		lt.history = append(lt.history, iv)
-		lt.mu.Unlock()
+		lt.hold(iv, time.Duration(2+rng.IntN(10))*time.Millisecond, validUntil)
 		owner++
 		if !c.release(owner, r.Token, key) {
 			c = nil
@@ -616,16 +633,18 @@ func TestProcessesKillLeader(t *testing.T) {
 // election. It fails the test if nothing is granted within a minute.
 func probeRecovery(t *testing.T, via *proc, key string, fault time.Time) time.Duration {
 	t.Helper()
-	for {
-		r, _, err := probeAcquire(via, key, 1)
-		if err == nil && r.Op == codec.OpAcquired {
-			return time.Since(fault)
-		}
-		if time.Since(fault) > time.Minute {
-			t.Fatalf("%s: not granted through node %d within a minute of the fault: %q %v %v", key, via.id, r.Op, r.Reason.String(), err)
-		}
-		time.Sleep(20 * time.Millisecond)
+	var r codec.Response
+	var err error
+	var recovered time.Duration
+	granted := eventually(time.Until(fault.Add(time.Minute)), 20*time.Millisecond, func() bool {
+		r, _, err = probeAcquire(via, key, 1)
+		recovered = time.Since(fault)
+		return err == nil && r.Op == codec.OpAcquired
+	})
+	if !granted {
+		t.Fatalf("%s: not granted through node %d within a minute of the fault: %q %v %v", key, via.id, r.Op, r.Reason.String(), err)
 	}
+	return recovered
 }
 
 // recoveries are the probeRecovery times of one kind of fault.

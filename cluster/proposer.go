@@ -25,26 +25,37 @@ import (
 // pin its memory.
 var proposalBuffers bytebufferpool.Pool
 
-// group is this node's side of one Raft group.
+// group is this node's side of one Raft group: its replica, its
+// proposer, its orphan releases and its housekeeping.
 type group struct {
 	n       *Node
 	idx     int
 	shardID uint64
 	maxKeys int
 	fsm     atomic.Pointer[fsm]
+	// logFormat is the group's log format as this replica last applied
+	// it, for the writers of format-4 commands on the request path.
+	logFormat atomic.Uint32
+	// leading is whether this node led the group at the housekeeping
+	// step's last pass (for the hold-time metric and the stamp requests).
+	leading atomic.Bool
 
+	proposer
+	orphans orphanQueue
+	house   housekeeper
+}
+
+// proposer is a group's batch in the making and its proposals in flight.
+type proposer struct {
+	// mu guards buf, count, lead and out; it is held alone (package
+	// comment): stamp reads the replica through atomics.
 	mu    sync.Mutex
 	buf   []byte // header space (datedHeaderLen) + commands not yet proposed
 	count uint32
-	lead  leadership // under mu: this node's leadership, to stamp batches
+	lead  leadership // this node's leadership, to stamp batches
 	// needStamp asks the proposer for a dated batch even with no command:
 	// a lease or wait started in an undated batch waits for one.
 	needStamp atomic.Bool
-	// orphans are grants to waiters gone from this node, to release;
-	// releasing are those proposed, to be checked again later in case
-	// their proposal was given up (recheckOrphans).
-	orphans   []expiry
-	releasing []orphanCheck
 	dirty     atomic.Bool
 	kick      chan struct{}
 	// slots bounds this node's proposals in flight for the group: while
@@ -53,34 +64,23 @@ type group struct {
 	// wait; freed signals a slot coming back.
 	slots chan struct{}
 	freed chan struct{}
-	// out holds the proposals whose slots are held (under mu): the apply
-	// of one frees its slot at once (appliedOwn), not when its watcher
-	// hears of the result, after the answers it carried were delivered
-	// and the next requests may have found no slot free.
+	// out holds the proposals whose slots are held: the apply of one
+	// frees its slot at once (appliedOwn), not when its watcher hears of
+	// the result, after the answers it carried were delivered and the
+	// next requests may have found no slot free.
 	out []*bytebufferpool.ByteBuffer
-
-	wasLeader bool     // expiry driver only
-	due       []expiry // expiry driver only: the lease ends of one pass
-	// logFormat is the group's log format as this replica last applied
-	// it, for the writers of format-4 commands on the request path.
-	logFormat atomic.Uint32
-	// leading is whether this node led the group at the expiry driver's
-	// last pass (for the hold-time metric).
-	leading   atomic.Bool
-	forgotten map[uint64]bool // expiry driver only: peers whose waiters this leader dropped
-	// pastRunsForgotten is set once this run's forget of its earlier
-	// runs' waiters has applied; until then the expiry driver proposes it
-	// again every propose timeout (a proposal can be given up while the
-	// restarted node catches up).
-	pastRunsForgotten atomic.Bool
-	forgetSentAt      time.Duration   // expiry driver only
-	leaderSeen        uint64          // expiry driver only
-	prevLeader        uint64          // expiry driver only: the leader before leaderSeen
-	leaderSince       time.Duration   // expiry driver only: when this node last became leader
-	placement         leaderPlacement // expiry driver only
 	// newLeader is closed, and replaced, when the group's leader changes:
 	// proposals in flight then go out again at once (see watch).
 	newLeader atomic.Pointer[chan struct{}]
+}
+
+// leader is this node's view of g's leader (0 when unknown).
+func (g *group) leader() uint64 {
+	id, _, ok, err := g.n.nh.GetLeaderID(g.shardID)
+	if err != nil || !ok {
+		return 0
+	}
+	return id
 }
 
 func (g *group) waitingCommands() uint32 {
@@ -194,8 +194,8 @@ func (g *group) freeSlot() {
 
 // proposeFromLoop proposes what the event loops gathered for g from the
 // calling loop itself when no proposal of g is out and g has a leader:
-// handing each commit to the proposer goroutine cost a wake-up on its
-// path, a context switch on this machine. Otherwise the proposer decides
+// handing each commit to the proposer goroutine costs a wake-up, a
+// context switch, on its path. Otherwise the proposer decides
 // (the next batch gathers behind the one out; no leader means retries),
 // and so it does for an attempt refused here, on a goroutine of its own,
 // since a loop must not wait.
@@ -209,7 +209,7 @@ func (g *group) proposeFromLoop() {
 		g.propose()
 		return
 	}
-	if len(g.slots) > 1 || g.n.Leader(g.idx) == 0 {
+	if len(g.slots) > 1 || g.leader() == 0 {
 		<-g.slots
 		g.propose()
 		return
@@ -301,14 +301,11 @@ func (g *group) send(ctx context.Context, b *bytebufferpool.ByteBuffer, deadline
 			n.stats.proposeFailures.Add(1)
 			return false
 		}
-		if g.n.Leader(g.idx) == 0 {
+		if g.leader() == 0 {
 			// No leader known (an election, or a node waiting to be
 			// added): dragonboat would drop the proposal with a warning.
 			n.stats.proposeRetries.Add(1)
-			select {
-			case <-ctx.Done():
-			case <-time.After(n.cfg.RTT):
-			}
+			pause(ctx, n.cfg.RTT)
 			continue
 		}
 		err := g.proposeOnce(ctx, b, deadline)
@@ -321,10 +318,7 @@ func (g *group) send(ctx context.Context, b *bytebufferpool.ByteBuffer, deadline
 			return false
 		}
 		n.stats.proposeRetries.Add(1)
-		select {
-		case <-ctx.Done():
-		case <-time.After(5 * time.Millisecond):
-		}
+		pause(ctx, 5*time.Millisecond)
 	}
 }
 
@@ -386,10 +380,7 @@ func (g *group) watch(ctx context.Context, rs *dragonboat.RequestState, leaderCh
 	rs.Release()
 	if r.Dropped() || r.Timeout() {
 		g.n.stats.proposeRetries.Add(1)
-		select {
-		case <-ctx.Done():
-		case <-time.After(5 * time.Millisecond):
-		}
+		pause(ctx, 5*time.Millisecond)
 		if g.send(ctx, b, deadline) {
 			return // the new watcher owns the slot
 		}
@@ -449,7 +440,19 @@ func (n *Node) onSendAgain(b []byte) {
 	}
 }
 
-// queue appends one command, built by add, to g's next batch.
+// pause waits d, or until ctx is done: the back-off of a retry.
+func pause(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// queue appends one command, built by add, to g's next batch; the next
+// event-loop Flush, or a propose, sends it. It is the only writer of the
+// batch.
 func (g *group) queue(add func([]byte) []byte) {
 	g.mu.Lock()
 	g.buf = add(g.buf)

@@ -481,8 +481,8 @@ func stateFormatAt(t *testing.T, addr string, id uint64) func() {
 				return
 			}
 			_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-			if kind, body, err := readFrame(conn, nil); err == nil && kind == frameLockd && len(body) > 0 && body[0] == peerFormat {
-				_ = writeFrame(conn, frameLockd, appendStatement(nil, id, logFormatNewest), time.Second)
+			if kind, body, err := raftnet.ReadFrame(conn, nil); err == nil && kind == raftnet.FrameLockd && len(body) > 0 && body[0] == peerFormat {
+				_ = raftnet.WriteFrame(conn, raftnet.FrameLockd, appendStatement(nil, id, logFormatNewest), time.Second)
 			}
 			conn.Close()
 		}

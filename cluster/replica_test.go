@@ -15,21 +15,26 @@ type replica struct {
 	t     *testing.T
 	f     *fsm
 	index uint64
+	clock time.Duration // the node's monotonic clock (Config.Clock)
 }
 
 func newReplica(t *testing.T, self uint64) *replica {
+	r := &replica{t: t}
 	n := &Node{cfg: Config{NodeID: self, RTT: 100 * time.Millisecond, ElectionRTT: 4, HeartbeatRTT: 1,
-		ForgetAfter: 800 * time.Millisecond, ProposeTimeout: 2 * time.Second, FixedLeaders: true},
+		ForgetAfter: 800 * time.Millisecond, ProposeTimeout: 2 * time.Second, AttemptTimeout: 800 * time.Millisecond,
+		FixedLeaders: true, Clock: func() time.Duration { return r.clock }},
 		log: zerolog.Nop()}
 	n.liveness.init(self, map[uint64]string{1: "a", 2: "b", 3: "c"})
-	g := &group{n: n, maxKeys: 1 << 20, kick: make(chan struct{}, 1), forgotten: map[uint64]bool{}}
+	n.idBase.Store(1000)
+	n.idFirst = 1001
+	g := &group{n: n, maxKeys: 1 << 20, proposer: proposer{kick: make(chan struct{}, 1)}}
+	g.house.forgotten = map[uint64]bool{}
 	g.buf = make([]byte, datedHeaderLen)
 	g.newLeader.Store(new(make(chan struct{})))
-	g.pastRunsForgotten.Store(true)
-	f := newFSM(g, 1)
-	f.clock = func() time.Duration { return 0 }
-	g.fsm.Store(f)
-	return &replica{t: t, f: f}
+	g.house.pastRunsForgotten.Store(true)
+	r.f = newFSM(g, 1)
+	g.fsm.Store(r.f)
+	return r
 }
 
 func (r *replica) n() *Node { return r.f.g.n }

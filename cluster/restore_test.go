@@ -13,9 +13,9 @@ import (
 // localNode is node 1's request side without a NodeHost: enough to
 // register requests and receive its state machine's hand-offs.
 func localNode() (*Node, *group, *fsm) {
+	start := time.Now()
 	n := &Node{
-		cfg:      Config{NodeID: 1, ProposeTimeout: time.Minute},
-		start:    time.Now(),
+		cfg:      Config{NodeID: 1, ProposeTimeout: time.Minute, Clock: func() time.Duration { return time.Since(start) }},
 		reg:      make(map[uint64]*pending),
 		wakeReg:  make(chan struct{}, 1),
 		inflight: engine.NewAdmissionGate(100),
@@ -23,7 +23,7 @@ func localNode() (*Node, *group, *fsm) {
 	}
 	n.idBase.Store(1000)
 	n.idFirst = 1001
-	g := &group{n: n, maxKeys: 1 << 20, kick: make(chan struct{}, 1)}
+	g := &group{n: n, maxKeys: 1 << 20, proposer: proposer{kick: make(chan struct{}, 1)}}
 	f := newFSM(g, 1)
 	g.fsm.Store(f)
 	return n, g, f
@@ -82,10 +82,7 @@ func TestSnapshotDeliversGrantsOfWaitingRequests(t *testing.T) {
 	if !isQueued || !stillWaits || queued.deadline != queued.start+30*time.Second {
 		t.Fatalf("queued request: queued %v registered %v deadline %v", isQueued, stillWaits, queued.deadline-queued.start)
 	}
-	g.mu.Lock()
-	orphans := len(g.orphans)
-	g.mu.Unlock()
-	if orphans != 0 {
+	if orphans := len(g.orphans.take()); orphans != 0 {
 		t.Fatalf("%d grants queued for release; a grant to an answered request may be held by its client", orphans)
 	}
 }

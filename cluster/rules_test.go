@@ -15,8 +15,8 @@ import (
 // groupWrapper drives one group's replicated state the way the nodes do,
 // on a fake clock: every command is a batch the group's leader dates with
 // its monotonic clock (clock.go), the fake clock; Tick is the node's wait
-// timers (TimedOut for a wait that elapsed) and then the leader's expiry
-// driver (a lease end for every lease due on its clock); a queued
+// timers (TimedOut for a wait that elapsed) and then the leader's
+// housekeeping (a lease end for every lease due on its clock); a queued
 // request is answered once, by whichever comes first, as the node's
 // request registry does. Cancel is the node's Cancel: the request leaves
 // the registry and its replicated queue entry leaves by a cancel command,
@@ -176,7 +176,7 @@ func (w *groupWrapper) Advance(d time.Duration) { w.now += d }
 
 func (w *groupWrapper) Tick() {
 	// What fell due, in the order of the instants it fell due at, as the
-	// engine's timer heap and the node's timers with the leader's expiry
+	// engine's timer heap and the node's timers with the leader's lease
 	// heap take them.
 	type event struct {
 		at    time.Duration

@@ -1,16 +1,10 @@
 package cluster
 
 import (
-	"bufio"
-	"encoding/binary"
-	"errors"
-	"fmt"
-	"io"
 	"math"
 	"strings"
 	"time"
 
-	sm "github.com/lni/dragonboat/v4/statemachine"
 	"github.com/lockd/lockd/engine"
 )
 
@@ -42,7 +36,7 @@ type waitEntry struct {
 // only learns of the grant from a snapshot can still deliver it.
 type lockState struct {
 	engine.Lease        // token and lease end, on the replicated clock
-	lease        uint16 // seconds, of the grant or of the latest KEEP
+	leaseSeconds uint16 // of the grant or of the latest KEEP
 	// renewals counts the KEEPs applied to the token: a retried KEEP
 	// names the renewal it extends, so that applied twice it renews once.
 	renewals uint32
@@ -50,9 +44,9 @@ type lockState struct {
 	// requester tags the request the token was issued to (SPEC §6a), 0
 	// when it had no session: only its ABANDON gives the grant back.
 	requester engine.Requester
-	// granted is the group's clock when the token was issued, for the
+	// grantedAt is the group's time when the token was issued, for the
 	// hold time when its lease ends.
-	granted time.Duration
+	grantedAt time.Duration
 	// origin is the index of the undated batch that started the lease
 	// (End is pendingEnd) until a dated batch dates it (clock.go); 0
 	// once dated.
@@ -128,7 +122,7 @@ type answer struct {
 // and how long each lease that ended was held (on the group's clock).
 type applied struct {
 	answers []answer
-	leases  []expiry
+	leases  []leaseRef
 	holds   []time.Duration
 	// waits are the deadlines of the waits the batch queued, on the
 	// group's clock: the leader moves the group's time when one ends
@@ -152,7 +146,7 @@ func (s *replicated) apply(c *command, out *applied) {
 		r := engine.Result{Outcome: engine.NotHeld}
 		if l := s.settle(k, out); l != nil && engine.Release(l.Lease, c.token, s.now) == engine.Released {
 			r.Outcome = engine.Released
-			out.holds = append(out.holds, s.now-l.granted)
+			out.holds = append(out.holds, s.now-l.grantedAt)
 			s.free(k, l, out)
 		}
 		if c.id != 0 {
@@ -175,7 +169,7 @@ func (s *replicated) apply(c *command, out *applied) {
 			})
 		default:
 			engine.Keep(&l.Lease, c.token, s.now, seconds(c.lease))
-			l.lease = c.lease
+			l.leaseSeconds = c.lease
 			l.renewals++
 			s.started(k, l, s.batch.origin(), out)
 			if c.id != 0 {
@@ -260,16 +254,16 @@ func (s *replicated) admitKey(limit int64) bool {
 
 func (s *replicated) grant(k string, l *lockState, node, id uint64, r engine.Requester, lease uint16, out *applied) {
 	s.tokens.Grant(&l.Lease, s.now, seconds(lease))
-	s.granted(k, l, node, id, r, lease, s.batch.origin(), out)
+	s.setHolder(k, l, node, id, r, lease, s.batch.origin(), out)
 }
 
-// granted records who holds the token just issued to l, whose lease
+// setHolder records who holds the token just issued to l, whose lease
 // started at origin (clock.go).
-func (s *replicated) granted(k string, l *lockState, node, id uint64, r engine.Requester, lease uint16, origin uint64, out *applied) {
-	l.lease = lease
+func (s *replicated) setHolder(k string, l *lockState, node, id uint64, r engine.Requester, lease uint16, origin uint64, out *applied) {
+	l.leaseSeconds = lease
 	l.renewals = 0
 	l.node, l.id, l.requester = node, id, r
-	l.granted = s.now
+	l.grantedAt = s.now
 	s.started(k, l, origin, out)
 }
 
@@ -281,7 +275,7 @@ func (s *replicated) settle(k string, out *applied) *lockState {
 	if l == nil || !l.Lapsed(s.now) {
 		return l
 	}
-	out.holds = append(out.holds, l.End-l.granted) // the holder had the whole lease
+	out.holds = append(out.holds, l.End-l.grantedAt) // the holder had the whole lease
 	return s.free(k, l, out)
 }
 
@@ -300,7 +294,7 @@ func (s *replicated) free(k string, l *lockState, out *applied) *lockState {
 		if r.Outcome == engine.Granted {
 			// A waiter queued in a dated batch sent its request before
 			// the time it was queued at, so before s.now.
-			s.granted(k, l, w.node, w.id, w.requester, uint16(w.Lease/time.Second), w.origin, out)
+			s.setHolder(k, l, w.node, w.id, w.requester, uint16(w.Lease/time.Second), w.origin, out)
 			return l
 		}
 	}
@@ -335,7 +329,7 @@ func (s *replicated) abandon(k string, c *command, out *applied) {
 		}
 		if engine.AbandonGrant(l.Lease, l.requester, c.requester, s.now) == engine.Released {
 			r.Outcome = engine.Released
-			out.holds = append(out.holds, s.now-l.granted)
+			out.holds = append(out.holds, s.now-l.grantedAt)
 			s.free(k, l, out)
 		}
 	}
@@ -395,280 +389,3 @@ func (s *replicated) dropWaiters(l *lockState, drop func(waitEntry) bool) {
 }
 
 func seconds(s uint16) time.Duration { return time.Duration(s) * time.Second }
-
-func boolByte(v bool) byte {
-	if v {
-		return 1
-	}
-	return 0
-}
-
-// Snapshot versions: 7 is log format 3's, 8 format 4's, 9 format 5's
-// (version.go). A group writes a version only once its format is the
-// version's, so that every member can read what it writes. The forms of the unreleased formats before 3
-// are refused, and a version this build does not read halts the replica
-// (errUnknownSnapshot).
-//
-//	version u8 | now i64 | tokens last u64 | tokens issued u64 | keys closed u8 |
-//	locks u64 | format u32 | [clock term u64 | clock leader u64 | clock base i64 | clock dated u64 |]
-//	locks × lock [| tombstones u64 | tombstones × tombstone]
-//
-// a lock is
-//
-//	key len u16 + key | token u64 | lease_s u16 | end i64 | node u64 | id u64 |
-//	[requester u64 |] renewals u32 | granted i64 | [origin u64 |] waiters u32 |
-//	waiters × (node u64 | id u64 | [requester u64 |] [origin u64 |] deadline i64 | arrived i64 | lease_s u16)
-//
-// (requesters from version 8 on, the clock and origins from version 9 on)
-//
-// and a tombstone (version 8; in the order engine.Tombstones.All yields,
-// so that laying them again rebuilds the same refusals)
-//
-//	tenant len u8 + tenant | requester u64 | key len u8 + key | laid i64
-const (
-	snapshotVersion7 = 7
-	snapshotVersion8 = 8
-	snapshotVersion  = 9
-)
-
-// errUnknownSnapshot is a snapshot version this build does not read.
-var errUnknownSnapshot = errors.New("cluster: unknown snapshot")
-
-// save writes the state; stop aborts a long save.
-func (s *replicated) save(w io.Writer, stop <-chan struct{}) error {
-	bw := bufio.NewWriterSize(w, 64<<10)
-	var b []byte
-	version := byte(snapshotVersion7)
-	switch {
-	case s.format >= logFormat5:
-		version = snapshotVersion
-	case s.format >= logFormat4:
-		version = snapshotVersion8
-	}
-	b = append(b, version)
-	b = binary.BigEndian.AppendUint64(b, uint64(s.now))
-	b = binary.BigEndian.AppendUint64(b, s.tokens.Last)
-	b = binary.BigEndian.AppendUint64(b, s.tokens.Issued)
-	b = append(b, boolByte(s.keysClosed))
-	b = binary.BigEndian.AppendUint64(b, uint64(len(s.locks)))
-	b = binary.BigEndian.AppendUint32(b, s.format)
-	if version >= snapshotVersion {
-		b = binary.BigEndian.AppendUint64(b, s.clock.term)
-		b = binary.BigEndian.AppendUint64(b, s.clock.leader)
-		b = binary.BigEndian.AppendUint64(b, uint64(s.clock.base))
-		b = binary.BigEndian.AppendUint64(b, s.clock.dated)
-	}
-	if _, err := bw.Write(b); err != nil {
-		return err
-	}
-	n := 0
-	for k, l := range s.locks {
-		if n++; n%4096 == 0 {
-			select {
-			case <-stop:
-				return sm.ErrSnapshotStopped
-			default:
-			}
-		}
-		b = b[:0]
-		b = binary.BigEndian.AppendUint16(b, uint16(len(k)))
-		b = append(b, k...)
-		b = binary.BigEndian.AppendUint64(b, l.Token)
-		b = binary.BigEndian.AppendUint16(b, l.lease)
-		b = binary.BigEndian.AppendUint64(b, uint64(l.End))
-		b = binary.BigEndian.AppendUint64(b, l.node)
-		b = binary.BigEndian.AppendUint64(b, l.id)
-		if version >= snapshotVersion8 {
-			b = binary.BigEndian.AppendUint64(b, uint64(l.requester))
-		}
-		b = binary.BigEndian.AppendUint32(b, l.renewals)
-		b = binary.BigEndian.AppendUint64(b, uint64(l.granted))
-		if version >= snapshotVersion {
-			b = binary.BigEndian.AppendUint64(b, l.origin)
-		}
-		b = binary.BigEndian.AppendUint32(b, uint32(len(l.queue)))
-		for _, q := range l.queue {
-			b = binary.BigEndian.AppendUint64(b, q.node)
-			b = binary.BigEndian.AppendUint64(b, q.id)
-			if version >= snapshotVersion8 {
-				b = binary.BigEndian.AppendUint64(b, uint64(q.requester))
-			}
-			if version >= snapshotVersion {
-				b = binary.BigEndian.AppendUint64(b, q.origin)
-			}
-			b = binary.BigEndian.AppendUint64(b, uint64(q.Deadline))
-			b = binary.BigEndian.AppendUint64(b, uint64(q.Arrived))
-			b = binary.BigEndian.AppendUint16(b, uint16(q.Lease/time.Second))
-		}
-		if _, err := bw.Write(b); err != nil {
-			return err
-		}
-	}
-	if version >= snapshotVersion8 {
-		b = binary.BigEndian.AppendUint64(b[:0], uint64(s.tombstones.Len()))
-		for tenant, ts := range s.tombstones.All() {
-			b = append(b, byte(len(tenant)))
-			b = append(b, tenant...)
-			b = binary.BigEndian.AppendUint64(b, uint64(ts.Requester))
-			b = append(b, byte(len(ts.Key)))
-			b = append(b, ts.Key...)
-			b = binary.BigEndian.AppendUint64(b, uint64(ts.Laid))
-			if len(b) >= 32<<10 {
-				if _, err := bw.Write(b); err != nil {
-					return err
-				}
-				b = b[:0]
-			}
-		}
-		if _, err := bw.Write(b); err != nil {
-			return err
-		}
-	}
-	return bw.Flush()
-}
-
-// restore reads a state written by save.
-func restore(r io.Reader, stop <-chan struct{}) (replicated, error) {
-	br := bufio.NewReaderSize(r, 64<<10)
-	var hdr [1 + 8 + 8 + 8 + 1 + 8 + 4]byte
-	if _, err := io.ReadFull(br, hdr[:1]); err != nil {
-		return replicated{}, err
-	}
-	version := hdr[0]
-	if version < snapshotVersion7 || version > snapshotVersion {
-		return replicated{}, fmt.Errorf("%w version %d (this build reads %d to %d)", errUnknownSnapshot, version, snapshotVersion7, snapshotVersion)
-	}
-	if _, err := io.ReadFull(br, hdr[1:]); err != nil {
-		return replicated{}, err
-	}
-	be := binary.BigEndian
-	s := newReplicated(0)
-	s.now = time.Duration(be.Uint64(hdr[1:]))
-	s.tokens = engine.TokenCounter{Last: be.Uint64(hdr[9:]), Issued: be.Uint64(hdr[17:])}
-	s.keysClosed = hdr[25] == 1
-	s.format = be.Uint32(hdr[34:])
-	nLocks := be.Uint64(hdr[26:])
-	requesterLen, originLen := 0, 0
-	if version >= snapshotVersion8 {
-		requesterLen = 8
-	}
-	if version >= snapshotVersion {
-		originLen = 8
-		var clock [8 + 8 + 8 + 8]byte
-		if _, err := io.ReadFull(br, clock[:]); err != nil {
-			return replicated{}, err
-		}
-		s.clock.term, s.clock.leader = be.Uint64(clock[:]), be.Uint64(clock[8:])
-		s.clock.base = time.Duration(be.Uint64(clock[16:]))
-		s.clock.dated = be.Uint64(clock[24:])
-	}
-	lockLen := 8 + 2 + 8 + 8 + 8 + requesterLen + 4 + 8 + originLen + 4
-	waitEntryLen := 8 + 8 + requesterLen + originLen + 8 + 8 + 2
-	var buf [8 + 2 + 8 + 8 + 8 + 8 + 4 + 8 + 8 + 4]byte
-	for i := uint64(0); i < nLocks; i++ {
-		if i%4096 == 4095 {
-			select {
-			case <-stop:
-				return replicated{}, sm.ErrSnapshotStopped
-			default:
-			}
-		}
-		if _, err := io.ReadFull(br, buf[:2]); err != nil {
-			return replicated{}, err
-		}
-		kb := make([]byte, be.Uint16(buf[:2]))
-		if _, err := io.ReadFull(br, kb); err != nil {
-			return replicated{}, err
-		}
-		if _, err := io.ReadFull(br, buf[:lockLen]); err != nil {
-			return replicated{}, err
-		}
-		l := &lockState{
-			Lease: engine.Lease{Token: be.Uint64(buf[:]), End: time.Duration(be.Uint64(buf[10:]))},
-			lease: be.Uint16(buf[8:]),
-			node:  be.Uint64(buf[18:]),
-			id:    be.Uint64(buf[26:]),
-		}
-		at := 34
-		if requesterLen > 0 {
-			l.requester = engine.Requester(be.Uint64(buf[at:]))
-			at += 8
-		}
-		l.renewals = be.Uint32(buf[at:])
-		l.granted = time.Duration(be.Uint64(buf[at+4:]))
-		at += 12
-		if originLen > 0 {
-			l.origin = be.Uint64(buf[at:])
-			at += 8
-		}
-		nq := int(be.Uint32(buf[at:]))
-		for range nq {
-			if _, err := io.ReadFull(br, buf[:waitEntryLen]); err != nil {
-				return replicated{}, err
-			}
-			w := waitEntry{node: be.Uint64(buf[:]), id: be.Uint64(buf[8:])}
-			at := 16
-			if requesterLen > 0 {
-				w.requester = engine.Requester(be.Uint64(buf[at:]))
-				at += 8
-			}
-			if originLen > 0 {
-				w.origin = be.Uint64(buf[at:])
-				at += 8
-			}
-			w.Waiting = engine.Waiting{
-				Deadline: time.Duration(be.Uint64(buf[at:])),
-				Arrived:  time.Duration(be.Uint64(buf[at+8:])),
-				Lease:    seconds(be.Uint16(buf[at+16:])),
-			}
-			l.queue = append(l.queue, w)
-		}
-		s.queued += nq
-		s.locks[string(kb)] = l
-		s.tenantKeys[tenantOf(string(kb))]++
-	}
-	if version >= snapshotVersion8 {
-		if err := restoreTombstones(br, s.tombstones); err != nil {
-			return replicated{}, err
-		}
-	}
-	s.rebuildPending()
-	return s, nil
-}
-
-// restoreTombstones lays the tombstones of a version 8 snapshot again, in
-// the order saved.
-func restoreTombstones(br *bufio.Reader, ts *engine.Tombstones[string]) error {
-	var buf [8]byte
-	if _, err := io.ReadFull(br, buf[:]); err != nil {
-		return err
-	}
-	text := func() (string, error) {
-		n, err := br.ReadByte()
-		if err != nil {
-			return "", err
-		}
-		b := make([]byte, n)
-		_, err = io.ReadFull(br, b)
-		return string(b), err
-	}
-	for range binary.BigEndian.Uint64(buf[:]) {
-		tenant, err := text()
-		if err != nil {
-			return err
-		}
-		if _, err := io.ReadFull(br, buf[:]); err != nil {
-			return err
-		}
-		r := engine.Requester(binary.BigEndian.Uint64(buf[:]))
-		key, err := text()
-		if err != nil {
-			return err
-		}
-		if _, err := io.ReadFull(br, buf[:]); err != nil {
-			return err
-		}
-		ts.Lay(tenant, r, []byte(key), time.Duration(binary.BigEndian.Uint64(buf[:])))
-	}
-	return nil
-}

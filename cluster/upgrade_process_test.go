@@ -254,17 +254,6 @@ func groupsSnapshotSince(t *testing.T, p *proc, since time.Time) int {
 	return len(groups)
 }
 
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // upgradeTraffic is the failover workload's load through the client:
 // callers cycling over keys, each cycle an acquire with a 30 s lease,
 // a short hold and a release. It records the claims for the history
@@ -316,15 +305,10 @@ func (lt *upgradeTraffic) caller(ctx context.Context, c *client.Client, i, keys 
 			continue
 		}
 		start := time.Now()
-		time.Sleep(upgradeHold)
-		end := time.Now()
-		if until := ticket.ValidUntil(); until.Before(end) {
-			end = until // it stopped trusting the lock there
-		}
 		lt.mu.Lock()
-		lt.history = append(lt.history, interval{key: key, token: ticket.Token(), start: start, end: end})
 		lt.grantsAt[key] = append(lt.grantsAt[key], start)
 		lt.mu.Unlock()
+		lt.hold(interval{key: key, token: ticket.Token(), start: start}, upgradeHold, ticket.ValidUntil())
 		if err := c.Release(context.WithoutCancel(ctx), ticket); err != nil {
 			lt.note(ctx, err)
 		}

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/lni/dragonboat/v4"
+	"github.com/lockd/lockd/cluster/raftnet"
 )
 
 // Log formats: what a group may write. Formats 1 and 2 were written by
@@ -149,24 +150,24 @@ func (n *Node) onStatement(b []byte, sink replySink) {
 func (n *Node) exchangeStatements(ctx context.Context, addr string) (uint64, uint32, error) {
 	ctx, cancel := context.WithTimeout(ctx, statementTimeout)
 	defer cancel()
-	conn, err := dialRaft(ctx, n.cfg.RaftTLS, n.log, addr)
+	conn, err := raftnet.Dial(ctx, n.cfg.RaftTLS, n.log, addr)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer conn.Close()
 	deadline, _ := ctx.Deadline()
-	if err := writeFrame(conn, frameLockd, appendStatement(nil, n.cfg.NodeID, logFormatNewest), time.Until(deadline)); err != nil {
+	if err := raftnet.WriteFrame(conn, raftnet.FrameLockd, appendStatement(nil, n.cfg.NodeID, logFormatNewest), time.Until(deadline)); err != nil {
 		return 0, 0, err
 	}
 	if err := conn.SetReadDeadline(deadline); err != nil {
 		return 0, 0, err
 	}
 	for {
-		kind, body, err := readFrame(conn, nil)
+		kind, body, err := raftnet.ReadFrame(conn, nil)
 		if err != nil {
 			return 0, 0, err
 		}
-		if kind == frameLockd && len(body) > 0 && body[0] == peerFormat {
+		if kind == raftnet.FrameLockd && len(body) > 0 && body[0] == peerFormat {
 			if node, format, ok := readStatement(body[1:]); ok {
 				return node, format, nil
 			}
@@ -330,47 +331,6 @@ func (f *fsm) format() uint32 {
 	return f.state.format
 }
 
-// unreadable is what in the batch cmd this build cannot apply — a batch
-// version or a command kind it does not know, or a format above the
-// newest it reads — nil when there is none. It walks the commands without
-// decoding their fields. A batch this build can read but finds malformed
-// is Update's to skip: every replica of the same build skips it alike.
-func unreadable(cmd []byte) error {
-	_, count, b, err := readHeader(cmd)
-	if err != nil {
-		if errors.Is(err, errUnknownCommand) {
-			return err
-		}
-		return nil
-	}
-	for range count {
-		if len(b) < 1 {
-			return nil
-		}
-		kind := b[0]
-		need, err := fieldsLen(kind)
-		if err != nil {
-			return err
-		}
-		if len(b) < 1+need {
-			return nil
-		}
-		if kind == cmdFormat {
-			if format := binary.BigEndian.Uint32(b[1:]); format > logFormatNewest {
-				return fmt.Errorf("%w log format %d (this build reads %d to %d)", errUnknownCommand, format, logFormatBase, logFormatNewest)
-			}
-		}
-		var ok bool
-		if _, b, ok = readText(b[1+need:]); !ok {
-			return nil
-		}
-		if _, b, ok = readText(b); !ok {
-			return nil
-		}
-	}
-	return nil
-}
-
 // halt stops this replica applying its group, for good in this process:
 // it met what (at entry index, 0 for a snapshot) that its build cannot
 // read. Skipping it would leave this replica's state different from its
@@ -389,13 +349,6 @@ func (f *fsm) halt(index uint64, what error) {
 		n.log.Error().Uint64("group", f.g.shardID).Uint64("index", index).Str("build", n.cfg.buildName()).
 			Err(what).Msg("replica halted: " + reason)
 	}
-}
-
-// halted reports whether g's replica on this node halted: the node
-// answers g's requests E unavailable.
-func (g *group) halted() bool {
-	f := g.fsm.Load()
-	return f != nil && f.halted.Load() != nil
 }
 
 // buildName is the build named in a halted replica's error.

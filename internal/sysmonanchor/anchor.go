@@ -1,7 +1,8 @@
-package cluster
-
-// This file keeps the Go runtime's monitor thread out of its deep sleep
-// while the node applies commands (Config.MonitorAnchor).
+// Package sysmonanchor keeps the Go runtime's monitor thread out of its
+// deep sleep while a cluster node applies commands
+// (cluster.Config.MonitorAnchor). It owns the anchor goroutine and the
+// count of applied entries that wakes it.
+package sysmonanchor
 
 import (
 	"context"
@@ -12,7 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// monitorAnchor keeps one Go processor (P) in a system call while the
+// Anchor keeps one Go processor (P) in a system call while the
 // node applies commands, so that the runtime's monitor thread (sysmon)
 // never finds every P idle.
 //
@@ -31,7 +32,7 @@ import (
 //
 // Between bursts it waits on a channel, off any P, and costs nothing: the
 // first entry applied after a quiet period wakes it.
-type monitorAnchor struct {
+type Anchor struct {
 	applied atomic.Uint64 // entries this node applied
 	parked  atomic.Bool   // run waits for wake
 	wake    chan struct{}
@@ -49,14 +50,15 @@ const (
 	anchorHold = 5 * time.Millisecond
 )
 
-func newMonitorAnchor() *monitorAnchor {
-	return &monitorAnchor{wake: make(chan struct{}, 1), hold: holdInSyscall}
+// New is an anchor, parked until Run starts it.
+func New() *Anchor {
+	return &Anchor{wake: make(chan struct{}, 1), hold: holdInSyscall}
 }
 
-// noteApplied counts an applied entry and wakes a parked anchor: an atomic
+// NoteApplied counts an applied entry and wakes a parked anchor: an atomic
 // add and load per entry, a channel send only for the first entry after a
-// quiet period. A nil anchor (Config.MonitorAnchor off) does nothing.
-func (a *monitorAnchor) noteApplied() {
+// quiet period. A nil anchor does nothing.
+func (a *Anchor) NoteApplied() {
 	if a == nil {
 		return
 	}
@@ -69,11 +71,11 @@ func (a *monitorAnchor) noteApplied() {
 	}
 }
 
-// run holds a P in anchorHold system calls from the first entry applied
+// Run holds a P in anchorHold system calls from the first entry applied
 // until anchorQuiet passes without one, then parks until the next, until
 // ctx is done. An entry applied just as it parks is missed; the next one
 // wakes it.
-func (a *monitorAnchor) run(ctx context.Context) {
+func (a *Anchor) Run(ctx context.Context) {
 	for {
 		a.parked.Store(true)
 		select {
@@ -98,6 +100,9 @@ func (a *monitorAnchor) run(ctx context.Context) {
 		}
 	}
 }
+
+// Applied is the number of entries noted.
+func (a *Anchor) Applied() uint64 { return a.applied.Load() }
 
 func holdInSyscall(d time.Duration) {
 	ts := unix.NsecToTimespec(int64(d))

@@ -1,16 +1,14 @@
-package cluster
+package sysmonanchor
 
 import (
 	"context"
 	"testing"
 	"time"
-
-	"github.com/lockd/lockd/engine"
 )
 
 // waitParked waits, by polling the flag the anchor sets before it blocks,
 // until the anchor is parked.
-func waitParked(t *testing.T, a *monitorAnchor) {
+func waitParked(t *testing.T, a *Anchor) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !a.parked.Load() {
@@ -26,7 +24,7 @@ func waitParked(t *testing.T, a *monitorAnchor) {
 // quiet period; cancelling its context ends it after the hold under way,
 // so a node's Close does not wait out a period.
 func TestMonitorAnchorHoldsWhileEntriesApply(t *testing.T) {
-	a := newMonitorAnchor()
+	a := New()
 	held := make(chan struct{})
 	proceed := make(chan struct{})
 	holds := 0
@@ -48,15 +46,15 @@ func TestMonitorAnchorHoldsWhileEntriesApply(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	returned := make(chan struct{})
-	go func() { a.run(ctx); close(returned) }()
+	go func() { a.Run(ctx); close(returned) }()
 	waitParked(t, a)
 
 	perPeriod := int(anchorQuiet / anchorHold)
-	a.noteApplied()
+	a.NoteApplied()
 	for i := range 2 * perPeriod {
 		expectHold("while entries apply")
 		if i == 0 {
-			a.noteApplied() // the first period saw an entry: a second one follows
+			a.NoteApplied() // the first period saw an entry: a second one follows
 		}
 		proceed <- struct{}{}
 	}
@@ -65,7 +63,7 @@ func TestMonitorAnchorHoldsWhileEntriesApply(t *testing.T) {
 		t.Fatalf("%d holds before parking, want %d (two periods)", holds, 2*perPeriod)
 	}
 
-	a.noteApplied()
+	a.NoteApplied()
 	expectHold("after the next entry")
 	cancel()
 	proceed <- struct{}{}
@@ -73,23 +71,5 @@ func TestMonitorAnchorHoldsWhileEntriesApply(t *testing.T) {
 	case <-returned:
 	case <-time.After(10 * time.Second):
 		t.Fatal("the anchor held on after its context ended")
-	}
-}
-
-// With Config.MonitorAnchor every node's anchor sees the entries its
-// replica applies, and Close stops it (the package's goleak check).
-func TestMonitorAnchorSeesEveryReplicasApplies(t *testing.T) {
-	tc := newTestCluster(t, 3, func(c *Config) { c.MonitorAnchor = true })
-	if r := acquire(t, tc.node(1), newRecorder(), 1, "k", 10*time.Second, 0); r.Outcome != engine.Granted {
-		t.Fatalf("acquire: %+v", r)
-	}
-	for i := uint64(1); i <= 3; i++ {
-		deadline := time.Now().Add(10 * time.Second)
-		for tc.node(i).anchor.applied.Load() == 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("node %d's anchor saw no applied entry", i)
-			}
-			time.Sleep(time.Millisecond)
-		}
 	}
 }

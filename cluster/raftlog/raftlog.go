@@ -1,4 +1,7 @@
-package cluster
+// Package raftlog routes dragonboat's logs into zerolog for a cluster
+// node: it owns the levels dragonboat's packages log at and the
+// rewording of its routine remarks.
+package raftlog
 
 import (
 	"strings"
@@ -11,12 +14,12 @@ import (
 
 var logOnce sync.Once
 
-// setupLogging routes dragonboat's logs into zerolog, once per process
+// Setup routes dragonboat's logs into zerolog, once per process
 // (logger.SetLoggerFactory panics when called twice): the first node's
 // logger receives them. Dragonboat's info chatter becomes debug; its
 // routine remarks (routineRemarks) become info, and its remarks on a
 // transport lockd does not use (ownTransportRemarks) debug.
-func setupLogging(l zerolog.Logger) {
+func Setup(l zerolog.Logger) {
 	logOnce.Do(func() {
 		logger.SetLoggerFactory(func(pkg string) logger.ILogger { return newZlog(l, pkg) })
 		for _, pkg := range []string{"raft", "rsm", "transport", "dragonboat", "logdb", "raftpb", "config", "settings", "grpc"} {
