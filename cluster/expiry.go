@@ -109,6 +109,13 @@ type expiryStep struct {
 func (g *group) expiryStep(now time.Duration, view leaderView, gatherOn uint64) expiryStep {
 	n := g.n
 	step := expiryStep{wake: expiryHousekeeping}
+	// Passes come at least every expiryHousekeeping. A gap of an election
+	// timeout means this process did not run (stopped, paused, starved):
+	// it heard nothing meanwhile through no silence of its peers.
+	if g.lastPass != 0 && now-g.lastPass > n.electionTimeout() {
+		g.awakeSince = now
+	}
+	g.lastPass = now
 	g.noteLeader(view.leader)
 	leader := view.leader == n.cfg.NodeID
 	becameLeader := leader && !g.wasLeader
@@ -198,6 +205,12 @@ func (g *group) noteLeader(leaderID uint64) {
 	g.prevLeader, g.leaderSeen = g.leaderSeen, leaderID
 }
 
+// electionTimeout is the shortest a follower waits for its leader
+// before it campaigns.
+func (n *Node) electionTimeout() time.Duration {
+	return time.Duration(n.cfg.ElectionRTT) * n.cfg.RTT
+}
+
 // handOverPending is the longest Raft keeps a leader's hand-over pending:
 // one election timeout, and a tick for the leader to notice.
 func (n *Node) handOverPending() time.Duration {
@@ -231,14 +244,16 @@ func (n *Node) moveLeader(g *group, to uint64) {
 // Any other peer's silence counts from when this node became leader at
 // the earliest: followers do not talk to each other, and the first pass
 // as leader can run before the other voters' answers to its election
-// arrive.
+// arrive. And no peer's silence counts while this node itself did not
+// run: a leader resumed from a stop still takes itself for leader at its
+// first pass, and its judgement of peers it could not hear would drop
+// the waiters of the nodes that went on without it.
 func (g *group) forgetSilentPeers(now time.Duration) (queued bool) {
 	n := g.n
-	electionTimeout := time.Duration(n.cfg.ElectionRTT) * n.cfg.RTT
 	for peer, heard := range n.liveness.snapshot() {
-		last, limit := time.Duration(heard.Load()), n.cfg.ForgetAfter
+		last, limit := max(time.Duration(heard.Load()), g.awakeSince), n.cfg.ForgetAfter
 		if peer == g.prevLeader {
-			limit = min(limit, electionTimeout)
+			limit = min(limit, n.electionTimeout())
 		} else {
 			last = max(last, g.leaderSince)
 		}

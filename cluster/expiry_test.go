@@ -81,6 +81,41 @@ func TestExpiryStepForgetsASilentPeersWaitersOnly(t *testing.T) {
 	}
 }
 
+// A leader that did not run for a while (SIGSTOP, a paused VM) heard
+// nothing meanwhile, and still takes itself for leader at its first pass
+// after: it must not take its peers for silent, or its forget, proposed
+// again to the leader elected without it, would drop the waiters of the
+// nodes that went on serving. Their silence counts from its waking.
+func TestExpiryStepJudgesNoSilenceAcrossItsOwnPause(t *testing.T) {
+	r := newReplica(t, 1)
+	g := r.f.g
+	n := r.n()
+	g.leaderSince, g.wasLeader, g.leaderSeen = 0, true, 1
+	view := leaderView{leader: 1, term: 5}
+	at := time.Duration(0)
+	for ; at <= 2*expiryHousekeeping; at += expiryHousekeeping {
+		n.liveness.heard(2, at)
+		n.liveness.heard(3, at)
+		g.expiryStep(at, view, 1)
+	}
+	heardLast := at - expiryHousekeeping
+	at = 8 * time.Second // stopped from heardLast to here
+	woke := at
+	for ; at <= woke+n.cfg.ForgetAfter; at += expiryHousekeeping {
+		g.expiryStep(at, view, 1)
+		if got := queued(t, g); len(got) != 0 {
+			t.Fatalf("pass at %v, %v after waking from a pause (peers last heard at %v): queued %v, want nothing",
+				at, at-woke, heardLast, got)
+		}
+	}
+	// Still leader, its peers silent for more than ForgetAfter since it
+	// woke: now it judges them as any leader does.
+	g.expiryStep(at, view, 1)
+	if got := queued(t, g); len(got) != 1 || got[cmdForget] != 2 {
+		t.Fatalf("peers silent past ForgetAfter since it woke: queued %v, want a forget for each", got)
+	}
+}
+
 // The expiry pass that finds a leader still leading after a hand-over it
 // asked for had its longest pending reports the hand-over given up, so
 // that the followers send again what the leader dropped meanwhile; a

@@ -73,11 +73,16 @@ type group struct {
 	// again every propose timeout (a proposal can be given up while the
 	// restarted node catches up).
 	pastRunsForgotten atomic.Bool
-	forgetSentAt      time.Duration   // expiry driver only
-	leaderSeen        uint64          // expiry driver only
-	prevLeader        uint64          // expiry driver only: the leader before leaderSeen
-	leaderSince       time.Duration   // expiry driver only: when this node last became leader
-	placement         leaderPlacement // expiry driver only
+	forgetSentAt      time.Duration // expiry driver only
+	leaderSeen        uint64        // expiry driver only
+	prevLeader        uint64        // expiry driver only: the leader before leaderSeen
+	leaderSince       time.Duration // expiry driver only: when this node last became leader
+	lastPass          time.Duration // expiry driver only: the time of the pass before
+	// awakeSince is when this node last resumed from a pause of its own
+	// (expiry driver only): peers' silence counts from then at the
+	// earliest.
+	awakeSince time.Duration
+	placement  leaderPlacement // expiry driver only
 	// newLeader is closed, and replaced, when the group's leader changes:
 	// proposals in flight then go out again at once (see watch).
 	newLeader atomic.Pointer[chan struct{}]
