@@ -125,3 +125,16 @@ func (t *fakeTimer) drain() {
 	default:
 	}
 }
+
+// dueCount is how many timers are armed to fire exactly d from now.
+func (c *fakeClock) dueCount(d time.Duration) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for t := range c.timers {
+		if t.when.Equal(c.now.Add(d)) {
+			n++
+		}
+	}
+	return n
+}
