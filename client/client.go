@@ -122,8 +122,10 @@ type Client struct {
 
 	slots []slot
 	next  atomic.Uint64 // round-robin start of session picks
-	ready atomic.Pointer[readiness]
-	waits *waitPool
+	// quietAddrs steers dials away from addresses that went silent.
+	quietAddrs quietAddrs
+	ready      atomic.Pointer[readiness]
+	waits      *waitPool
 
 	watch        atomic.Pointer[contextWatch]
 	unwatched    atomic.Value // <-chan struct{}: the last Done no watch had
@@ -227,6 +229,7 @@ func dial(ctx context.Context, cfg Config, clk clock) (*Client, error) {
 		compQueue:      make(chan compensation, cfg.CompensationQueue),
 		stopping:       make(chan struct{}),
 		clientID:       new([codec.ClientIDLen]byte),
+		quietAddrs:     newQuietAddrs(cfg.Addrs, cfg.SilenceTimeout),
 	}
 	rand.Read(c.clientID[:])
 	c.lifetime, c.stop = context.WithCancel(context.Background())
@@ -295,6 +298,7 @@ func firstAuthError(errs []error) error {
 func (c *Client) connectSlot(ctx context.Context, sl *slot, tries int) (*session, error) {
 	var errs []error
 	for range tries {
+		sl.nextAddr = c.quietAddrs.from(sl.nextAddr, c.clock.Now())
 		addr := c.cfg.Addrs[sl.nextAddr]
 		s, err := c.connect(ctx, addr, c.cfg.MaxInFlight+c.releaseReserve, nil)
 		if err == nil {

@@ -56,14 +56,19 @@ type Config struct {
 	// over is left to its lease, and Stats counts it.
 	CompensationQueue int
 	// SilenceTimeout closes a session that hears nothing from its server
-	// for this long while a request is in flight on it, as if that
-	// request's deadline had come (SPEC §6a): an acquire in flight ends
+	// for this long with a request in flight on it, as if that request's
+	// deadline had come (SPEC §6a): an acquire in flight ends
 	// ErrIndeterminate and is abandoned, a release or renewal moves to
-	// another session. While a request waits, the client sends PING every
-	// third of it, so a live server, even one holding a waiting acquire
-	// for minutes, always breaks the silence; a session is closed after
-	// at least SilenceTimeout of silence and at most about a third more.
-	// Default 2 s; at least 100 ms.
+	// another session. Every session, idle or not, sends a PING when it
+	// has heard nothing for a third of it, so a live server, even one
+	// holding a waiting acquire for minutes, always breaks the silence,
+	// and a stopped one is found out within the timeout of its stop: an
+	// idle session costs a PING every two thirds of it. A session whose
+	// PING went unanswered for a third is passed over while another is
+	// ready; one is closed after at least SilenceTimeout of silence and
+	// at most about a third more, and the client then dials other
+	// addresses for five timeouts. A handshake, too, has at most this
+	// long (within DialTimeout). Default 2 s; at least 100 ms.
 	SilenceTimeout time.Duration
 	// Dialer opens connections; default a net.Dialer.
 	Dialer func(ctx context.Context, network, addr string) (net.Conn, error)

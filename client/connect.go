@@ -21,9 +21,15 @@ func (c *Client) connect(ctx context.Context, addr string, capacity int, pool *w
 	if err != nil {
 		return nil, dialError(addr, err)
 	}
-	if deadline, ok := ctx.Deadline(); ok {
-		conn.SetDeadline(deadline)
+	// A server that says nothing for the silence timeout is as silent in
+	// the handshake as later (a stopped node's kernel still accepts):
+	// the handshake has that long, within DialTimeout.
+	silentAt := time.Now().Add(c.cfg.SilenceTimeout)
+	deadline := silentAt
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
 	}
+	conn.SetDeadline(deadline)
 	if c.cfg.TLS != nil {
 		conn = tls.Client(conn, tlsConfigFor(c.cfg.TLS, addr))
 	}
@@ -36,6 +42,11 @@ func (c *Client) connect(ctx context.Context, addr string, capacity int, pool *w
 	}
 	if !stop() && err == nil {
 		err = fmt.Errorf("handshake with %s: %w", addr, context.Cause(ctx))
+	}
+	var netErr net.Error
+	if err != nil && ctx.Err() == nil && !deadline.Before(silentAt) && errors.As(err, &netErr) && netErr.Timeout() {
+		c.quietAddrs.mark(addr, c.clock.Now())
+		err = fmt.Errorf("%w (heard nothing for the silence timeout, %v)", err, c.cfg.SilenceTimeout)
 	}
 	if err == nil {
 		err = conn.SetDeadline(time.Time{})

@@ -68,14 +68,31 @@ func (c *Client) pick(ctx context.Context, req *request, limit int) (*session, e
 		ready := c.ready.Load()
 		full := false
 		start := c.next.Add(1)
+		// A quiet session's server has left a PING unanswered: it is
+		// taken only when no other session is ready.
+		var quiet *session
 		for i := range n {
 			s := c.slots[(start+i)%n].session.Load()
 			if s == nil || (req.kind == opAbandon && !s.servesAbandon) {
 				continue
 			}
+			if s.quiet.Load() {
+				if quiet == nil {
+					quiet = s
+				}
+				continue
+			}
 			switch s.enqueue(req, limit) {
 			case enqueued:
 				return s, nil
+			case sessionFull:
+				full = true
+			}
+		}
+		if quiet != nil {
+			switch quiet.enqueue(req, limit) {
+			case enqueued:
+				return quiet, nil
 			case sessionFull:
 				full = true
 			}

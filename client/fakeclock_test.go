@@ -125,3 +125,4 @@ func (t *fakeTimer) drain() {
 	default:
 	}
 }
+

@@ -144,6 +144,10 @@ type session struct {
 	expiry    timer     // fires expire at armedFor
 	armedFor  time.Time // zero while expiry is not armed
 	silence   silenceWatch
+	// quiet is set while a PING has gone unanswered for a tick of the
+	// silence watch, and cleared by the next answer: callers pass such a
+	// session by while another one is ready.
+	quiet atomic.Bool
 
 	// Guarded by the wait pool's mu.
 	poolState poolState
@@ -196,6 +200,7 @@ func (c *Client) startSession(conn net.Conn, addr string, rr *codec.ResponseRead
 	s.expiry.Stop()
 	s.silence.tick = c.clock.AfterFunc(time.Hour, s.checkSilence)
 	s.silence.tick.Stop()
+	s.watchSilence()
 	c.wg.Add(2)
 	go s.readLoop()
 	go s.writeLoop()
@@ -475,9 +480,6 @@ func (s *session) takeBatch() []byte {
 		req.sentAt = now
 		req.abandonable = s.servesAbandon
 	}
-	if len(jobs) > 0 {
-		s.listen(now)
-	}
 	s.wbuf, s.jobs = buf, jobs
 	return buf
 }
@@ -535,7 +537,10 @@ func (s *session) readLoop() {
 func (s *session) deliverBuffered(resp *codec.Response) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.silence.heard++
+	s.silence.heardAt = s.client.clock.Now()
+	if s.quiet.Load() {
+		s.quiet.Store(false)
+	}
 	for {
 		if s.closed {
 			// Dropped: read on until the shutdown closes the connection.

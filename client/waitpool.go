@@ -95,13 +95,19 @@ func (p *waitPool) take(ctx context.Context, req *request) (*session, error) {
 	return nil, err
 }
 
-// popIdle takes the most recently used live idle session; p.mu is held.
+// popIdle takes the most recently used live idle session whose server is
+// not quiet, or a quiet one when none is left; p.mu is held.
 func (p *waitPool) popIdle() *session {
 	for len(p.idle) > 0 {
-		last := len(p.idle) - 1
-		s := p.idle[last]
-		p.idle[last] = nil
-		p.idle = p.idle[:last]
+		i := len(p.idle) - 1
+		for j := i; j >= 0; j-- {
+			if !p.idle[j].quiet.Load() {
+				i = j
+				break
+			}
+		}
+		s := p.idle[i]
+		p.idle = append(p.idle[:i], p.idle[i+1:]...)
 		s.poolState = poolBusy
 		if s.alive() {
 			return s
@@ -231,13 +237,15 @@ func (p *waitPool) dialOne() error {
 			p.mu.Unlock()
 			return nil
 		}
-		addr := p.c.cfg.Addrs[p.nextAddr]
+		// Round the addresses, one dial each, so that a node's stop
+		// takes only its share of the sessions.
+		at := p.c.quietAddrs.from(p.nextAddr, p.c.clock.Now())
+		p.nextAddr = (at + 1) % len(p.c.cfg.Addrs)
 		p.mu.Unlock()
-		s, err := p.c.connect(p.c.lifetime, addr, 1, p)
+		s, err := p.c.connect(p.c.lifetime, p.c.cfg.Addrs[at], 1, p)
 		p.mu.Lock()
 		if err != nil {
 			p.open--
-			p.nextAddr = (p.nextAddr + 1) % len(p.c.cfg.Addrs)
 			p.mu.Unlock()
 			return err
 		}

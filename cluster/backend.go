@@ -384,7 +384,27 @@ func (n *Node) Shutdown() {
 // more or handOverTimeout passed (a transfer Raft gives up leaves this
 // node leader until it stops; its peers then elect after the election
 // timeout, as after a crash).
+//
+// Under load the hand-over fails often without a pause first: dragonboat's
+// target skips the campaign a TimeoutNow asks for while it has committed
+// entries it has not applied, and its followers apply a moment after they
+// learn of a commit, which under load is always. So the leader first asks
+// every voter, and itself, to start no proposal (peerHold) and waits two
+// heartbeats: the last proposals commit, the commit index reaches the
+// followers with a heartbeat, and they apply it. The followers' requests
+// wait in their batches meanwhile, and go to the new leader.
 func (n *Node) handOverLeadership() {
+	holding := false
+	for i, g := range n.groups {
+		if n.Leader(i) == n.cfg.NodeID {
+			g.hold(n.cfg.NodeID, n.clock()+n.handOverTimeout())
+			n.sendToVoters(g, appendHold(nil, n.cfg.NodeID, g.shardID))
+			holding = true
+		}
+	}
+	if holding {
+		time.Sleep(2 * time.Duration(n.cfg.HeartbeatRTT) * n.cfg.RTT)
+	}
 	deadline := time.Now().Add(n.handOverTimeout())
 	for {
 		asked := 0

@@ -32,8 +32,11 @@ type housekeeper struct {
 	// restarted node catches up).
 	pastRunsForgotten atomic.Bool
 	forgetSentAt      time.Duration
-	placement         leaderPlacement
-	due               []leaseRef // scratch: the lease ends of one pass
+	// lastPass is the instant of the pass before; awakeSince is when
+	// this node last came back from a pause of its own (see step).
+	lastPass, awakeSince time.Duration
+	placement            leaderPlacement
+	due                  []leaseRef // scratch: the lease ends of one pass
 }
 
 // observed is what the loop read for one group's step besides the clock:
@@ -83,6 +86,14 @@ const expireRetry = 500 * time.Millisecond
 func (g *group) step(now time.Duration, obs observed) outbox {
 	h, cfg := &g.house, &g.n.cfg
 	out := outbox{wake: housekeepingInterval}
+	// Passes come at least every housekeepingInterval. A gap of an
+	// election timeout means this process did not run (stopped, paused,
+	// starved): it heard nothing meanwhile through no silence of its
+	// peers.
+	if h.lastPass != 0 && now-h.lastPass > time.Duration(cfg.ElectionRTT)*cfg.RTT {
+		h.awakeSince = now
+	}
+	h.lastPass = now
 	if obs.leader != 0 && obs.leader != h.leaderSeen {
 		out.resend = h.leaderSeen != 0
 		h.prevLeader, h.leaderSeen = h.leaderSeen, obs.leader
@@ -176,10 +187,15 @@ func (g *group) step(now time.Duration, obs observed) outbox {
 // Any other peer's silence counts from when this node became leader at
 // the earliest: followers do not talk to each other, and the first pass
 // as leader can run before the other voters' answers to its election
-// arrive.
+// arrive. And no peer's silence counts while this node itself did not
+// run: a leader back from a stop still takes itself for leader at its
+// first pass, and its judgement of peers it could not hear, proposed
+// again to the leader elected meanwhile, would drop the waiters of the
+// nodes that went on without it.
 func (h *housekeeper) silentPeers(now time.Duration, heard map[uint64]time.Duration, cfg *Config) (forget []uint64) {
 	electionTimeout := time.Duration(cfg.ElectionRTT) * cfg.RTT
 	for peer, last := range heard {
+		last = max(last, h.awakeSince)
 		limit := cfg.ForgetAfter
 		if peer == h.prevLeader {
 			limit = min(limit, electionTimeout)

@@ -1,8 +1,9 @@
 package cluster
 
 // This file owns the node's own messages to its peers, in frames of kind
-// 'L' on their Raft ports: the send-again nudge of a leader whose
-// hand-over was given up (proposer.go) and the statements of log formats
+// 'L' on their Raft ports: the hold a draining leader asks for and the
+// send-again nudge of a leader whose hand-over was given up (proposer.go),
+// and the statements of log formats
 // (version.go), with their dispatch on the receiving side; dragonboat's
 // message streams are its own and carry nothing else.
 
@@ -178,6 +179,10 @@ func (n *Node) onPeerFrame(body []byte, sink replySink) {
 	case peerSendAgain:
 		if sink != nil { // a request on this node's own link answers nobody
 			n.onSendAgain(b)
+		}
+	case peerHold:
+		if sink != nil {
+			n.onHold(b)
 		}
 	}
 }

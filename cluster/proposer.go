@@ -69,6 +69,11 @@ type proposer struct {
 	// the result, after the answers it carried were delivered and the
 	// next requests may have found no slot free.
 	out []*bytebufferpool.ByteBuffer
+	// holdBy and holdUntil are a draining leader's request that this
+	// node start no proposal of g until then, or until another node
+	// leads (peerHold): the leader's hand-over needs a log at rest.
+	holdBy    atomic.Uint64
+	holdUntil atomic.Int64 // the node's clock
 	// newLeader is closed, and replaced, when the group's leader changes:
 	// proposals in flight then go out again at once (see watch).
 	newLeader atomic.Pointer[chan struct{}]
@@ -209,7 +214,7 @@ func (g *group) proposeFromLoop() {
 		g.propose()
 		return
 	}
-	if len(g.slots) > 1 || g.leader() == 0 {
+	if len(g.slots) > 1 || g.leader() == 0 || g.held() > 0 {
 		<-g.slots
 		g.propose()
 		return
@@ -308,6 +313,14 @@ func (g *group) send(ctx context.Context, b *bytebufferpool.ByteBuffer, deadline
 			pause(ctx, n.cfg.RTT)
 			continue
 		}
+		if wait := g.held(); wait > 0 {
+			select {
+			case <-ctx.Done():
+			case <-*g.newLeader.Load():
+			case <-time.After(wait):
+			}
+			continue
+		}
 		err := g.proposeOnce(ctx, b, deadline)
 		if err == nil {
 			return true
@@ -398,18 +411,23 @@ func (g *group) sendAgain() { close(*g.newLeader.Swap(new(make(chan struct{}))))
 // otherwise send them again only at their attempt timeout (two election
 // timeouts).
 func (n *Node) resendProposals(g *group) {
+	n.log.Info().Uint64("group", g.shardID).Msg("leader hand-over given up: the followers send their proposals again")
+	n.sendToVoters(g, appendSendAgain(nil, g.shardID))
+}
+
+// sendToVoters sends the peer message msg to g's other voters.
+func (n *Node) sendToVoters(g *group, msg []byte) {
 	info := n.nh.GetNodeHostInfo(dragonboat.NodeHostInfoOption{SkipLogInfo: true})
 	if info == nil {
 		return
 	}
-	n.log.Info().Uint64("group", g.shardID).Msg("leader hand-over given up: the followers send their proposals again")
 	for _, si := range info.ShardInfoList {
 		if si.ShardID != g.shardID {
 			continue
 		}
 		for id := range si.Replicas {
 			if id != n.cfg.NodeID {
-				n.links.send(id, appendSendAgain(nil, g.shardID))
+				n.links.send(id, msg)
 			}
 		}
 	}
@@ -439,6 +457,53 @@ func (n *Node) onSendAgain(b []byte) {
 		}
 	}
 }
+
+// Hold messages, inside a transport frame of kind 'L': 'h' | leader u64 |
+// shard u64. A node that does not know the kind ignores it: the leader's
+// hand-over may then fail as it does without one.
+const peerHold = 'h'
+
+func appendHold(b []byte, leader, shard uint64) []byte {
+	b = append(b, peerHold)
+	b = binary.BigEndian.AppendUint64(b, leader)
+	return binary.BigEndian.AppendUint64(b, shard)
+}
+
+// onHold keeps this node from starting proposals of the group named for
+// a hand-over's longest, while the leader that asked still leads it.
+func (n *Node) onHold(b []byte) {
+	if len(b) != 16 {
+		return
+	}
+	leader, shard := binary.BigEndian.Uint64(b), binary.BigEndian.Uint64(b[8:])
+	for _, g := range n.groups {
+		if g.shardID == shard {
+			g.hold(leader, n.clock()+n.handOverTimeout())
+		}
+	}
+}
+
+func (g *group) hold(leader uint64, until time.Duration) {
+	g.holdUntil.Store(int64(until))
+	g.holdBy.Store(leader)
+}
+
+// held is how long this node must still start no proposal of g: while
+// the leader that asked for a hold (onHold) still leads, until its end.
+func (g *group) held() time.Duration {
+	by := g.holdBy.Load()
+	if by == 0 {
+		return 0
+	}
+	left := time.Duration(g.holdUntil.Load()) - g.n.clock()
+	if left <= 0 || g.leader() != by {
+		g.holdBy.CompareAndSwap(by, 0)
+		return 0
+	}
+	return left
+}
+
+// queue appends one command, built by add, to g's next batch.
 
 // pause waits d, or until ctx is done: the back-off of a retry.
 func pause(ctx context.Context, d time.Duration) {
