@@ -100,6 +100,9 @@ type FailoverConfig struct {
 	// (delayRelay); the nodes' clients reach them directly.
 	PeerDelay  time.Duration
 	PeerJitter time.Duration
+	// NodeFlags are more command-line flags for every node started (a
+	// Raft tick that fits PeerDelay, say).
+	NodeFlags []string
 	// Dir is where the cluster's data directories and logs go, in a
 	// directory of their own removed at the end (default: the system's
 	// temporary directory). It should be on disk: both systems fsync.
@@ -273,9 +276,9 @@ func RunFailover(ctx context.Context, cfg FailoverConfig) (*Result, error) {
 	var cluster failoverCluster
 	link := peerLink{delay: cfg.PeerDelay, jitter: cfg.PeerJitter}
 	if cfg.System == FailoverLockd {
-		cluster, err = startLockdCluster(ctx, cfg.Bin, dir, link)
+		cluster, err = startLockdCluster(ctx, cfg.Bin, dir, link, cfg.NodeFlags)
 	} else {
-		cluster, err = startEtcdCluster(ctx, cfg.Bin, dir, link)
+		cluster, err = startEtcdCluster(ctx, cfg.Bin, dir, link, cfg.NodeFlags)
 	}
 	if err != nil {
 		return nil, err

@@ -214,7 +214,7 @@ type lockdCluster struct {
 	noAbandon string
 }
 
-func startLockdCluster(ctx context.Context, bin, dir string, link peerLink) (*lockdCluster, error) {
+func startLockdCluster(ctx context.Context, bin, dir string, link peerLink, flags []string) (*lockdCluster, error) {
 	ports, err := loopbackPorts(9)
 	if err != nil {
 		return nil, err
@@ -242,6 +242,7 @@ func startLockdCluster(ctx context.Context, bin, dir string, link peerLink) (*lo
 		if link.delay > 0 {
 			args = append(args, "--raft-listen", raftPorts[i])
 		}
+		args = append(args, flags...)
 		c.procs = append(c.procs, &serverProc{bin: bin, log: filepath.Join(dir, fmt.Sprintf("lockd%d.log", i+1)), args: args})
 	}
 	for _, p := range c.procs {
@@ -385,7 +386,7 @@ type etcdCluster struct {
 	peers   []*delayRelay
 }
 
-func startEtcdCluster(ctx context.Context, bin, dir string, link peerLink) (*etcdCluster, error) {
+func startEtcdCluster(ctx context.Context, bin, dir string, link peerLink, flags []string) (*etcdCluster, error) {
 	ports, err := loopbackPorts(6)
 	if err != nil {
 		return nil, err
@@ -406,13 +407,13 @@ func startEtcdCluster(ctx context.Context, bin, dir string, link peerLink) (*etc
 	for i := range 3 {
 		clientURL := fmt.Sprintf("http://127.0.0.1:%d", ports[i])
 		c.clients = append(c.clients, clientURL)
-		c.procs = append(c.procs, &serverProc{bin: bin, log: filepath.Join(dir, fmt.Sprintf("etcd%d.log", i+1)),
-			args: []string{"--name", fmt.Sprintf("e%d", i+1), "--data-dir", filepath.Join(dir, fmt.Sprintf("etcd%d", i+1)),
-				"--logger", "zap", "--log-level", "error",
-				"--listen-client-urls", clientURL, "--advertise-client-urls", clientURL,
-				"--listen-peer-urls", "http://" + peerPorts[i], "--initial-advertise-peer-urls", "http://" + reach[i],
-				"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
-				"--initial-cluster-token", "lockbench-failover"}})
+		args := []string{"--name", fmt.Sprintf("e%d", i+1), "--data-dir", filepath.Join(dir, fmt.Sprintf("etcd%d", i+1)),
+			"--logger", "zap", "--log-level", "error",
+			"--listen-client-urls", clientURL, "--advertise-client-urls", clientURL,
+			"--listen-peer-urls", "http://" + peerPorts[i], "--initial-advertise-peer-urls", "http://" + reach[i],
+			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
+			"--initial-cluster-token", "lockbench-failover"}
+		c.procs = append(c.procs, &serverProc{bin: bin, log: filepath.Join(dir, fmt.Sprintf("etcd%d.log", i+1)), args: append(args, flags...)})
 	}
 	for _, p := range c.procs {
 		if err := p.start(); err != nil {

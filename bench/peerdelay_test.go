@@ -99,8 +99,9 @@ func TestDelayRelay(t *testing.T) {
 	}
 }
 
-// The failover workload with every peer link delayed: the nodes know each
-// other only at their relays' addresses (lockd binding its Raft port with
+// The failover workload with every peer link delayed, and the nodes given
+// a Raft tick to match (NodeFlags): the nodes know each other only at
+// their relays' addresses (lockd binding its Raft port with
 // --raft-listen), so a cluster that elects a leader and grants on both
 // sides of a SIGSTOP of its leader talks through them; the report says
 // so.
@@ -118,6 +119,7 @@ func TestFailoverPeerDelay(t *testing.T) {
 		Duration: 7 * time.Second, FaultAt: 2 * time.Second, Frozen: time.Second,
 		Callers: 6, Lease: 2 * time.Second, Wait: time.Second, Dir: dir,
 		PeerDelay: 100 * time.Millisecond, PeerJitter: 20 * time.Millisecond,
+		NodeFlags: []string{"--rtt-ms", "200"}, // a Raft tick about the round trip
 	}
 	res, err := RunFailover(context.Background(), cfg)
 	if err != nil {
