@@ -18,7 +18,7 @@ FUZZ_TARGETS := \
 	./client:FuzzClientAnswers \
 	./cluster/raftnet:FuzzRaftFrameReader
 
-.PHONY: help build dist image test test-python bench bench-peers bench-cluster bench-python bench-failover bench-gate fault-test upgrade-test fuzz reliability run cluster clean
+.PHONY: help build dist image test test-python bench bench-peers bench-cluster bench-python bench-failover bench-failover-slow bench-gate fault-test upgrade-test fuzz reliability run cluster clean
 
 help:
 	@echo "make build   build bin/lockd, bin/lockctl, bin/lockbench"
@@ -31,6 +31,7 @@ help:
 	@echo "make bench-peers  lockd vs Redis (through rueidis and go-redis) vs etcd on loopback (installs redis-server, etcd-server if missing)"
 	@echo "make bench-cluster  3-node lockd cluster vs 3-node etcd cluster on loopback, data on disk, fsync on (installs etcd-server if missing)"
 	@echo "make bench-failover  3-node lockd cluster under contended load, kill -9, SIGTERM and SIGSTOP of its leader and of a follower (FAILOVER_FLAGS for more lockbench flags)"
+	@echo "make bench-failover-slow  the same, kill -9 and SIGSTOP only, with every peer link delayed 200 ms ± 50 ms each way and the nodes' Raft tick at 400 ms"
 	@echo "make fault-test  the multi-process fault test, $(FAULT_ROUNDS) rounds of faults (kills, stops, partitions, wall-clock steps) and (as root) $(NETEM_ROUNDS) of slow, lossy peer links under lock traffic with the history checker"
 	@echo "make upgrade-test  the rolling upgrade from the build in cluster/testdata/upgrade-from to this one under lock traffic, $(UPGRADE_GRANTS) grants per step"
 	@echo "make bench-gate  lockbench's baseline gate on this machine: false alarms over GATE_TRIALS (default $(GATE_TRIALS)) self-comparisons, and how many repeats a 10 % slowdown needs"
@@ -117,6 +118,14 @@ FAILOVER_FLAGS ?=
 bench-failover: build
 	$(BIN)/lockbench --workload failover --fault kill,term,stop --stop-for 8s --victim leader,follower \
 		--lockd-bin $(BIN)/lockd --progress 0 --json lockbench-failover.json $(FAILOVER_FLAGS)
+
+# The failover workload with every byte between the nodes delayed 200 ms
+# ± 50 ms each way (relays on 127.0.0.1), the nodes' Raft tick (--rtt-ms)
+# at the 400 ms round trip.
+bench-failover-slow: build
+	$(BIN)/lockbench --workload failover --fault kill,stop --stop-for 8s --victim leader,follower \
+		--peer-delay 200ms --peer-jitter 50ms --node-flags=--rtt-ms=400 \
+		--lockd-bin $(BIN)/lockd --progress 0 --json lockbench-failover-slow.json $(FAILOVER_FLAGS)
 
 # Rounds of the process fault test: kill -9, SIGTERM and SIGSTOP of leader
 # and follower, partitions (as root), whole-cluster restarts; then, as

@@ -95,6 +95,14 @@ type FailoverConfig struct {
 	// with those of as long a span before it; each is cut to what the run
 	// has on its side of the fault (8 s before it by default).
 	Window time.Duration
+	// PeerDelay, when set, puts a relay in front of every node's peer
+	// (Raft) port that delays each byte PeerDelay ± PeerJitter each way
+	// (delayRelay); the nodes' clients reach them directly.
+	PeerDelay  time.Duration
+	PeerJitter time.Duration
+	// NodeFlags are more command-line flags for every node started (a
+	// Raft tick that fits PeerDelay, say).
+	NodeFlags []string
 	// Dir is where the cluster's data directories and logs go, in a
 	// directory of their own removed at the end (default: the system's
 	// temporary directory). It should be on disk: both systems fsync.
@@ -122,6 +130,8 @@ func (cfg *FailoverConfig) applyDefaults() error {
 		return fmt.Errorf("failover: fault %q (want %s, %s or %s)", cfg.Fault, FaultKill, FaultTerm, FaultStop)
 	case cfg.Victim != VictimLeader && cfg.Victim != VictimFollower:
 		return fmt.Errorf("failover: victim %q (want %s or %s)", cfg.Victim, VictimLeader, VictimFollower)
+	case cfg.PeerDelay < 0 || cfg.PeerJitter < 0 || cfg.PeerJitter > cfg.PeerDelay:
+		return fmt.Errorf("failover: peer delay %v ± %v (want a jitter within the delay)", cfg.PeerDelay, cfg.PeerJitter)
 	case cfg.FaultAt >= cfg.Duration:
 		return fmt.Errorf("failover: the fault at %v does not fall within the %v run", cfg.FaultAt, cfg.Duration)
 	}
@@ -149,6 +159,10 @@ type FailoverResult struct {
 	WaitS      float64 `json:"wait_s"`
 	HoldS      float64 `json:"hold_s"`
 	Keys       int     `json:"keys"`
+	// PeerDelayS and PeerJitterS are FailoverConfig.PeerDelay and
+	// PeerJitter.
+	PeerDelayS  float64 `json:"peer_delay_s,omitempty"`
+	PeerJitterS float64 `json:"peer_jitter_s,omitempty"`
 	// LongestGapS is the longest time any key went without a grant,
 	// counted from the fault (a gap open at the fault counts from it)
 	// to the key's next grant or the end of the run; LongestGapKey the
@@ -260,10 +274,11 @@ func RunFailover(ctx context.Context, cfg FailoverConfig) (*Result, error) {
 	}
 	defer os.RemoveAll(dir)
 	var cluster failoverCluster
+	link := peerLink{delay: cfg.PeerDelay, jitter: cfg.PeerJitter}
 	if cfg.System == FailoverLockd {
-		cluster, err = startLockdCluster(ctx, cfg.Bin, dir)
+		cluster, err = startLockdCluster(ctx, cfg.Bin, dir, link, cfg.NodeFlags)
 	} else {
-		cluster, err = startEtcdCluster(ctx, cfg.Bin, dir)
+		cluster, err = startEtcdCluster(ctx, cfg.Bin, dir, link, cfg.NodeFlags)
 	}
 	if err != nil {
 		return nil, err
@@ -513,6 +528,7 @@ func (r *failoverRun) result(elapsed time.Duration, seen []failoverCaller, self 
 	f := r.res
 	f.System, f.Fault, f.Victim, f.Keys = cfg.System, cfg.Fault, cfg.Victim, cfg.Keys
 	f.LeaseS, f.WaitS, f.HoldS = cfg.Lease.Seconds(), cfg.Wait.Seconds(), cfg.Hold.Seconds()
+	f.PeerDelayS, f.PeerJitterS = cfg.PeerDelay.Seconds(), cfg.PeerJitter.Seconds()
 	var grants []grantEvent
 	for _, s := range seen {
 		grants = append(grants, s.grants...)
@@ -587,7 +603,11 @@ func writeFailover(w io.Writer, f *FailoverResult) {
 		}
 		fmt.Fprintf(w, ")")
 	}
-	fmt.Fprintf(w, "; %d keys, lease %v, wait %v, hold %v\n", f.Keys, seconds(f.LeaseS), seconds(f.WaitS), seconds(f.HoldS))
+	fmt.Fprintf(w, "; %d keys, lease %v, wait %v, hold %v", f.Keys, seconds(f.LeaseS), seconds(f.WaitS), seconds(f.HoldS))
+	if f.PeerDelayS > 0 {
+		fmt.Fprintf(w, "; %s", peerLink{delay: seconds(f.PeerDelayS), jitter: seconds(f.PeerJitterS)})
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintf(w, "  longest a key went without a grant from the fault: %.2fs (key %d, from %.1fs)\n",
 		f.LongestGapS, f.LongestGapKey, f.LongestGapAtS)
 	fmt.Fprintf(w, "  grants/s %.0f in the %v before the fault, %.0f in the %v after: %.0f%%\n",

@@ -110,6 +110,9 @@ func (p *serverProc) logTail() string {
 // for the failover workload.
 type failoverCluster interface {
 	nodes() []*serverProc
+	// relays are the delayRelays in front of the nodes' peer ports (none
+	// without FailoverConfig.PeerDelay), closed after the nodes stop.
+	relays() []*delayRelay
 	// leader is the index of the node leading the cluster (lockd: its
 	// only group) now, in the view of a running node.
 	leader(ctx context.Context) (int, error)
@@ -146,6 +149,37 @@ func rotated(addrs []string, first int) []string {
 	return append(addrs[first:len(addrs):len(addrs)], addrs[:first]...)
 }
 
+// peerLink is the delay of every peer link: FailoverConfig.PeerDelay and
+// PeerJitter.
+type peerLink struct{ delay, jitter time.Duration }
+
+func (l peerLink) String() string {
+	return fmt.Sprintf("peer links delayed %v ± %v each way", l.delay, l.jitter)
+}
+
+// relayPeers puts a delayRelay in front of each of the nodes' peer ports
+// when link delays. It returns the addresses the nodes reach each other
+// at: the relays', or the ports themselves without a delay.
+func relayPeers(ports []string, link peerLink) ([]string, []*delayRelay, error) {
+	if link.delay == 0 {
+		return ports, nil, nil
+	}
+	var reach []string
+	var relays []*delayRelay
+	for i, port := range ports {
+		r, err := startDelayRelay("127.0.0.1:0", port, link.delay, link.jitter, uint64(i+1))
+		if err != nil {
+			for _, r := range relays {
+				r.close()
+			}
+			return nil, nil, err
+		}
+		relays = append(relays, r)
+		reach = append(reach, r.ln.Addr().String())
+	}
+	return reach, relays, nil
+}
+
 // awaitReady polls ready every 100 ms until it succeeds, for at most 30 s.
 func awaitReady(ctx context.Context, c failoverCluster, what string, ready func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -173,29 +207,43 @@ type lockdCluster struct {
 	procs  []*serverProc
 	listen []string
 	admin  []string
+	link   peerLink
+	peers  []*delayRelay
 	// noAbandon says why the nodes did not offer SPEC §6a before the
 	// callers connected; empty when they did.
 	noAbandon string
 }
 
-func startLockdCluster(ctx context.Context, bin, dir string) (*lockdCluster, error) {
+func startLockdCluster(ctx context.Context, bin, dir string, link peerLink, flags []string) (*lockdCluster, error) {
 	ports, err := loopbackPorts(9)
 	if err != nil {
 		return nil, err
 	}
-	c := &lockdCluster{}
+	raftPorts := make([]string, 3)
+	for i := range raftPorts {
+		raftPorts[i] = fmt.Sprintf("127.0.0.1:%d", ports[i])
+	}
+	reach, relays, err := relayPeers(raftPorts, link)
+	if err != nil {
+		return nil, err
+	}
+	c := &lockdCluster{link: link, peers: relays}
 	var peers []string
 	for i := range 3 {
-		peers = append(peers, fmt.Sprintf("%d=127.0.0.1:%d", i+1, ports[i]))
+		peers = append(peers, fmt.Sprintf("%d=%s", i+1, reach[i]))
 	}
 	for i := range 3 {
 		c.listen = append(c.listen, fmt.Sprintf("127.0.0.1:%d", ports[3+i]))
 		c.admin = append(c.admin, fmt.Sprintf("127.0.0.1:%d", ports[6+i]))
-		c.procs = append(c.procs, &serverProc{bin: bin, log: filepath.Join(dir, fmt.Sprintf("lockd%d.log", i+1)),
-			args: []string{"serve", "--cluster", "--node-id", strconv.Itoa(i + 1),
-				"--raft-addr", fmt.Sprintf("127.0.0.1:%d", ports[i]), "--peers", strings.Join(peers, ","),
-				"--data-dir", filepath.Join(dir, fmt.Sprintf("lockd%d", i+1)), "--groups", "1",
-				"--listen", c.listen[i], "--admin", c.admin[i], "--log-level", "warn"}})
+		args := []string{"serve", "--cluster", "--node-id", strconv.Itoa(i + 1),
+			"--raft-addr", reach[i], "--peers", strings.Join(peers, ","),
+			"--data-dir", filepath.Join(dir, fmt.Sprintf("lockd%d", i+1)), "--groups", "1",
+			"--listen", c.listen[i], "--admin", c.admin[i], "--log-level", "warn"}
+		if link.delay > 0 {
+			args = append(args, "--raft-listen", raftPorts[i])
+		}
+		args = append(args, flags...)
+		c.procs = append(c.procs, &serverProc{bin: bin, log: filepath.Join(dir, fmt.Sprintf("lockd%d.log", i+1)), args: args})
 	}
 	for _, p := range c.procs {
 		if err := p.start(); err != nil {
@@ -240,7 +288,8 @@ func startLockdCluster(ctx context.Context, bin, dir string) (*lockdCluster, err
 // abandonWait bounds the wait for the nodes to offer SPEC §6a.
 const abandonWait = 10 * time.Second
 
-func (c *lockdCluster) nodes() []*serverProc { return c.procs }
+func (c *lockdCluster) nodes() []*serverProc  { return c.procs }
+func (c *lockdCluster) relays() []*delayRelay { return c.peers }
 
 // servesAbandon reports, as an error, a node whose GREETING does not
 // offer SPEC §6a yet.
@@ -263,10 +312,14 @@ func (c *lockdCluster) servesAbandon(ctx context.Context, i int) error {
 }
 
 func (c *lockdCluster) describe() string {
-	if c.noAbandon != "" {
-		return "3-node lockd cluster, 1 group, default flags, WITHOUT SPEC §6a ABANDON (" + c.noAbandon + ")"
+	d := "3-node lockd cluster, 1 group, default flags"
+	if c.link.delay > 0 {
+		d += ", " + c.link.String()
 	}
-	return "3-node lockd cluster, 1 group, default flags"
+	if c.noAbandon != "" {
+		d += ", WITHOUT SPEC §6a ABANDON (" + c.noAbandon + ")"
+	}
+	return d
 }
 
 // leaderView reads node i's view of the group's leader from its
@@ -329,29 +382,38 @@ func (c *lockdCluster) newCaller(ctx context.Context, id int, lease time.Duratio
 type etcdCluster struct {
 	procs   []*serverProc
 	clients []string
+	link    peerLink
+	peers   []*delayRelay
 }
 
-func startEtcdCluster(ctx context.Context, bin, dir string) (*etcdCluster, error) {
+func startEtcdCluster(ctx context.Context, bin, dir string, link peerLink, flags []string) (*etcdCluster, error) {
 	ports, err := loopbackPorts(6)
 	if err != nil {
 		return nil, err
 	}
-	c := &etcdCluster{}
+	peerPorts := make([]string, 3)
+	for i := range peerPorts {
+		peerPorts[i] = fmt.Sprintf("127.0.0.1:%d", ports[3+i])
+	}
+	reach, relays, err := relayPeers(peerPorts, link)
+	if err != nil {
+		return nil, err
+	}
+	c := &etcdCluster{link: link, peers: relays}
 	var initial []string
 	for i := range 3 {
-		initial = append(initial, fmt.Sprintf("e%d=http://127.0.0.1:%d", i+1, ports[3+i]))
+		initial = append(initial, fmt.Sprintf("e%d=http://%s", i+1, reach[i]))
 	}
 	for i := range 3 {
 		clientURL := fmt.Sprintf("http://127.0.0.1:%d", ports[i])
-		peerURL := fmt.Sprintf("http://127.0.0.1:%d", ports[3+i])
 		c.clients = append(c.clients, clientURL)
-		c.procs = append(c.procs, &serverProc{bin: bin, log: filepath.Join(dir, fmt.Sprintf("etcd%d.log", i+1)),
-			args: []string{"--name", fmt.Sprintf("e%d", i+1), "--data-dir", filepath.Join(dir, fmt.Sprintf("etcd%d", i+1)),
-				"--logger", "zap", "--log-level", "error",
-				"--listen-client-urls", clientURL, "--advertise-client-urls", clientURL,
-				"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
-				"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
-				"--initial-cluster-token", "lockbench-failover"}})
+		args := []string{"--name", fmt.Sprintf("e%d", i+1), "--data-dir", filepath.Join(dir, fmt.Sprintf("etcd%d", i+1)),
+			"--logger", "zap", "--log-level", "error",
+			"--listen-client-urls", clientURL, "--advertise-client-urls", clientURL,
+			"--listen-peer-urls", "http://" + peerPorts[i], "--initial-advertise-peer-urls", "http://" + reach[i],
+			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
+			"--initial-cluster-token", "lockbench-failover"}
+		c.procs = append(c.procs, &serverProc{bin: bin, log: filepath.Join(dir, fmt.Sprintf("etcd%d.log", i+1)), args: append(args, flags...)})
 	}
 	for _, p := range c.procs {
 		if err := p.start(); err != nil {
@@ -374,10 +436,15 @@ func startEtcdCluster(ctx context.Context, bin, dir string) (*etcdCluster, error
 	return c, nil
 }
 
-func (c *etcdCluster) nodes() []*serverProc { return c.procs }
+func (c *etcdCluster) nodes() []*serverProc  { return c.procs }
+func (c *etcdCluster) relays() []*delayRelay { return c.peers }
 
 func (c *etcdCluster) describe() string {
-	return "3-node etcd cluster, concurrency.Mutex, session TTL = lease"
+	d := "3-node etcd cluster, concurrency.Mutex, session TTL = lease"
+	if c.link.delay > 0 {
+		d += ", " + c.link.String()
+	}
+	return d
 }
 
 // leaderView asks member i for its status: the index of the member it
@@ -430,9 +497,12 @@ func (c *etcdCluster) newCaller(ctx context.Context, id int, lease time.Duration
 	return &etcdCaller{s: s}, func() { s.Close(); cl.Close() }, nil
 }
 
-// stopAll kills every node of c.
+// stopAll kills every node of c, then closes its relays.
 func stopAll(c failoverCluster) {
 	for _, p := range c.nodes() {
 		p.kill()
+	}
+	for _, r := range c.relays() {
+		r.close()
 	}
 }

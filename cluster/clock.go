@@ -186,7 +186,10 @@ func (s *replicated) date(st stamp, index uint64, out *applied) {
 
 // resolve dates the starts of the batches up to applied: the leader had
 // applied them before it stamped the batch being applied, so their
-// requests were sent before s.now.
+// requests were sent before s.now. A waiter's arrival moves there too:
+// the group's time of its undated batch may stand long before its
+// receipt, and waited_ms counted from it would carry its client's
+// validity bound past the lease.
 func (s *replicated) resolve(applied uint64, out *applied) {
 	kept := s.clock.pending[:0]
 	for _, p := range s.clock.pending {
@@ -204,8 +207,10 @@ func (s *replicated) resolve(applied uint64, out *applied) {
 			out.leases = append(out.leases, leaseRef{key: p.key, token: l.Token, renewals: l.renewals, lease: seconds(l.leaseSeconds)})
 		}
 		for i := range l.queue {
-			if w := &l.queue[i]; w.origin <= applied {
-				w.origin = 0
+			// The group's time here is the first known to come after the
+			// waiter's receipt: its wait counts for waited_ms from here.
+			if w := &l.queue[i]; w.origin != 0 && w.origin <= applied {
+				w.origin, w.Arrived = 0, s.now
 			}
 		}
 	}

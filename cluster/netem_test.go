@@ -287,4 +287,5 @@ func TestProcessesSlowLossyPeerLinks(t *testing.T) {
 			t.Errorf("%d answers E %s; only E unavailable is expected on slow links", n, reason.String())
 		}
 	}
+	traffic.checkAbandons(t)
 }

@@ -287,6 +287,12 @@ func (s *replicated) free(k string, l *lockState, out *applied) *lockState {
 		l.queue[0] = waitEntry{}
 		l.queue = l.queue[1:]
 		s.queued--
+		if w.origin != 0 {
+			// Queued by a batch no dated batch has dated yet: its request
+			// may have arrived as late as the lease's start, so its
+			// client may count no time waited.
+			w.Arrived = s.batch.waitNow
+		}
 		// At waitNow, never before the group's time: a lease it grants is
 		// never shorter.
 		r := engine.HandOff(&l.Lease, &s.tokens, math.MaxUint64, w.Waiting, s.batch.waitNow)

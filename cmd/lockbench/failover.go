@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/lockd/lockd/bench"
@@ -24,6 +25,9 @@ type failoverOptions struct {
 	etcdBin  string
 	dataDir  string
 	stopFor  time.Duration
+	// peerDelay and peerJitter delay every peer link (bench.FailoverConfig).
+	peerDelay, peerJitter time.Duration
+	nodeFlags             string
 	// set names the flags given on the command line: the shared ones
 	// (--duration, --callers, ...) replace the failover defaults only then.
 	set map[string]bool
@@ -36,6 +40,9 @@ func (f *failoverOptions) register(fs *flag.FlagSet) func() error {
 	fs.StringVar(&f.lockdBin, "lockd-bin", "", "failover: the lockd binary to start (default: lockd beside lockbench, else on the PATH)")
 	fs.StringVar(&f.etcdBin, "etcd-bin", "etcd", "failover: the etcd binary to start")
 	fs.DurationVar(&f.stopFor, "stop-for", bench.DefaultFailoverFrozen, "failover: how long the stop fault keeps the victim frozen (SIGSTOP to SIGCONT)")
+	fs.DurationVar(&f.peerDelay, "peer-delay", 0, "failover: delay every byte between the nodes this long each way, through a relay on 127.0.0.1 in front of each node's peer port (0: none)")
+	fs.DurationVar(&f.peerJitter, "peer-jitter", 0, "failover: with --peer-delay, vary each delay by up to this much either way (at most --peer-delay)")
+	fs.StringVar(&f.nodeFlags, "node-flags", "", "failover: more flags for every node started, space-separated (with --peer-delay, a Raft tick that fits it: lockd --rtt-ms, etcd --heartbeat-interval and --election-timeout)")
 	fs.StringVar(&f.dataDir, "data-dir", "", "failover: where the clusters' data directories go, on disk (default: $TMPDIR or /tmp)")
 	return func() error {
 		f.set = map[string]bool{}
@@ -46,6 +53,9 @@ func (f *failoverOptions) register(fs *flag.FlagSet) func() error {
 		}
 		if f.stopFor <= 0 {
 			return usageError{fmt.Errorf("--stop-for %v: want a positive duration", f.stopFor)}
+		}
+		if f.peerDelay < 0 || f.peerJitter < 0 || f.peerJitter > f.peerDelay {
+			return usageError{fmt.Errorf("--peer-delay %v --peer-jitter %v: want a delay of 0 or more and a jitter within it", f.peerDelay, f.peerJitter)}
 		}
 		return nil
 	}
@@ -87,7 +97,8 @@ func runFailovers(ctx context.Context, o *options, stderr io.Writer) ([]*bench.R
 				if ctx.Err() != nil {
 					return nil, ctx.Err()
 				}
-				cfg := bench.FailoverConfig{System: system, Bin: bin, Fault: fault, Victim: victim, Dir: f.dataDir, Frozen: f.stopFor}
+				cfg := bench.FailoverConfig{System: system, Bin: bin, Fault: fault, Victim: victim, Dir: f.dataDir, Frozen: f.stopFor,
+					PeerDelay: f.peerDelay, PeerJitter: f.peerJitter, NodeFlags: strings.Fields(f.nodeFlags)}
 				if f.set["duration"] {
 					cfg.Duration = o.duration
 				}

@@ -72,7 +72,7 @@ func checkAddresses(opts serveOptions) []error {
 		if own == "" {
 			own = opts.clusterCfg.Peers[opts.clusterCfg.NodeID]
 		}
-		bound = append(bound, address{"--raft-addr", own})
+		bound = append(bound, address{"--raft-addr", own}, address{"--raft-listen", opts.raftListen})
 		for _, id := range slices.Sorted(maps.Keys(opts.clusterCfg.Peers)) {
 			if id != opts.clusterCfg.NodeID {
 				peers = append(peers, address{fmt.Sprintf("--peers %d", id), opts.clusterCfg.Peers[id]})

@@ -89,3 +89,24 @@ func TestRaftTLSFlags(t *testing.T) {
 		t.Errorf("raft TLS in single mode: %v", err)
 	}
 }
+
+// --raft-listen binds the Raft port apart from the address its peers
+// reach (a relay's): plain TCP only on loopback, as for --raft-addr, and
+// only in cluster mode.
+func TestRaftListenFlag(t *testing.T) {
+	none := func(string) (string, bool) { return "", false }
+	node := []string{"--cluster", "--node-id", "1", "--peers", "1=127.0.0.1:7451,2=127.0.0.1:7452,3=127.0.0.1:7453", "--data-dir", "d"}
+	o, err := parseServeOptions(append(node, "--raft-listen", "127.0.0.1:8451"), none)
+	if err != nil || o.raftListen != "127.0.0.1:8451" || o.clusterCfg.Peers[1] != "127.0.0.1:7451" {
+		t.Fatalf("--raft-listen on loopback: %q, peers %v, %v", o.raftListen, o.clusterCfg.Peers, err)
+	}
+	if _, err := parseServeOptions(append(node, "--raft-listen", "0.0.0.0:8451"), none); err == nil || !strings.Contains(err.Error(), "loopback") {
+		t.Fatalf("plain TCP --raft-listen on every interface: %v", err)
+	}
+	if _, err := parseServeOptions(append(node, "--raft-listen", "0.0.0.0:8451", "--insecure-raft"), none); err != nil {
+		t.Fatalf("--raft-listen on every interface with --insecure-raft: %v", err)
+	}
+	if _, err := parseServeOptions([]string{"--raft-listen", "127.0.0.1:8451"}, none); err == nil || !strings.Contains(err.Error(), "--cluster") {
+		t.Fatalf("--raft-listen in single mode: %v", err)
+	}
+}

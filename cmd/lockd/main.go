@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -21,6 +22,7 @@ import (
 	"github.com/lockd/lockd/cmd/internal/envflag"
 	"github.com/lockd/lockd/cmd/internal/version"
 	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/internal/netaddr"
 	"github.com/lockd/lockd/server"
 	"github.com/rs/zerolog"
 )
@@ -121,8 +123,18 @@ func serve(opts serveOptions, level zerolog.Level) error {
 		if wallClockHook != nil {
 			cc.WallClock = wallClockHook(cc.DataDir)
 		}
+		if opts.raftListen != "" {
+			ln, err := net.Listen("tcp", opts.raftListen)
+			if err != nil {
+				return fmt.Errorf("--raft-listen: %w", err)
+			}
+			cc.RaftListener = ln
+		}
 		var err error
 		if node, err = cluster.Start(cc); err != nil {
+			if cc.RaftListener != nil {
+				cc.RaftListener.Close()
+			}
 			return err
 		}
 		defer node.Close()
@@ -235,7 +247,10 @@ type serveOptions struct {
 	adminTLS [3]string
 	// raftTLS is --raft-tls-cert, --raft-tls-key and --raft-tls-ca: all
 	// three or none.
-	raftTLS    [3]string
+	raftTLS [3]string
+	// raftListen is --raft-listen: where the Raft port binds when its
+	// peers reach it at --raft-addr through a relay; empty: --raft-addr.
+	raftListen string
 	cluster    bool
 	clusterCfg cluster.Config
 	// checkOnly is --check-config: check, start nothing.
@@ -285,6 +300,7 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 	fs.BoolVar(&o.cluster, "cluster", false, "run as a node of a Raft-replicated cluster")
 	fs.Uint64Var(&cc.NodeID, "node-id", 0, "cluster: this node's id, a key of --peers")
 	fs.StringVar(&cc.RaftAddr, "raft-addr", "", "cluster: this node's Raft address (default: its --peers entry)")
+	fs.StringVar(&o.raftListen, "raft-listen", "", "cluster: the address the Raft port binds when its peers reach it at --raft-addr through a relay, proxy or NAT (default: --raft-addr); plain TCP Raft binds only loopback without --raft-tls-cert, --raft-tls-key and --raft-tls-ca or --insecure-raft")
 	fs.StringVar(&peers, "peers", "", "cluster: every node as id=host:port, comma-separated (3 or 5 nodes); with --join, this node's entry is enough")
 	fs.BoolVar(&cc.Join, "join", false, "cluster: this node is new to a running cluster: start empty and wait until a member adds it (lockctl cluster add)")
 	fs.StringVar(&cfg.DataDir, "data-dir", server.DefaultDataDir, "single mode: keeps the fencing-token mark, so tokens grow across restarts ('' runs volatile); cluster: the Raft log and snapshots, restarting with it rejoins; cluster mode needs it given explicitly")
@@ -329,6 +345,9 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 		return o, errors.New("--raft-tls-cert, --raft-tls-key and --raft-tls-ca go together: give all three or none")
 	}
 	if !o.cluster {
+		if o.raftListen != "" {
+			return o, errors.New("--raft-listen needs --cluster")
+		}
 		if raftTLSFlags != 0 {
 			return o, errors.New("--raft-tls-cert, --raft-tls-key and --raft-tls-ca need --cluster")
 		}
@@ -351,6 +370,12 @@ func parseServeOptions(args []string, lookupEnv func(string) (string, bool)) (se
 		return o, err
 	}
 	cc.Peers = p
+	if o.raftListen != "" && raftTLSFlags == 0 && !cc.InsecureRaft {
+		// The Raft port's exposure rule (cluster.CheckConfig) for where it binds.
+		if loopback, err := netaddr.IsLoopback(o.raftListen); err != nil || !loopback {
+			return o, fmt.Errorf("--raft-listen %s: plain TCP Raft binds only a loopback address; give --raft-tls-cert, --raft-tls-key and --raft-tls-ca, or --insecure-raft on a network only the nodes reach", o.raftListen)
+		}
+	}
 	cc.RaftFrameBudget = frameBudgetMiB << 20
 	if rttMs > 0 {
 		cc.RTT = time.Duration(rttMs) * time.Millisecond
