@@ -112,7 +112,7 @@ type Config struct {
 	MonitorAnchor bool
 
 	// FixedLeaders turns leader placement off: a group's leadership then
-	// stays wherever elections put it (placement.go).
+	// stays wherever elections put it (cluster/placement).
 	FixedLeaders bool
 
 	// StatementInterval is how often the node states its log format to

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
+	"github.com/lockd/lockd/cluster/placement"
 	"github.com/lockd/lockd/engine"
 	"github.com/lockd/lockd/internal/histogram"
 )
@@ -358,4 +359,19 @@ func (g *group) staleKeep(a answer) {
 func (n *Node) deliverable(p *pending, r engine.Result) engine.Result {
 	r.Waited = max(0, min(r.Waited, n.clock()-p.start))
 	return r
+}
+
+// takeLoad returns and resets the per-node command counts since the last
+// call: the busiest node other than self, and self's own count.
+func (f *fsm) takeLoad(self uint64) (busiest placement.Load, own uint64) {
+	for node, n := range f.load {
+		switch {
+		case node == self:
+			own = n
+		case n > busiest.Commands || n == busiest.Commands && node < busiest.Node:
+			busiest = placement.Load{Node: node, Commands: n}
+		}
+	}
+	clear(f.load)
+	return busiest, own
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/lni/dragonboat/v4/raftio"
+	"github.com/lockd/lockd/cluster/placement"
 )
 
 // housekeeper is one group's housekeeping state on this node. Only the
@@ -35,7 +36,7 @@ type housekeeper struct {
 	// lastPass is the instant of the pass before; awakeSince is when
 	// this node last came back from a pause of its own (see step).
 	lastPass, awakeSince time.Duration
-	placement            leaderPlacement
+	placement            placement.Policy
 	due                  []leaseRef // scratch: the lease ends of one pass
 }
 
@@ -123,15 +124,15 @@ func (g *group) step(now time.Duration, obs observed) outbox {
 			out.wake = min(out.wake, at-now)
 		}
 	}
-	if h.placement.due(now) {
+	if h.placement.Due(now) {
 		busiest, own := f.takeLoad(cfg.NodeID)
 		if !cfg.FixedLeaders {
 			gather := uint64(0)
 			if g.idx != 0 && obs.gatherOn != cfg.NodeID && len(f.state.locks) == 0 {
 				gather = obs.gatherOn
 			}
-			if to := h.placement.observe(now, leader, busiest, own, gather); to != 0 {
-				h.placement.schedule(to, now+time.Duration(cfg.HeartbeatRTT)*cfg.RTT)
+			if to := h.placement.Observe(now, leader, busiest, own, gather); to != 0 {
+				h.placement.Schedule(to, now+time.Duration(cfg.HeartbeatRTT)*cfg.RTT)
 			}
 		}
 	}
@@ -141,16 +142,16 @@ func (g *group) step(now time.Duration, obs observed) outbox {
 		}
 	}
 	f.mu.Unlock()
-	moveTo, wait := h.placement.handOver(now, leader)
+	moveTo, wait := h.placement.HandOver(now, leader)
 	if wait > 0 {
 		out.wake = min(out.wake, wait)
 	}
-	givenUp, wait := h.placement.givenUp(now, leader, cfg.handOverPending())
+	givenUp, wait := h.placement.GivenUp(now, leader, cfg.handOverPending())
 	if wait > 0 {
 		out.wake = min(out.wake, wait)
 	}
 	if moveTo != 0 {
-		h.placement.asked(now)
+		h.placement.Asked(now)
 	}
 	out.moveLeaderTo, out.handOverGivenUp = moveTo, givenUp
 	if leader {

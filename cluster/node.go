@@ -35,8 +35,7 @@
 //     batches, leader changes, silent peers' and earlier runs' waiters,
 //     orphan rechecks) and the loop that carries out its outbox.
 //   - leases.go: a replica's lease deadlines on this node's clock.
-//   - placement.go: leader placement; orphans.go: the release of grants
-//     nobody takes.
+//   - orphans.go: the release of grants nobody takes.
 //   - snapshot.go: a group's snapshots and their format.
 //   - membership.go, members_http.go: online membership changes and
 //     their admin endpoint, and the liveness record of peers.
@@ -48,7 +47,8 @@
 //     collector; inspect.go: the read-only lock inspection.
 //
 // The Raft transport is cluster/raftnet, the Raft log store
-// cluster/logdb, dragonboat's logs cluster/raftlog, and the runtime
+// cluster/logdb, dragonboat's logs cluster/raftlog, leader placement's
+// policy cluster/placement, and the runtime
 // monitor anchor internal/sysmonanchor; this package reaches them only
 // through their exported calls.
 //

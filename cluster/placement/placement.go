@@ -1,9 +1,10 @@
-package cluster
-
-import "time"
-
-// Leader placement ("follow the load"). A request proposed on a follower
-// costs a forward to the group's leader and, before it can be answered, a
+// Package placement is the leader placement policy of lockd's cluster
+// mode ("follow the load"): one group's decision, on the node that leads
+// it, of when to hand the leadership to which node. It is deterministic,
+// driven by the instants and load counts its caller passes in, and knows
+// nothing of Raft, sockets or the lock rules.
+//
+// A request proposed on a follower costs a forward to the group's leader and, before it can be answered, a
 // wait for the leader's commit notice: about twice the latency of the
 // same request on the leader, and more messages per proposal. Clients
 // often favour one node (one load balancer target, one region), so a
@@ -12,8 +13,8 @@ import "time"
 // Only the current leader decides, from what its own state machine
 // applied (every command names its proposing node), so two nodes never
 // pull one group in different directions. It asks for a transfer when one
-// other node proposed at least placementMin commands in each of
-// placementStrikes consecutive windows and more than placementRatio times
+// other node proposed at least MinCommands commands in each of
+// strikesNeeded consecutive windows and more than loadRatio times
 // the leader's own; balanced or shifting load never qualifies.
 //
 // Idle groups gather. Every group costs heartbeats and their answers
@@ -21,7 +22,7 @@ import "time"
 // the heartbeats of all the groups a node leads; with the leaders spread
 // over three nodes an idle cluster sends three times the messages it
 // needs (docs/cluster.md, Performance, has the idle CPU). So a
-// group that holds no lock and saw no command for placementIdleWindows
+// group that holds no lock and saw no command for idleWindows
 // windows in a row hands its leadership to group 0's leader, under the
 // same pause and back-off as a move toward load. Holding no lock, it has
 // no lease whose deadline a new leader would re-stamp and nobody waiting.
@@ -35,33 +36,37 @@ import "time"
 // change), so asking at the decision itself could fail every hand-over
 // in a row to a node whose traffic comes in bursts.
 //
-// A transfer is asked at most once per placementCooldown per group, and
-// that pause doubles (up to placementCooldown << placementMaxBackoff)
+// A transfer is asked at most once per Cooldown per group, and
+// that pause doubles (up to Cooldown << MaxBackoff)
 // each time the leader finds itself still leader when it would ask again:
 // Raft gives a hand-over up after an election timeout when it did not
 // complete (under load dragonboat does so now and then), and while one is
 // pending the leader drops every proposal, so unfulfilled requests must
 // stay rare.
+package placement
+
+import "time"
+
 const (
-	placementWindow      = time.Second
-	placementMin         = 16
-	placementRatio       = 2
-	placementStrikes     = 2
-	placementCooldown    = 5 * time.Second
-	placementMaxBackoff  = 5 // doublings: 160 s
-	placementIdleWindows = 5
+	Window        = time.Second
+	MinCommands   = 16
+	loadRatio     = 2
+	strikesNeeded = 2
+	Cooldown      = 5 * time.Second
+	MaxBackoff    = 5 // doublings: 160 s
+	idleWindows   = 5
 )
 
-// loadShare is how many commands one node proposed to a group in a
+// Load is how many commands one node proposed to a group in a
 // window.
-type loadShare struct {
-	node     uint64
-	commands uint64
+type Load struct {
+	Node     uint64
+	Commands uint64
 }
 
-// leaderPlacement is one group's placement decision on one node, driven
+// Policy is one group's placement decision on one node, driven
 // by the housekeeping step's clock; deterministic, no I/O.
-type leaderPlacement struct {
+type Policy struct {
 	windowEnd time.Duration
 	candidate uint64 // the node that qualified in the last strikes windows
 	strikes   int
@@ -76,15 +81,15 @@ type leaderPlacement struct {
 	askedAt time.Duration
 }
 
-// asked records that a hand-over was asked for at now.
-func (p *leaderPlacement) asked(now time.Duration) { p.askedAt = now }
+// Asked records that a hand-over was asked for at now.
+func (p *Policy) Asked(now time.Duration) { p.askedAt = now }
 
-// givenUp reports, once, that the hand-over asked for has ended without a
+// GivenUp reports, once, that the hand-over asked for has ended without a
 // new leader: this node still leads after pending (the longest Raft keeps
 // a hand-over pending). A node no longer leader forgets it (the hand-over
 // happened). Otherwise wait is how long until it can tell (0: no
 // hand-over is pending).
-func (p *leaderPlacement) givenUp(now time.Duration, leader bool, pending time.Duration) (up bool, wait time.Duration) {
+func (p *Policy) GivenUp(now time.Duration, leader bool, pending time.Duration) (up bool, wait time.Duration) {
 	switch {
 	case p.askedAt == 0:
 		return false, 0
@@ -98,66 +103,66 @@ func (p *leaderPlacement) givenUp(now time.Duration, leader bool, pending time.D
 	return true, 0
 }
 
-// observe is called when a window ended (due reports it): busiest is the
+// Observe is called when a window ended (due reports it): busiest is the
 // window's busiest other node and own this node's commands, gather the
 // node an idle group gathers on, 0 when it must stay (it holds a lock, or
 // this node is group 0's leader). It returns the node to hand the
 // leadership to, or 0.
-func (p *leaderPlacement) observe(now time.Duration, leader bool, busiest loadShare, own, gather uint64) uint64 {
+func (p *Policy) Observe(now time.Duration, leader bool, busiest Load, own, gather uint64) uint64 {
 	if !leader {
 		p.strikes, p.idle, p.unmet = 0, 0, 0 // a hand-over done, or leadership lost
 		return 0
 	}
-	if busiest.commands == 0 && own == 0 && gather != 0 {
+	if busiest.Commands == 0 && own == 0 && gather != 0 {
 		p.strikes = 0
-		if p.idle++; p.idle < placementIdleWindows {
+		if p.idle++; p.idle < idleWindows {
 			return 0
 		}
 		return p.ask(now, gather)
 	}
 	p.idle = 0
-	if busiest.commands < placementMin || busiest.commands <= placementRatio*own {
+	if busiest.Commands < MinCommands || busiest.Commands <= loadRatio*own {
 		p.strikes = 0
 		return 0
 	}
-	if busiest.node != p.candidate {
-		p.candidate, p.strikes = busiest.node, 0
+	if busiest.Node != p.candidate {
+		p.candidate, p.strikes = busiest.Node, 0
 	}
-	if p.strikes++; p.strikes < placementStrikes {
+	if p.strikes++; p.strikes < strikesNeeded {
 		return 0
 	}
-	return p.ask(now, busiest.node)
+	return p.ask(now, busiest.Node)
 }
 
 // ask returns to unless a transfer was asked too recently.
-func (p *leaderPlacement) ask(now time.Duration, to uint64) uint64 {
+func (p *Policy) ask(now time.Duration, to uint64) uint64 {
 	if now < p.nextTry {
 		return 0
 	}
 	p.strikes, p.idle = 0, 0
-	p.nextTry = now + placementCooldown<<min(p.unmet, placementMaxBackoff)
+	p.nextTry = now + Cooldown<<min(p.unmet, MaxBackoff)
 	p.unmet++
 	return to
 }
 
-// due reports whether a window ended at now, starting the next one.
-func (p *leaderPlacement) due(now time.Duration) bool {
+// Due reports whether a window ended at now, starting the next one.
+func (p *Policy) Due(now time.Duration) bool {
 	if now < p.windowEnd {
 		return false
 	}
-	p.windowEnd = now + placementWindow
+	p.windowEnd = now + Window
 	return true
 }
 
-// schedule records a hand-over to node to, to be asked for at at.
-func (p *leaderPlacement) schedule(to uint64, at time.Duration) {
+// Schedule records a hand-over to node to, to be asked for at at.
+func (p *Policy) Schedule(to uint64, at time.Duration) {
 	p.handOverTo, p.handOverAt = to, at
 }
 
-// handOver returns the node to ask the leadership to pass to now, or 0
+// HandOver returns the node to ask the leadership to pass to now, or 0
 // and how long until a scheduled hand-over is due (0: none is). A node
 // that is no longer leader drops its scheduled hand-over.
-func (p *leaderPlacement) handOver(now time.Duration, leader bool) (to uint64, wait time.Duration) {
+func (p *Policy) HandOver(now time.Duration, leader bool) (to uint64, wait time.Duration) {
 	switch {
 	case p.handOverTo == 0:
 		return 0, 0
@@ -169,19 +174,4 @@ func (p *leaderPlacement) handOver(now time.Duration, leader bool) (to uint64, w
 	}
 	to, p.handOverTo = p.handOverTo, 0
 	return to, 0
-}
-
-// takeLoad returns and resets the per-node command counts since the last
-// call: the busiest node other than self, and self's own count.
-func (f *fsm) takeLoad(self uint64) (busiest loadShare, own uint64) {
-	for node, n := range f.load {
-		switch {
-		case node == self:
-			own = n
-		case n > busiest.commands || n == busiest.commands && node < busiest.node:
-			busiest = loadShare{node: node, commands: n}
-		}
-	}
-	clear(f.load)
-	return busiest, own
 }
