@@ -48,3 +48,18 @@ func TestAcquireReleaseBesideTombstonesDoesNotAllocate(t *testing.T) {
 		t.Fatalf("acquire+release beside tombstones: %v allocs, want 0", n)
 	}
 }
+
+// An entry's key buffer serves every later key that fits in the 16-byte
+// step of its current length: a 17-byte key leaves room for keys of 17 to
+// 32 bytes, each of which leaves the same room.
+func TestEntryKeyReusesItsBufferWithinItsStep(t *testing.T) {
+	var ent entry
+	ent.setKey(make([]byte, 17))
+	k20, k32 := []byte("twenty-byte-key-0000"), []byte("thirty-two-byte-key-000000000000")
+	if n := testing.AllocsPerRun(100, func() { ent.setKey(k32); ent.setKey(k20) }); n != 0 {
+		t.Fatalf("keys of 20 and 32 bytes in a 17-byte key's buffer: %v allocs, want 0", n)
+	}
+	if string(ent.key()) != string(k20) {
+		t.Fatalf("key %q, want %q", ent.key(), k20)
+	}
+}

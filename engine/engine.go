@@ -60,7 +60,7 @@ const (
 	Granted        Outcome = iota + 1 // lock acquired: Result.Token, Result.Waited set
 	Queued                            // waiting; the Waiter will be resolved later exactly once
 	TimedOut                          // wait elapsed (or wait 0 on a held key), not acquired
-	Busy                              // refused by an admission gate, not acquired
+	Busy                              // refused by an admission gate, or a key past MaxKeyLen; not acquired
 	Released                          // release accepted
 	NotHeld                           // release or keep: key absent, token not current, or lease expired
 	TokenExhausted                    // the token counter would overflow
@@ -188,10 +188,12 @@ type Engine struct {
 // entry leaves the table for its shard's free list, keeping its key buffer
 // so that the next new key reuses both without allocating.
 type entry struct {
-	key   []byte // a copy owned by the entry
-	lease Lease
-	head  *Wait
-	tail  *Wait
+	// keyData and keyLen are the key, a copy owned by the entry: see
+	// key and setKey.
+	keyData *byte
+	lease   Lease
+	head    *Wait
+	tail    *Wait
 	// granted is the instant the current token was granted, for the
 	// hold time /metrics reports.
 	granted time.Duration
@@ -199,6 +201,7 @@ type entry struct {
 	// §6a), 0 when it had no session.
 	holder Requester
 	ns     Namespace
+	keyLen uint16
 	// leaseArmed: the lease end of the current token is in the timer
 	// heap; only a held key with waiters needs one.
 	leaseArmed bool
@@ -337,9 +340,13 @@ func fmix64(h uint64) uint64 {
 // queues for up to wait (never when wait is 0), answers Queued with a
 // non-nil *Wait, and later resolves w exactly once unless cancelled; w must
 // be non-nil whenever wait > 0. A request r abandoned on key (a tombstone)
-// is answered TimedOut. key is only borrowed during the call. Inputs
-// are assumed valid (key 1..128 bytes, lease 1..3600 s, wait 0..255 s).
+// is answered TimedOut. key is only borrowed during the call; a key
+// longer than MaxKeyLen is refused Busy, never stored cut short. Other
+// inputs are assumed valid (lease 1..3600 s, wait 0..255 s).
 func (e *Engine) Acquire(ns Namespace, key []byte, owner uint64, r Requester, lease, wait time.Duration, w Waiter) (Result, *Wait) {
+	if len(key) > MaxKeyLen {
+		return Result{Outcome: Busy}, nil
+	}
 	s, h := e.locate(ns, key)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -475,7 +482,7 @@ func (e *Engine) ReleaseGranted(w *Wait, token uint64) Result {
 	if w.queued() || ent == nil || ent.lease.Token != token {
 		return Result{Outcome: NotHeld}
 	}
-	return e.releaseLocked(s, e.hash(ent.ns, ent.key), ent, token, e.clock.Now())
+	return e.releaseLocked(s, e.hash(ent.ns, ent.key()), ent, token, e.clock.Now())
 }
 
 func (e *Engine) releaseLocked(s *shard, h uint64, ent *entry, token uint64, now time.Duration) Result {
@@ -618,15 +625,17 @@ func (e *Engine) granted(s *shard) {
 // one and its key buffer where it can.
 func (s *shard) newEntry(ns Namespace, key []byte) *entry {
 	n := len(s.free)
+	var ent *entry
 	if n == 0 {
-		return &entry{ns: ns, key: append(make([]byte, 0, len(key)), key...)}
+		ent = &entry{}
+	} else {
+		ent = s.free[n-1]
+		s.free[n-1] = nil
+		s.free = s.free[:n-1]
+		s.freeLow = min(s.freeLow, n-1)
 	}
-	ent := s.free[n-1]
-	s.free[n-1] = nil
-	s.free = s.free[:n-1]
-	s.freeLow = min(s.freeLow, n-1)
 	ent.ns = ns
-	ent.key = append(ent.key[:0], key...)
+	ent.setKey(key)
 	return ent
 }
 

@@ -113,7 +113,7 @@ func (e *Engine) tick() time.Duration {
 				e.resolve(t.wait, e.unqueue(s, t.wait), Result{Outcome: TimedOut})
 			} else {
 				s.expired(t.entry)
-				e.handoff(s, e.hash(t.entry.ns, t.entry.key), t.entry, now)
+				e.handoff(s, e.hash(t.entry.ns, t.entry.key()), t.entry, now)
 			}
 		}
 		if at, ok := s.timers.Next(); ok {

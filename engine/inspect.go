@@ -80,7 +80,7 @@ func (e *Engine) List(ns Namespace, prefix []byte, limit int) []LockInfo {
 		s.mu.Lock()
 		for _, slot := range s.table.slots {
 			ent := slot.ent
-			if slot.hash == 0 || ent.ns != ns || !bytes.HasPrefix(ent.key, prefix) || !smallest.Wants(string(ent.key)) {
+			if slot.hash == 0 || ent.ns != ns || !bytes.HasPrefix(ent.key(), prefix) || !smallest.Wants(string(ent.key())) {
 				continue
 			}
 			if info := ent.info(now); info.Held || info.Waiters > 0 {
@@ -95,7 +95,7 @@ func (e *Engine) List(ns Namespace, prefix []byte, limit int) []LockInfo {
 // info is ent at now; the caller holds its shard's lock. Counting the
 // waiters walks the key's queue, which the waiters gate bounds.
 func (ent *entry) info(now time.Duration) LockInfo {
-	info := LockInfo{Key: string(ent.key)}
+	info := LockInfo{Key: string(ent.key())}
 	if ent.lease.HeldAt(now) {
 		info.Held, info.Token, info.LeaseRemaining = true, ent.lease.Token, ent.lease.End-now
 		info.HeldFor = now - ent.granted

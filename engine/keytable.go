@@ -36,7 +36,7 @@ func (t *keyTable) get(h uint64, ns Namespace, key []byte) *entry {
 		switch {
 		case s.hash == 0:
 			return nil
-		case s.hash == sh && s.ent.ns == ns && string(s.ent.key) == string(key):
+		case s.hash == sh && s.ent.ns == ns && string(s.ent.key()) == string(key):
 			return s.ent
 		}
 	}

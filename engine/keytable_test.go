@@ -23,7 +23,7 @@ func TestKeyTableMatchesAMap(t *testing.T) {
 				switch op := rng.IntN(100); {
 				case op < 45:
 					if model[string(key)] == nil {
-						ent := &entry{key: key, ns: 1}
+						ent := keyedEntry(1, key)
 						table.insert(hash(key), ent)
 						model[string(key)] = ent
 					}
@@ -34,7 +34,7 @@ func TestKeyTableMatchesAMap(t *testing.T) {
 					}
 				case op < 95:
 					drop := rng.IntN(3)
-					table.sweep(func(ent *entry) bool { return len(ent.key)%3 == drop })
+					table.sweep(func(ent *entry) bool { return len(ent.key())%3 == drop })
 					for k := range model {
 						if len(k)%3 == drop {
 							delete(model, k)
@@ -69,21 +69,28 @@ func TestKeyTableShrinksAfterAFlood(t *testing.T) {
 	var table keyTable
 	var ents []*entry
 	for i := range 100000 {
-		ent := &entry{key: fmt.Append(nil, i)}
-		table.insert(maphash.Bytes(seed, ent.key), ent)
+		ent := keyedEntry(0, fmt.Append(nil, i))
+		table.insert(maphash.Bytes(seed, ent.key()), ent)
 		ents = append(ents, ent)
 	}
 	flooded := len(table.slots)
 	for _, ent := range ents[10:] {
-		table.remove(maphash.Bytes(seed, ent.key), ent)
+		table.remove(maphash.Bytes(seed, ent.key()), ent)
 	}
 	table.shrink()
 	if len(table.slots) > 64 || len(table.slots) >= flooded {
 		t.Fatalf("%d slots for %d keys after a flood of %d slots", len(table.slots), table.count, flooded)
 	}
 	for _, ent := range ents[:10] {
-		if table.get(maphash.Bytes(seed, ent.key), 0, ent.key) != ent {
-			t.Fatalf("%s lost in the shrink", ent.key)
+		if table.get(maphash.Bytes(seed, ent.key()), 0, ent.key()) != ent {
+			t.Fatalf("%s lost in the shrink", ent.key())
 		}
 	}
+}
+
+// keyedEntry is a table entry of key in ns, as newEntry makes one.
+func keyedEntry(ns Namespace, key []byte) *entry {
+	ent := &entry{ns: ns}
+	ent.setKey(key)
+	return ent
 }
