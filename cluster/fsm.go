@@ -354,8 +354,10 @@ func (g *group) staleKeep(a answer) {
 }
 
 // deliverable is a grant as the client gets it: waited_ms no more than
-// this node's own elapsed time since receipt, so the client's validity
-// bound never ends after the lease on any replica.
+// this node's own elapsed time since receipt. The replicated waited_ms
+// (counted from the first dated time after the receipt) is what keeps
+// the client's validity bound within the lease on every replica; this
+// cap only keeps it from exceeding what the client itself could see.
 func (n *Node) deliverable(p *pending, r engine.Result) engine.Result {
 	r.Waited = max(0, min(r.Waited, n.clock()-p.start))
 	return r

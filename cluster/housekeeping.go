@@ -88,10 +88,10 @@ func (g *group) step(now time.Duration, obs observed) outbox {
 	h, cfg := &g.house, &g.n.cfg
 	out := outbox{wake: housekeepingInterval}
 	// Passes come at least every housekeepingInterval. A gap of an
-	// election timeout means this process did not run (stopped, paused,
-	// starved): it heard nothing meanwhile through no silence of its
-	// peers.
-	if h.lastPass != 0 && now-h.lastPass > time.Duration(cfg.ElectionRTT)*cfg.RTT {
+	// election timeout beyond that means this process did not run
+	// (stopped, paused, starved): it heard nothing meanwhile through no
+	// silence of its peers.
+	if h.lastPass != 0 && now-h.lastPass > housekeepingInterval+time.Duration(cfg.ElectionRTT)*cfg.RTT {
 		h.awakeSince = now
 	}
 	h.lastPass = now
