@@ -23,10 +23,7 @@ func TestFailoverKillFollower(t *testing.T) {
 		t.Skip("starts a 3-node cluster: skipped in -short mode")
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "lockd")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/lockd").CombinedOutput(); err != nil {
-		t.Fatalf("build lockd: %v\n%s", err, out)
-	}
+	bin := buildLockd(t, dir)
 	cfg := FailoverConfig{
 		System: FailoverLockd, Bin: bin, Fault: FaultKill, Victim: VictimFollower,
 		Duration: 8 * time.Second, FaultAt: 2 * time.Second, Down: time.Second,
@@ -100,4 +97,14 @@ func TestFailoverConfigRefusesBadShapes(t *testing.T) {
 	if err := cfg.applyDefaults(); err != nil || cfg.Duration != DefaultFailoverDuration || cfg.Callers != DefaultFailoverCallers || cfg.Window != DefaultFailoverWindow {
 		t.Errorf("defaults: %+v, %v", cfg, err)
 	}
+}
+
+// buildLockd builds lockd into dir and returns its path.
+func buildLockd(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "lockd")
+	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/lockd").CombinedOutput(); err != nil {
+		t.Fatalf("build lockd: %v\n%s", err, out)
+	}
+	return bin
 }

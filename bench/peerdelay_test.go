@@ -6,8 +6,6 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -110,10 +108,7 @@ func TestFailoverPeerDelay(t *testing.T) {
 		t.Skip("starts a 3-node cluster: skipped in -short mode")
 	}
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "lockd")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/lockd").CombinedOutput(); err != nil {
-		t.Fatalf("build lockd: %v\n%s", err, out)
-	}
+	bin := buildLockd(t, dir)
 	cfg := FailoverConfig{
 		System: FailoverLockd, Bin: bin, Fault: FaultStop, Victim: VictimLeader,
 		Duration: 7 * time.Second, FaultAt: 2 * time.Second, Frozen: time.Second,

@@ -125,4 +125,3 @@ func (t *fakeTimer) drain() {
 	default:
 	}
 }
-
