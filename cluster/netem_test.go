@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -97,31 +95,13 @@ func (l *tapLink) close() {
 
 // openTap opens the TAP device name that exists in namespace ns. The
 // device is found by name in the namespace of the calling thread, so the
-// open runs on a locked thread moved into ns (see dialInNetns); the
+// open runs on a locked thread moved into ns (inNetns); the
 // descriptor keeps the device once the thread is gone.
 func openTap(ns, name string) (*os.File, error) {
-	type opened struct {
-		f   *os.File
-		err error
-	}
-	done := make(chan opened, 1)
-	go func() {
-		runtime.LockOSThread()
-		nsf, err := os.Open(filepath.Join("/var/run/netns", ns))
-		if err != nil {
-			done <- opened{err: err}
-			return
-		}
-		err = unix.Setns(int(nsf.Fd()), unix.CLONE_NEWNET)
-		nsf.Close()
-		if err != nil {
-			done <- opened{err: fmt.Errorf("setns %s: %w", ns, err)}
-			return
-		}
+	return inNetns(ns, func() (*os.File, error) {
 		fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 		if err != nil {
-			done <- opened{err: err}
-			return
+			return nil, err
 		}
 		ifr, err := unix.NewIfreq(name)
 		if err == nil {
@@ -130,13 +110,10 @@ func openTap(ns, name string) (*os.File, error) {
 		}
 		if err != nil {
 			unix.Close(fd)
-			done <- opened{err: fmt.Errorf("attach TAP %s in %s: %w", name, ns, err)}
-			return
+			return nil, fmt.Errorf("attach TAP %s in %s: %w", name, ns, err)
 		}
-		done <- opened{f: os.NewFile(uintptr(fd), name)}
-	}()
-	r := <-done
-	return r.f, r.err
+		return os.NewFile(uintptr(fd), name), nil
+	})
 }
 
 // newTapNetwork builds the namespaces of nodes 1..nodes joined to a

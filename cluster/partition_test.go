@@ -127,34 +127,41 @@ func (n *netnsNetwork) dialer(id uint64) func(ctx context.Context, network, addr
 
 // dialInNetns connects from inside the network namespace ns. A socket
 // belongs to the namespace of the thread that created it, for good, so the
-// dial runs on an OS thread locked to a goroutine and moved into ns. The
-// thread is never unlocked: when the goroutine returns, the runtime ends
-// the thread instead of reusing it in the wrong namespace.
-func dialInNetns(ctx context.Context, ns, network, addr string) (net.Conn, error) {
-	type dialed struct {
-		nc  net.Conn
+// inNetns runs f on an OS thread locked to a goroutine and moved into
+// ns. The thread is never unlocked: when the goroutine returns, the
+// runtime ends the thread instead of reusing it in the wrong namespace.
+func inNetns[T any](ns string, f func() (T, error)) (T, error) {
+	type result struct {
+		v   T
 		err error
 	}
-	done := make(chan dialed, 1)
+	done := make(chan result, 1)
 	go func() {
 		runtime.LockOSThread()
-		f, err := os.Open(filepath.Join("/var/run/netns", ns))
+		nsf, err := os.Open(filepath.Join("/var/run/netns", ns))
 		if err != nil {
-			done <- dialed{err: err}
+			done <- result{err: err}
 			return
 		}
-		err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
-		f.Close()
+		err = unix.Setns(int(nsf.Fd()), unix.CLONE_NEWNET)
+		nsf.Close()
 		if err != nil {
-			done <- dialed{err: fmt.Errorf("setns %s: %w", ns, err)}
+			done <- result{err: fmt.Errorf("setns %s: %w", ns, err)}
 			return
 		}
-		var d net.Dialer
-		nc, err := d.DialContext(ctx, network, addr)
-		done <- dialed{nc, err}
+		v, err := f()
+		done <- result{v, err}
 	}()
 	r := <-done
-	return r.nc, r.err
+	return r.v, r.err
+}
+
+// dialInNetns dials addr from inside ns.
+func dialInNetns(ctx context.Context, ns, network, addr string) (net.Conn, error) {
+	return inNetns(ns, func() (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, network, addr)
+	})
 }
 
 // startNetnsProcesses starts 3 lockd cluster processes of bin, node id in
