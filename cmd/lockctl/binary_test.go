@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lockd/lockd/internal/adminjson"
 )
 
 // binary runs the built lockctl, as a user's shell does.
@@ -71,7 +73,7 @@ func TestCLIFindingsThroughTheBinary(t *testing.T) {
 
 	t.Run("flags after the arguments", func(t *testing.T) {
 		code, out, errs := bin.run(t, "status", "held1", "--json", "--admin", admin)
-		var st lockStatus
+		var st adminjson.LockStatus
 		if code != exitOK || json.Unmarshal([]byte(out), &st) != nil || !st.Held {
 			t.Fatalf("status KEY --json: exit %d %q %q", code, out, errs)
 		}

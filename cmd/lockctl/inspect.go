@@ -17,6 +17,7 @@ import (
 
 	"github.com/lockd/lockd/client"
 	"github.com/lockd/lockd/codec"
+	"github.com/lockd/lockd/internal/adminjson"
 	"github.com/lockd/lockd/internal/privatefile"
 )
 
@@ -85,35 +86,14 @@ func (o *options) inspectedTenant() string {
 	return o.tenant
 }
 
-// lockStatus is one key in the admin endpoint's answer.
-type lockStatus struct {
-	Tenant           string `json:"tenant"`
-	Key              string `json:"key"`
-	Held             bool   `json:"held"`
-	Token            uint64 `json:"token"`
-	LeaseRemainingMs int64  `json:"lease_remaining_ms"`
-	// HeldForMs is absent from a server that does not know when the
-	// token was granted (earlier builds).
-	HeldForMs int64  `json:"held_for_ms"`
-	Waiters   int    `json:"waiters"`
-	Node      string `json:"node"`
-	// NodeID is the answering node's cluster id and GrantNode the id of
-	// the node whose client got the token: 0 in single mode. RemoteAddr
-	// is the address the grant went to, when the answering node
-	// delivered it and remembers it. Earlier builds send none of them.
-	NodeID     uint64 `json:"node_id"`
-	GrantNode  uint64 `json:"grant_node"`
-	RemoteAddr string `json:"remote_addr"`
-}
-
 func runStatus(ctx context.Context, o *options, key string, p proc) int {
 	if !codec.ValidClientKey(key) {
 		fmt.Fprintf(p.err, "lockctl status: key %q: want 1..%d bytes of UTF-8 without spaces or line breaks\n", key, codec.MaxKeyLen)
 		return exitUsage
 	}
 	path := "/v1/locks/" + url.PathEscape(o.inspectedTenant()) + "/" + url.PathEscape(key)
-	var one lockStatus
-	return askAdmin(ctx, o, "status", adminRequest{method: http.MethodGet, path: path, timeout: adminTimeout}, &one, p, func(w io.Writer) { printLocks(w, []lockStatus{one}, time.Now()) })
+	var one adminjson.LockStatus
+	return askAdmin(ctx, o, "status", adminRequest{method: http.MethodGet, path: path, timeout: adminTimeout}, &one, p, func(w io.Writer) { printLocks(w, []adminjson.LockStatus{one}, time.Now()) })
 }
 
 func runList(ctx context.Context, o *options, prefix string, p proc) int {
@@ -126,7 +106,7 @@ func runList(ctx context.Context, o *options, prefix string, p proc) int {
 		query.Set("prefix", prefix)
 	}
 	path := "/v1/locks/" + url.PathEscape(o.inspectedTenant()) + "?" + query.Encode()
-	var list []lockStatus
+	var list []adminjson.LockStatus
 	return askAdmin(ctx, o, "list", adminRequest{method: http.MethodGet, path: path, timeout: adminTimeout}, &list, p, func(w io.Writer) { printLocks(w, list, time.Now()) })
 }
 
@@ -236,7 +216,7 @@ func callAdmin(ctx context.Context, hc *http.Client, method, u string, reqBody, 
 // of the node whose client got the token (- in single mode) and REMOTE
 // the address of the connection the grant went to, or the node that
 // knows it.
-func printLocks(w io.Writer, locks []lockStatus, now time.Time) {
+func printLocks(w io.Writer, locks []adminjson.LockStatus, now time.Time) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "KEY\tHELD\tTOKEN\tHELD SINCE\tHELD FOR\tLEASE LEFT\tWAITERS\tNODE\tGRANT NODE\tREMOTE")
 	for _, l := range locks {
@@ -261,7 +241,7 @@ func printLocks(w io.Writer, locks []lockStatus, now time.Time) {
 // answering server knows it, the node that would know it when another
 // node delivered it, and unknown otherwise (a grant from before the
 // server started, or one whose record a later grant overwrote).
-func remoteOf(l lockStatus) string {
+func remoteOf(l adminjson.LockStatus) string {
 	switch {
 	case l.RemoteAddr != "":
 		return l.RemoteAddr

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockd/lockd/internal/adminjson"
 	"github.com/lockd/lockd/server"
 )
 
@@ -69,11 +70,11 @@ func TestStatusAndList(t *testing.T) {
 	}
 
 	code, out, _ = ctl{env: map[string]string{"LOCKD_ADMIN": admin}}.run("status", "--json", "nothing/here")
-	var one lockStatus
+	var one adminjson.LockStatus
 	if err := json.Unmarshal([]byte(out), &one); code != exitOK || err != nil {
 		t.Fatalf("status --json: %d %q %v", code, out, err)
 	}
-	if one != (lockStatus{Tenant: "default", Key: "nothing/here", Node: "inspected"}) {
+	if one != (adminjson.LockStatus{Tenant: "default", Key: "nothing/here", Node: "inspected"}) {
 		t.Errorf("status --json of a free key: %+v", one)
 	}
 
@@ -105,7 +106,7 @@ func TestStatusAndList(t *testing.T) {
 		}
 	}
 	code, out, _ = ctl{}.run("list", "--admin", admin, "--json", "jobs/")
-	var list []lockStatus
+	var list []adminjson.LockStatus
 	if err := json.Unmarshal([]byte(out), &list); code != exitOK || err != nil || len(list) != 2 || list[0].Key != "jobs/a" || !list[0].Held {
 		t.Errorf("list --json: %d %q %v", code, out, err)
 	}
@@ -122,7 +123,7 @@ func TestStatusOfAnotherTenant(t *testing.T) {
 	}
 	token := strings.TrimSpace(out)
 	code, out, errs = ctl{env: env}.run("status", "--admin", admin, "--tenant", "t1", "--json", "k")
-	var one lockStatus
+	var one adminjson.LockStatus
 	if err := json.Unmarshal([]byte(out), &one); code != exitOK || err != nil || !one.Held || one.Tenant != "t1" {
 		t.Fatalf("status --tenant t1: %d %q %q %v", code, out, errs, err)
 	}

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"net/url"
 	"time"
+
+	"github.com/lockd/lockd/internal/adminjson"
 )
 
 // listenInterval is how often elect --listen asks the admin endpoint.
@@ -27,7 +29,7 @@ func runListen(ctx context.Context, o *options, name string, p proc) int {
 	defer tick.Stop()
 	for {
 		body, err := o.askAdminOnce(ctx, adminRequest{method: http.MethodGet, path: path, timeout: adminTimeout})
-		var st lockStatus
+		var st adminjson.LockStatus
 		if err == nil {
 			err = json.Unmarshal(body, &st)
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/lockd/lockd/cluster"
 	"github.com/lockd/lockd/codec"
+	"github.com/lockd/lockd/internal/adminjson"
 	"github.com/lockd/lockd/server"
 )
 
@@ -69,7 +70,7 @@ func TestStatusShowsWhereTheGrantWent(t *testing.T) {
 			t.Errorf("status row %q %q, want token %d, node inspected, no grant node, remote %s", f, remote, token, local)
 		}
 		code, out, _ := bin.run(t, "status", "--admin", admin, "--json", "jobs/nightly")
-		var one lockStatus
+		var one adminjson.LockStatus
 		if err := json.Unmarshal([]byte(out), &one); code != exitOK || err != nil || one.RemoteAddr != local || one.GrantNode != 0 || one.NodeID != 0 || one.HeldForMs <= 0 {
 			t.Errorf("status --json: %d %q %v, want remote_addr %s, held_for_ms > 0", code, out, err, local)
 		}
