@@ -256,9 +256,12 @@ func TestTLSPortDropsClientsWhoseWritesStall(t *testing.T) {
 		chunk = codec.AppendPing(chunk, uint64(10+i))
 	}
 	// Pings, unread, until the server holds more answers than the
-	// kernel's buffers can: its writer is then blocked.
+	// kernel's buffers can: its writer is then blocked. The deadline is a
+	// safety net against a server that stops reading, not a bound on its
+	// speed: with the race detector and other packages' tests on two
+	// cores, its reader has gone 5 s without a turn.
 	for s.tlsUnsent() < 4<<20 {
-		_ = nc.SetWriteDeadline(time.Now().Add(ioTimeout))
+		_ = nc.SetWriteDeadline(time.Now().Add(6 * ioTimeout))
 		if _, err := nc.Write(chunk); err != nil {
 			t.Fatalf("write: %v (server holds %d unsent bytes)", err, s.tlsUnsent())
 		}
