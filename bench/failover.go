@@ -177,6 +177,9 @@ type FailoverResult struct {
 	GrantsPerSBefore float64 `json:"grants_per_s_before"`
 	GrantsPerSAfter  float64 `json:"grants_per_s_after"`
 	RateRatio        float64 `json:"rate_after_over_before"`
+	// GrantsAfter is the grants in each half second of the AfterS after
+	// the fault: where the rate went, not only how much of it was lost.
+	GrantsAfter []int `json:"grants_after_by_half_second"`
 	// Acquires and Releases count the outcomes of the whole run by kind;
 	// AtFault those of the requests in flight when the fault hit.
 	Acquires FailoverKinds `json:"acquires"`
@@ -575,12 +578,14 @@ func (f *FailoverResult) measureRates(grants []grantEvent, faultAt time.Time, be
 		return
 	}
 	var nBefore, nAfter int
+	f.GrantsAfter = make([]int, (after+halfSecond-1)/halfSecond)
 	for _, g := range grants {
 		switch d := g.at.Sub(faultAt); {
 		case d < 0 && d >= -before:
 			nBefore++
 		case d >= 0 && d < after:
 			nAfter++
+			f.GrantsAfter[d/halfSecond]++
 		}
 	}
 	f.GrantsPerSBefore = float64(nBefore) / before.Seconds()
@@ -589,6 +594,8 @@ func (f *FailoverResult) measureRates(grants []grantEvent, faultAt time.Time, be
 		f.RateRatio = f.GrantsPerSAfter / f.GrantsPerSBefore
 	}
 }
+
+const halfSecond = 500 * time.Millisecond
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
@@ -612,6 +619,11 @@ func writeFailover(w io.Writer, f *FailoverResult) {
 		f.LongestGapS, f.LongestGapKey, f.LongestGapAtS)
 	fmt.Fprintf(w, "  grants/s %.0f in the %v before the fault, %.0f in the %v after: %.0f%%\n",
 		f.GrantsPerSBefore, seconds(f.BeforeS).Round(time.Millisecond), f.GrantsPerSAfter, seconds(f.AfterS).Round(time.Millisecond), 100*f.RateRatio)
+	fmt.Fprintf(w, "  grants in each half second after the fault:")
+	for _, n := range f.GrantsAfter {
+		fmt.Fprintf(w, " %d", n)
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "  outcomes\tgranted\treleased\tnot held\ttimeout\tbusy\tindeterminate\tunavailable\tother errors\t\n")
 	for _, row := range []struct {

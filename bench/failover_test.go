@@ -108,3 +108,26 @@ func buildLockd(t *testing.T, dir string) string {
 	}
 	return bin
 }
+
+// TestMeasureRatesCountsEachHalfSecondAfterTheFault: the grants after the
+// fault are counted in half seconds from it (a bucket for a partial last
+// half second too), and their sum is the rate's count.
+func TestMeasureRatesCountsEachHalfSecondAfterTheFault(t *testing.T) {
+	fault := time.Unix(100, 0)
+	at := func(ms int) grantEvent { return grantEvent{at: fault.Add(time.Duration(ms) * time.Millisecond)} }
+	grants := []grantEvent{at(-1500), at(-10), at(0), at(499), at(500), at(1200), at(1250), at(1700), at(1800)}
+	var f FailoverResult
+	f.measureRates(grants, fault, 2*time.Second, 1750*time.Millisecond)
+	want := []int{2, 1, 2, 1}
+	if len(f.GrantsAfter) != len(want) {
+		t.Fatalf("half-second counts %v, want %v", f.GrantsAfter, want)
+	}
+	for i := range want {
+		if f.GrantsAfter[i] != want[i] {
+			t.Fatalf("half-second counts %v, want %v", f.GrantsAfter, want)
+		}
+	}
+	if f.GrantsPerSBefore != 1 || f.GrantsPerSAfter != 6/1.75 {
+		t.Errorf("grants/s before %g, after %g: want 1 and %g", f.GrantsPerSBefore, f.GrantsPerSAfter, 6/1.75)
+	}
+}

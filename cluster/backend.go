@@ -388,22 +388,22 @@ func (n *Node) Shutdown() {
 // Under load the hand-over fails often without a pause first: dragonboat's
 // target skips the campaign a TimeoutNow asks for while it has committed
 // entries it has not applied, and its followers apply a moment after they
-// learn of a commit, which under load is always. So the leader first asks
-// every voter, and itself, to start no proposal (peerHold) and waits two
-// heartbeats: the last proposals commit, the commit index reaches the
-// followers with a heartbeat, and they apply it. The followers' requests
-// wait in their batches meanwhile, and go to the new leader.
+// learn of a commit, which under load is always. So the leader first
+// holds the group's proposals (holdProposals) for handOverHold: the last
+// proposals commit, the commit index reaches the followers with a
+// heartbeat, and they apply it. The followers' requests wait in their
+// batches meanwhile, and go to the new leader. Placement's hand-overs
+// take the same steps (housekeeping.go).
 func (n *Node) handOverLeadership() {
 	holding := false
 	for i, g := range n.groups {
 		if n.Leader(i) == n.cfg.NodeID {
-			g.hold(n.cfg.NodeID, n.clock()+n.handOverTimeout())
-			n.sendToVoters(g, appendHold(nil, n.cfg.NodeID, g.shardID))
+			n.holdProposals(g)
 			holding = true
 		}
 	}
 	if holding {
-		time.Sleep(2 * time.Duration(n.cfg.HeartbeatRTT) * n.cfg.RTT)
+		time.Sleep(n.cfg.handOverHold())
 	}
 	deadline := time.Now().Add(n.handOverTimeout())
 	for {

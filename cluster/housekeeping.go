@@ -57,6 +57,9 @@ type outbox struct {
 	// resend: the group's leader changed; this node's proposals in
 	// flight go out again at once (watch).
 	resend bool
+	// holdProposals: a hand-over was decided; the group's proposals wait
+	// (holdProposals) until it is asked for, handOverHold later, and done.
+	holdProposals bool
 	// moveLeaderTo asks for the leadership to pass to this node.
 	moveLeaderTo uint64
 	// handOverGivenUp: a hand-over this leader asked for ended without a
@@ -132,7 +135,8 @@ func (g *group) step(now time.Duration, obs observed) outbox {
 				gather = obs.gatherOn
 			}
 			if to := h.placement.Observe(now, leader, busiest, own, gather); to != 0 {
-				h.placement.Schedule(to, now+time.Duration(cfg.HeartbeatRTT)*cfg.RTT)
+				h.placement.Schedule(to, now+cfg.handOverHold())
+				out.holdProposals = true
 			}
 		}
 	}
@@ -224,6 +228,14 @@ func (n *Node) pastRunsForget() []byte {
 	return appendForget(nil, n.cfg.NodeID, n.idFirst, n.idFirst+runIDSpan)
 }
 
+// handOverHold is how long a leader holds a group's proposals before it
+// asks for a hand-over: two heartbeats, for the last proposals to commit
+// and the followers to learn of the commit and apply it
+// (handOverLeadership).
+func (c *Config) handOverHold() time.Duration {
+	return time.Duration(2*c.HeartbeatRTT) * c.RTT
+}
+
 // handOverPending is the longest Raft keeps a leader's hand-over pending:
 // one election timeout, and a tick for the leader to notice.
 func (c *Config) handOverPending() time.Duration {
@@ -286,6 +298,9 @@ func (n *Node) housekeepingLoop(ctx context.Context) {
 func (n *Node) carryOut(g *group, out *outbox) {
 	if out.resend {
 		g.sendAgain()
+	}
+	if out.holdProposals {
+		n.holdProposals(g)
 	}
 	if out.moveLeaderTo != 0 {
 		n.moveLeader(g, out.moveLeaderTo)

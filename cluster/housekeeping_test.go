@@ -27,8 +27,8 @@ import (
 //	step leader=NODE [gather=NODE] -> OUTBOX
 //
 // OUTBOX lists, comma-separated and in this order, the commands ("forget
-// NODE", "forget-run", "leaseend KEY"), then "stamp", "resend", "move
-// NODE", "given-up", "orphan KEY", and last "wake D".
+// NODE", "forget-run", "leaseend KEY"), then "stamp", "resend", "hold",
+// "move NODE", "given-up", "orphan KEY", and last "wake D".
 func TestHousekeepingScenarios(t *testing.T) {
 	f, err := os.Open("testdata/housekeeping.txt")
 	if err != nil {
@@ -190,7 +190,7 @@ func formatOutbox(r *replica, out outbox) (string, error) {
 		set  bool
 		item string
 	}{
-		{out.stamp, "stamp"}, {out.resend, "resend"}, {out.moveLeaderTo != 0, fmt.Sprintf("move %d", out.moveLeaderTo)},
+		{out.stamp, "stamp"}, {out.resend, "resend"}, {out.holdProposals, "hold"}, {out.moveLeaderTo != 0, fmt.Sprintf("move %d", out.moveLeaderTo)},
 		{out.handOverGivenUp, "given-up"},
 	}
 	for _, f := range flags {

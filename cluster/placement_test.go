@@ -86,7 +86,7 @@ func TestLeaderFollowsLoad(t *testing.T) {
 		tc.advance(clock, placement.Window)
 		waitUntil(t, 10*time.Second, "the leader's placement window to close", windowClosed)
 		asked := tc.node(leader).ClusterStats().LeaderTransfers
-		tc.advance(clock, time.Duration(tc.cfgs[0].HeartbeatRTT)*tc.cfgs[0].RTT) // the hand-over is asked a heartbeat later
+		tc.advance(clock, tc.node(leader).cfg.handOverHold()) // the hand-over is asked once the hold let the target catch up
 		if eventually(2*time.Second, 5*time.Millisecond, func() bool { return n.Leader(group) == via }) {
 			break
 		}

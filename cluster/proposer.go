@@ -410,8 +410,10 @@ func (g *group) sendAgain() { close(*g.newLeader.Swap(new(make(chan struct{}))))
 // proposals they forwarded without telling them, and they would
 // otherwise send them again only at their attempt timeout (two election
 // timeouts).
+// It ends the hand-over's hold here and on them.
 func (n *Node) resendProposals(g *group) {
 	n.log.Info().Uint64("group", g.shardID).Msg("leader hand-over given up: the followers send their proposals again")
+	g.endHold()
 	n.sendToVoters(g, appendSendAgain(nil, g.shardID))
 }
 
@@ -445,13 +447,14 @@ func appendSendAgain(b []byte, shard uint64) []byte {
 	return binary.BigEndian.AppendUint64(b, shard)
 }
 
-// onSendAgain sends this node's proposals in flight to the groups named
-// again.
+// onSendAgain ends a hold of the groups named and sends this node's
+// proposals in flight to them again.
 func (n *Node) onSendAgain(b []byte) {
 	for ; len(b) >= 8; b = b[8:] {
 		shard := binary.BigEndian.Uint64(b)
 		for _, g := range n.groups {
 			if g.shardID == shard {
+				g.endHold()
 				g.sendAgain()
 			}
 		}
@@ -487,6 +490,17 @@ func (g *group) hold(leader uint64, until time.Duration) {
 	g.holdUntil.Store(int64(until))
 	g.holdBy.Store(leader)
 }
+
+// holdProposals starts a hand-over of g, led here: this node and g's
+// other voters start no proposal of g until its leader changes, the
+// hand-over is given up (resendProposals) or handOverTimeout passed
+// (handOverLeadership says why).
+func (n *Node) holdProposals(g *group) {
+	g.hold(n.cfg.NodeID, n.clock()+n.handOverTimeout())
+	n.sendToVoters(g, appendHold(nil, n.cfg.NodeID, g.shardID))
+}
+
+func (g *group) endHold() { g.holdBy.Store(0) }
 
 // held is how long this node must still start no proposal of g: while
 // the leader that asked for a hold (onHold) still leads, until its end.

@@ -214,19 +214,27 @@ func TestNearDeadlineBatchIsProposed(t *testing.T) {
 }
 
 // A follower told that its leader gave a hand-over up (the leader's
-// housekeeping reports it given up, testdata/housekeeping.txt) sends its
-// proposals in flight again at once, as after a leader change.
+// housekeeping reports it given up, testdata/housekeeping.txt) ends the
+// hand-over's hold and sends its proposals in flight again at once, as
+// after a leader change.
 func TestSendAgainMessageResendsTheFollowersProposals(t *testing.T) {
 	follower := newReplica(t, 2)
 	fg := follower.f.g
 	fg.shardID = 7
 	follower.n().groups = []*group{fg}
+	follower.n().onPeerFrame(appendHold(nil, 1, 7), nobodySink{})
+	if by := fg.holdBy.Load(); by != 1 {
+		t.Fatalf("a follower asked by leader 1 to hold group 7 holds for %d", by)
+	}
 	inFlight := *fg.newLeader.Load()
 	follower.n().onPeerFrame(appendSendAgain(nil, 7), nobodySink{})
 	select {
 	case <-inFlight:
 	default:
 		t.Fatal("a follower told the hand-over was given up kept its proposals waiting")
+	}
+	if fg.held() != 0 {
+		t.Fatal("a follower told the hand-over was given up still holds its proposals")
 	}
 }
 

@@ -27,14 +27,12 @@
 // same pause and back-off as a move toward load. Holding no lock, it has
 // no lease whose deadline a new leader would re-stamp and nobody waiting.
 //
-// A hand-over decided is asked for one heartbeat interval later, not at
-// once. The decision is taken on a housekeeping pass, and the passes that
-// follow a grant's apply are the most frequent ones under traffic: at
-// that instant the target has usually not yet applied the grant, and a
+// A hand-over decided is asked for later, not at once (Schedule): a
 // dragonboat node that has committed entries it has not applied refuses
 // the hand-over's TimeoutNow (it counts them as a possible membership
-// change), so asking at the decision itself could fail every hand-over
-// in a row to a node whose traffic comes in bursts.
+// change), and under traffic a follower nearly always has some, so the
+// caller first stops the group's proposals and asks once the target has
+// caught up (the cluster package's hand-over hold).
 //
 // A transfer is asked at most once per Cooldown per group, and
 // that pause doubles (up to Cooldown << MaxBackoff)
