@@ -39,7 +39,13 @@
 # FAILOVER_FAULTS=kill,term,stop) hits the leader, then a follower
 # (docs/cluster.md, "Failover").
 #
-# Knobs (environment): DURATION, CALLERS, CONNS, FAILOVER_FAULTS, COST_DURATION (the
+# ROUNDS (default 1) repeats the measurement at every caller count, both
+# clusters staying up: round after round, lockd then etcd each time, so that
+# each round's ratio is of two runs side by side in time (results
+# cluster.txt for round 1, cluster-2.txt and on for the others).
+# FAILOVER_FAULTS=none skips the failover runs.
+#
+# Knobs (environment): DURATION, CALLERS, CONNS, ROUNDS, FAILOVER_FAULTS, COST_DURATION (the
 # one-caller cost run, default 5s), LOCKD_GROUPS (Raft groups of
 # the lockd cluster, default lockd's own; not GROUPS, which bash reserves), LOCKD_FLAGS (more
 # flags for every lockd node, space-separated), OUT (results
@@ -53,6 +59,7 @@ DURATION=${DURATION:-10s}
 CALLERS=${CALLERS:-1,64,256,1024}
 CONNS=${CONNS:-8}
 FAILOVER_FAULTS=${FAILOVER_FAULTS:-kill,term}
+ROUNDS=${ROUNDS:-1}
 group_flags=()
 if [[ -n ${LOCKD_GROUPS:-} ]]; then
 	group_flags=(--groups "$LOCKD_GROUPS")
@@ -225,14 +232,27 @@ if command -v perf >/dev/null && perf stat -e syscalls:sys_enter_fsync true >/de
 else
 	echo "== perf with syscall tracepoints is not available (root and linux-perf needed): no fsync counts" | tee "$OUT/commit-cost.txt"
 fi
-"$BIN/lockbench" --target "$targets" \
-	--server-pids "$lockd_group,$etcd_group" --workload uncontended \
-	--callers "$CALLERS" --conns "$CONNS" --duration "$DURATION" --progress 0 \
-	--json "$OUT/cluster.json" --report "$OUT/cluster" | tee "$OUT/cluster.txt"
-echo "== failover: clusters of lockbench's own, $FAILOVER_FAULTS of the leader and of a follower"
+for round in $(seq "$ROUNDS"); do
+	name=cluster
+	if ((round > 1)); then
+		name=cluster-$round
+	fi
+	if ((ROUNDS > 1)); then
+		echo "== round $round of $ROUNDS"
+	fi
+	"$BIN/lockbench" --target "$targets" \
+		--server-pids "$lockd_group,$etcd_group" --workload uncontended \
+		--callers "$CALLERS" --conns "$CONNS" --duration "$DURATION" --progress 0 \
+		--json "$OUT/$name.json" --report "$OUT/$name" | tee "$OUT/$name.txt"
+done
 kill "${pids[@]}" 2>/dev/null || true
 wait "${pids[@]}" 2>/dev/null || true
 pids=()
+if [[ $FAILOVER_FAULTS == none ]]; then
+	echo "== results in $OUT/"
+	exit 0
+fi
+echo "== failover: clusters of lockbench's own, $FAILOVER_FAULTS of the leader and of a follower"
 "$BIN/lockbench" --workload failover --cluster lockd,etcd --fault "$FAILOVER_FAULTS" --victim leader,follower \
 	--lockd-bin "$BIN/lockd" --etcd-bin "$(command -v etcd)" --data-dir "$work" --progress 0 \
 	--json "$OUT/failover.json" | tee "$OUT/failover.txt"
