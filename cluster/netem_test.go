@@ -117,39 +117,19 @@ func openTap(ns, name string) (*os.File, error) {
 }
 
 // newTapNetwork builds the namespaces of nodes 1..nodes joined to a
-// bridge through tapLinks, which it returns by node (index id-1). Like
-// newNetnsNetwork it fails the test as root when it cannot.
+// bridge through tapLinks, which it returns by node (index id-1): each
+// node's eth0 and its bridge port are TAP devices that only the link's
+// pumps join.
 func newTapNetwork(t *testing.T, nodes int) (*netnsNetwork, []*tapLink) {
 	t.Helper()
-	n := &netnsNetwork{t: t, prefix: fmt.Sprintf("lockd-e%d", os.Getpid())}
-	t.Cleanup(n.destroy) // registered first, so it runs after the links close
-	if err := n.addNS(n.bridgeNS()); err != nil {
-		t.Fatalf("cannot create a network namespace; the slow-network test needs root and iproute2's `ip netns` (uid %d): %v", os.Getuid(), err)
-	}
+	// Built first, so its cleanup runs after the links close.
+	n := buildNetnsNetwork(t, "lockd-e", "the slow-network test", nodes, func(n *netnsNetwork, id uint64) [][]string {
+		return [][]string{
+			{"-n", n.bridgeNS(), "tuntap", "add", "dev", n.bridgePort(id), "mode", "tap"},
+			{"-n", n.nodeNS(id), "tuntap", "add", "dev", "eth0", "mode", "tap"},
+		}
+	})
 	br := n.bridgeNS()
-	steps := [][]string{
-		{"-n", br, "link", "add", "br0", "type", "bridge"},
-		{"-n", br, "link", "set", "br0", "up"},
-	}
-	for id := uint64(1); id <= uint64(nodes); id++ {
-		if err := n.addNS(n.nodeNS(id)); err != nil {
-			t.Fatal(err)
-		}
-		ns := n.nodeNS(id)
-		steps = append(steps,
-			[]string{"-n", br, "tuntap", "add", "dev", n.bridgePort(id), "mode", "tap"},
-			[]string{"-n", br, "link", "set", n.bridgePort(id), "master", "br0", "up"},
-			[]string{"-n", ns, "tuntap", "add", "dev", "eth0", "mode", "tap"},
-			[]string{"-n", ns, "addr", "add", n.nodeAddr(id) + "/24", "dev", "eth0"},
-			[]string{"-n", ns, "link", "set", "eth0", "up"},
-			[]string{"-n", ns, "link", "set", "lo", "up"},
-		)
-	}
-	for _, args := range steps {
-		if err := runIP(args...); err != nil {
-			t.Fatal(err)
-		}
-	}
 	links := make([]*tapLink, nodes)
 	for i := range links {
 		id := uint64(i + 1)

@@ -45,17 +45,28 @@ func runIP(args ...string) error {
 	return nil
 }
 
-// newNetnsNetwork builds the network for nodes 1..nodes. As root it fails
-// the test, rather than skipping it, when namespaces cannot be made: CI
-// runs as root with iproute2, so a failure there is a broken environment
-// to look at. Only a developer who is not root is told to rerun as root.
+// newNetnsNetwork builds the network for nodes 1..nodes, each node's
+// eth0 one end of a veth pair whose other end is its bridge port.
 func newNetnsNetwork(t *testing.T, nodes int) *netnsNetwork {
 	t.Helper()
-	n := &netnsNetwork{t: t, prefix: fmt.Sprintf("lockd-t%d", os.Getpid())}
+	return buildNetnsNetwork(t, "lockd-t", "the partition test", nodes, func(n *netnsNetwork, id uint64) [][]string {
+		return [][]string{{"-n", n.bridgeNS(), "link", "add", n.bridgePort(id), "type", "veth", "peer", "name", "eth0", "netns", n.nodeNS(id)}}
+	})
+}
+
+// buildNetnsNetwork makes a bridge namespace and one namespace per node,
+// links each node's eth0 to a bridge port with the steps link gives, and
+// brings everything up with the node's address. As root it fails the
+// test, rather than skipping it, when namespaces cannot be made: CI runs
+// as root with iproute2, so a failure there is a broken environment to
+// look at. Only a developer who is not root is told to rerun as root.
+func buildNetnsNetwork(t *testing.T, prefix, test string, nodes int, link func(n *netnsNetwork, id uint64) [][]string) *netnsNetwork {
+	t.Helper()
+	n := &netnsNetwork{t: t, prefix: fmt.Sprintf("%s%d", prefix, os.Getpid())}
 	// Registered before anything exists, so a half-built network goes too.
 	t.Cleanup(n.destroy)
 	if err := n.addNS(n.bridgeNS()); err != nil {
-		t.Fatalf("cannot create a network namespace; the partition test needs root and iproute2's `ip netns` (uid %d): %v", os.Getuid(), err)
+		t.Fatalf("cannot create a network namespace; %s needs root and iproute2's `ip netns` (uid %d): %v", test, os.Getuid(), err)
 	}
 	br := n.bridgeNS()
 	steps := [][]string{
@@ -67,8 +78,8 @@ func newNetnsNetwork(t *testing.T, nodes int) *netnsNetwork {
 			t.Fatal(err)
 		}
 		ns := n.nodeNS(id)
+		steps = append(steps, link(n, id)...)
 		steps = append(steps,
-			[]string{"-n", br, "link", "add", n.bridgePort(id), "type", "veth", "peer", "name", "eth0", "netns", ns},
 			[]string{"-n", br, "link", "set", n.bridgePort(id), "master", "br0", "up"},
 			[]string{"-n", ns, "addr", "add", n.nodeAddr(id) + "/24", "dev", "eth0"},
 			[]string{"-n", ns, "link", "set", "eth0", "up"},
