@@ -369,13 +369,21 @@ func TestWaiterDroppedWithItsConnection(t *testing.T) {
 // a timing assertion, only a bounded wait for an asynchronous close.
 func waitFor(t testing.TB, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(ioTimeout)
+	if !eventually(ioTimeout, cond) {
+		t.Fatal("condition not reached")
+	}
+}
+
+// eventually reports whether cond held within d, checking every 2 ms.
+func eventually(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatal("condition not reached")
+			return false
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+	return true
 }
 
 func TestPipelinedBurstInOneWrite(t *testing.T) {
