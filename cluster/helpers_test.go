@@ -11,26 +11,19 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/internal/loopback"
 	"github.com/rs/zerolog"
 )
 
 // freePorts reserves n loopback ports by listening and closing, for
 // lockd processes, which cannot take a listener over: a port may be taken
 // in between, and the process then fails to start (the test fails, it
-// never talks to a stranger). In-process nodes take raftListeners.
+// never talks to a stranger). In-process nodes take loopback.Listeners.
 func freePorts(t testing.TB, n int) []int {
 	t.Helper()
-	var ls []net.Listener
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	for _, l := range ls {
+	ports := make([]int, n)
+	for i, l := range loopback.Listeners(t, n) {
+		ports[i] = l.Addr().(*net.TCPAddr).Port
 		l.Close()
 	}
 	return ports
@@ -50,24 +43,9 @@ type testCluster struct {
 	nodes []*Node // nil while stopped
 }
 
-// raftListeners binds n loopback Raft ports for in-process nodes, which
-// take the listeners over (Config.RaftListener).
-func raftListeners(t testing.TB, n int) []net.Listener {
-	t.Helper()
-	ls := make([]net.Listener, n)
-	for i := range ls {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls[i] = l
-	}
-	return ls
-}
-
 func newTestCluster(t testing.TB, n int, tweak func(*Config)) *testCluster {
 	t.Helper()
-	listeners := raftListeners(t, n)
+	listeners := loopback.Listeners(t, n)
 	peers := make(map[uint64]string)
 	for i, l := range listeners {
 		peers[uint64(i+1)] = l.Addr().String()

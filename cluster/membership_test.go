@@ -8,12 +8,13 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/internal/loopback"
 )
 
 // join starts a new node id on a fresh data dir, waiting to be added.
 func (tc *testCluster) join(id uint64) *Node {
 	tc.t.Helper()
-	ln := raftListeners(tc.t, 1)[0]
+	ln := loopback.Listeners(tc.t, 1)[0]
 	cfg := tc.cfgs[0]
 	cfg.NodeID, cfg.Join, cfg.RaftListener = id, true, ln
 	cfg.Peers = map[uint64]string{id: ln.Addr().String()}

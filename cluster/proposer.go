@@ -517,8 +517,6 @@ func (g *group) held() time.Duration {
 	return left
 }
 
-// queue appends one command, built by add, to g's next batch.
-
 // pause waits d, or until ctx is done: the back-off of a retry.
 func pause(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)

@@ -1,51 +1,20 @@
 package cluster
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
 	"io"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/lockd/lockd/cluster/raftnet"
 	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/internal/logwatch"
+	"github.com/lockd/lockd/internal/loopback"
 	"github.com/lockd/lockd/internal/testcerts"
 	"github.com/rs/zerolog"
 )
-
-// raftTLSFor writes a node certificate for 127.0.0.1 signed by ca and
-// loads it as LoadTLS does from the flags.
-func raftTLSFor(t *testing.T, ca *testcerts.CA, name string) *tls.Config {
-	t.Helper()
-	f := ca.WriteFiles(t, t.TempDir(), name, "127.0.0.1")
-	cfg, err := raftnet.LoadTLS(f.Cert, f.Key, f.CA)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cfg
-}
-
-// logWatch is a log destination that closes seen once a line contains
-// want.
-type logWatch struct {
-	want []byte
-	seen chan struct{}
-	once sync.Once
-}
-
-func watchLog(want string) *logWatch {
-	return &logWatch{want: []byte(want), seen: make(chan struct{})}
-}
-
-func (w *logWatch) Write(p []byte) (int, error) {
-	if bytes.Contains(p, w.want) {
-		w.once.Do(func() { close(w.seen) })
-	}
-	return len(p), nil
-}
 
 const refusedLog = "raft transport: TLS handshake refused"
 
@@ -54,7 +23,7 @@ const refusedLog = "raft transport: TLS handshake refused"
 func TestRaftTLSClusterElectsAndServes(t *testing.T) {
 	ca := testcerts.NewCA(t, "lockd raft CA")
 	tc := newTestCluster(t, 3, func(cfg *Config) {
-		cfg.RaftTLS = raftTLSFor(t, ca, fmt.Sprintf("node%d", cfg.NodeID))
+		cfg.RaftTLS = ca.Loaded(t, fmt.Sprintf("node%d", cfg.NodeID), raftnet.LoadTLS)
 	})
 	rec := newRecorder()
 	r := acquire(t, tc.node(1), rec, 1, "tls/k", 30*time.Second, 0)
@@ -77,17 +46,17 @@ func TestRaftTLSClusterElectsAndServes(t *testing.T) {
 // between themselves and serve.
 func TestRaftTLSRefusesANodeOfAnotherCA(t *testing.T) {
 	ca, other := testcerts.NewCA(t, "lockd raft CA"), testcerts.NewCA(t, "another CA")
-	listeners := raftListeners(t, 3)
+	listeners := loopback.Listeners(t, 3)
 	peers := make(map[uint64]string)
 	for i, l := range listeners {
 		peers[uint64(i+1)] = l.Addr().String()
 	}
-	watches := []*logWatch{watchLog(refusedLog), watchLog(refusedLog)}
+	watches := []*logwatch.Watch{logwatch.For(refusedLog), logwatch.For(refusedLog)}
 	refused := make(chan struct{})
 	go func() {
 		select {
-		case <-watches[0].seen:
-		case <-watches[1].seen:
+		case <-watches[0].Seen():
+		case <-watches[1].Seen():
 		}
 		close(refused)
 	}()
@@ -103,10 +72,10 @@ func TestRaftTLSRefusesANodeOfAnotherCA(t *testing.T) {
 		cfg := Config{NodeID: uint64(i + 1), Peers: peers, RaftListener: listeners[i], DataDir: t.TempDir(), Groups: 2,
 			RTT: 10 * time.Millisecond, ElectionRTT: 20, ProposeTimeout: 3 * time.Second}
 		if i < 2 {
-			cfg.RaftTLS = raftTLSFor(t, ca, fmt.Sprintf("node%d", i+1))
+			cfg.RaftTLS = ca.Loaded(t, fmt.Sprintf("node%d", i+1), raftnet.LoadTLS)
 			cfg.Logger = zerolog.New(watches[i])
 		} else {
-			cfg.RaftTLS = raftTLSFor(t, other, "intruder")
+			cfg.RaftTLS = other.Loaded(t, "intruder", raftnet.LoadTLS)
 			cfg.Logger = zerolog.New(io.Discard)
 		}
 		n, err := Start(cfg)

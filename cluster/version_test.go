@@ -15,6 +15,7 @@ import (
 
 	sm "github.com/lni/dragonboat/v4/statemachine"
 	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/internal/loopback"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -301,7 +302,7 @@ func TestAddMemberRefusesAnOlderFormat(t *testing.T) {
 		t.Fatalf("members after the refusal: %+v (%v)", m.Members, err)
 	}
 
-	ls := raftListeners(t, 1)
+	ls := loopback.Listeners(t, 1)
 	cfg := tc.cfgs[0]
 	cfg.NodeID, cfg.Join, cfg.RaftListener, cfg.DataDir = 2, true, ls[0], t.TempDir()
 	cfg.RaftAddr = ls[0].Addr().String()

@@ -11,6 +11,7 @@ import (
 	"github.com/lni/dragonboat/v4"
 	"github.com/lni/dragonboat/v4/raftio"
 	pb "github.com/lni/dragonboat/v4/raftpb"
+	"github.com/lockd/lockd/internal/loopback"
 )
 
 // granted reports whether c's grant has come, without waiting.
@@ -170,7 +171,7 @@ func TestRaftTransportMembersPassGuestsAndGrantsComeBack(t *testing.T) {
 	sources := &Sources{}
 	sources.view.Store(newSourcesView(time.Now(), []dragonboat.ShardInfo{{ShardID: 5, ReplicaID: 3,
 		Replicas: map[uint64]string{1: "127.0.0.1:7001", 2: "127.0.0.2:7002"}}}))
-	ln := raftListeners(t, 1)[0]
+	ln := loopback.Listeners(t, 1)[0]
 	budget := newFrameBudget(3<<20, 2<<20)
 	server, batches, _ := startTransportAt(t, Factory{Listener: ln, Sources: sources, Budget: budget}, ln.Addr().String(), true)
 	client, _, _ := startTransport(t, true)

@@ -19,6 +19,7 @@ import (
 	"github.com/lni/dragonboat/v4/config"
 	"github.com/lni/dragonboat/v4/raftio"
 	pb "github.com/lni/dragonboat/v4/raftpb"
+	"github.com/lockd/lockd/internal/loopback"
 	"github.com/lockd/lockd/internal/testcerts"
 	"github.com/rs/zerolog"
 )
@@ -106,15 +107,15 @@ func TestRaftTLSPeerSpeaksOnlyForItsHost(t *testing.T) {
 	sources.view.Store(&sourcesView{groups: map[uint64]uint64{5: 3}, addrs: map[raftio.NodeInfo]string{
 		{ShardID: 5, ReplicaID: 1}: "127.0.0.1:7001", {ShardID: 5, ReplicaID: 2}: "127.0.0.2:7002"}})
 	batches := make(chan pb.MessageBatch, 4)
-	ln := raftListeners(t, 1)[0]
+	ln := loopback.Listeners(t, 1)[0]
 	addr := ln.Addr().String()
-	server := Factory{Log: zerolog.Nop(), TLS: raftTLSFor(t, ca, "server"), Sources: sources, Listener: ln}.Create(
+	server := Factory{Log: zerolog.Nop(), TLS: ca.Loaded(t, "server", LoadTLS), Sources: sources, Listener: ln}.Create(
 		config.NodeHostConfig{RaftAddress: addr}, func(mb pb.MessageBatch) { batches <- mb }, func(pb.Chunk) bool { return true }).(*raftTransport)
 	if err := server.Start(); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { server.Close() })
-	client, _ := startTLSTransport(t, raftTLSFor(t, ca, "client"), io.Discard) // its certificate names 127.0.0.1
+	client, _ := startTLSTransport(t, ca.Loaded(t, "client", LoadTLS), io.Discard) // its certificate names 127.0.0.1
 	send := func(from uint64, source string) error {
 		conn, err := client.GetConnection(context.Background(), server.addr)
 		if err != nil {
@@ -353,7 +354,7 @@ func TestRaftSourcesForgetAFilingTheMembershipConfirms(t *testing.T) {
 // members superseded the same first address.
 func TestRaftTransportDialsTheMembershipsAddressInPlaceOfAForgedOne(t *testing.T) {
 	const shard = 1005
-	ls := raftListeners(t, 6)
+	ls := loopback.Listeners(t, 6)
 	for _, l := range ls {
 		t.Cleanup(func() { l.Close() })
 	}

@@ -12,6 +12,8 @@ import (
 
 	"github.com/lni/dragonboat/v4/config"
 	pb "github.com/lni/dragonboat/v4/raftpb"
+	"github.com/lockd/lockd/internal/logwatch"
+	"github.com/lockd/lockd/internal/loopback"
 	"github.com/lockd/lockd/internal/testcerts"
 	"github.com/rs/zerolog"
 )
@@ -19,7 +21,7 @@ import (
 func startTLSTransport(t *testing.T, tlsCfg *tls.Config, log io.Writer) (*raftTransport, chan pb.MessageBatch) {
 	t.Helper()
 	batches := make(chan pb.MessageBatch, 16)
-	ln := raftListeners(t, 1)[0]
+	ln := loopback.Listeners(t, 1)[0]
 	tr := Factory{Log: zerolog.New(log), TLS: tlsCfg, Listener: ln}.Create(config.NodeHostConfig{RaftAddress: ln.Addr().String()},
 		func(mb pb.MessageBatch) { batches <- mb },
 		func(pb.Chunk) bool { return true }).(*raftTransport)
@@ -35,9 +37,9 @@ func startTLSTransport(t *testing.T, tlsCfg *tls.Config, log io.Writer) (*raftTr
 // nothing.
 func TestRaftTransportMutualTLS(t *testing.T) {
 	ca, other := testcerts.NewCA(t, "lockd raft CA"), testcerts.NewCA(t, "another CA")
-	watch := watchLog(refusedLog)
-	server, batches := startTLSTransport(t, raftTLSFor(t, ca, "server"), watch)
-	client, _ := startTLSTransport(t, raftTLSFor(t, ca, "client"), io.Discard)
+	watch := logwatch.For(refusedLog)
+	server, batches := startTLSTransport(t, ca.Loaded(t, "server", LoadTLS), watch)
+	client, _ := startTLSTransport(t, ca.Loaded(t, "client", LoadTLS), io.Discard)
 	conn, err := client.GetConnection(context.Background(), server.addr)
 	if err != nil {
 		t.Fatal(err)
@@ -52,12 +54,12 @@ func TestRaftTransportMutualTLS(t *testing.T) {
 		t.Fatalf("got %+v", got)
 	}
 
-	intruder, _ := startTLSTransport(t, raftTLSFor(t, other, "intruder"), io.Discard)
+	intruder, _ := startTLSTransport(t, other.Loaded(t, "intruder", LoadTLS), io.Discard)
 	if c, err := intruder.GetConnection(context.Background(), server.addr); err == nil {
 		c.Close()
 		t.Fatal("a node of another CA connected")
 	}
-	watch.wait(t, "the other CA's node was refused")
+	watch.Wait(t, "the other CA's node was refused")
 
 	// A peer without TLS: its frame is not a handshake, so the server
 	// closes the connection without delivering it.

@@ -10,13 +10,14 @@ import (
 
 	"github.com/lni/dragonboat/v4/config"
 	pb "github.com/lni/dragonboat/v4/raftpb"
+	"github.com/lockd/lockd/internal/loopback"
 )
 
 // startTransport listens on a free loopback port and forwards what it
 // receives to the returned channels.
 func startTransport(t *testing.T, acceptChunks bool) (*raftTransport, chan pb.MessageBatch, chan pb.Chunk) {
 	t.Helper()
-	ln := raftListeners(t, 1)[0]
+	ln := loopback.Listeners(t, 1)[0]
 	return startTransportAt(t, Factory{Listener: ln}, ln.Addr().String(), acceptChunks)
 }
 

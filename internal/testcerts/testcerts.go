@@ -134,6 +134,20 @@ func (ca *CA) WriteFiles(t testing.TB, dir, name string, hosts ...string) Files 
 	return f
 }
 
+// Loaded writes a certificate for name on 127.0.0.1 into a temporary
+// directory and hands its files to load, the loader a port's flags go
+// through, so that a test's TLS configuration is the one an operator's
+// files would give.
+func (ca *CA) Loaded(t testing.TB, name string, load func(cert, key, ca string) (*tls.Config, error)) *tls.Config {
+	t.Helper()
+	f := ca.WriteFiles(t, t.TempDir(), name, "127.0.0.1")
+	cfg, err := load(f.Cert, f.Key, f.CA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
 func serial(t testing.TB) *big.Int {
 	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
 	if err != nil {
