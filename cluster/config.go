@@ -167,6 +167,11 @@ type Config struct {
 	// time.Now: a test hook that skews or steps it. A wall clock dates
 	// only the batches of the log formats before 5 (clock.go).
 	WallClock func() time.Time
+
+	// beforeUpdate, when set, runs before each batch this node's replicas
+	// apply, on dragonboat's apply worker: a test holds a replica's apply
+	// back with it, as a busy follower's lags behind its commit index.
+	beforeUpdate func()
 }
 
 // wall is the node's wall clock.

@@ -78,6 +78,9 @@ func newFSM(g *group, firstToken uint64) *fsm {
 // halt), and a halted replica applies nothing more. Update never fails,
 // since a failed Update stops the process.
 func (f *fsm) Update(e sm.Entry) (sm.Result, error) {
+	if hold := f.g.n.cfg.beforeUpdate; hold != nil {
+		hold()
+	}
 	f.mu.Lock()
 	if f.halted.Load() != nil {
 		f.mu.Unlock()
