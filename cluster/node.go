@@ -289,8 +289,8 @@ func (n *Node) replicaConfig(g *group) config.Config {
 		// A batch's commands repeat their clients' ids and much of their
 		// keys: with Snappy a loaded node writes about a third of the
 		// bytes per command to its disk (WAL, flushes, compactions), its
-		// followers' syncs end sooner, and entries are as much smaller on
-		// the wire and in memory (docs/cluster.md, Performance).
+		// followers' syncs end sooner, and entries are smaller on the wire
+		// and in memory too (docs/cluster.md, Performance).
 		// Dragonboat decodes an entry before Update, whichever build
 		// proposed it.
 		EntryCompressionType: config.Snappy,
