@@ -28,6 +28,7 @@ import (
 
 	"github.com/lockd/lockd/client"
 	"github.com/lockd/lockd/codec"
+	"github.com/lockd/lockd/internal/poll"
 )
 
 const (
@@ -152,16 +153,14 @@ func startFleet(t *testing.T) *fleet {
 // eventually polls cond every 200 ms until it holds or timeout passes.
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, last := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within %v; last: %s", what, timeout, last)
-		}
-		time.Sleep(200 * time.Millisecond)
+	var last string
+	held := poll.Until(timeout, 200*time.Millisecond, func() bool {
+		var ok bool
+		ok, last = cond()
+		return ok
+	})
+	if !held {
+		t.Fatalf("no %s within %v; last: %s", what, timeout, last)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/lockd/lockd/client/lockdtest"
 	"github.com/lockd/lockd/codec"
+	"github.com/lockd/lockd/internal/poll"
 )
 
 // frame is one request as a scripted peer saw it.
@@ -191,13 +192,9 @@ func closeClient(t *testing.T, c *Client, clk *fakeClock) {
 // never for a deadline to pass.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for range 10000 {
-		if cond() {
-			return
-		}
-		time.Sleep(time.Millisecond)
+	if !poll.Until(10*time.Second, time.Millisecond, cond) {
+		t.Fatalf("timed out waiting until %s", what)
 	}
-	t.Fatalf("timed out waiting until %s", what)
 }
 
 type result struct {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/internal/poll"
 )
 
 // applyGate holds back, once armed, the batches a node's replicas apply
@@ -77,7 +78,7 @@ func TestDrainWaitsForTheFollowersToApplyBeforeHandingOver(t *testing.T) {
 	drained := make(chan struct{})
 	go func() { defer close(drained); tc.node(leader).Shutdown() }()
 	g := tc.node(leader).groups[0]
-	held := eventually(10*time.Second, time.Millisecond, func() bool {
+	held := poll.Until(10*time.Second, time.Millisecond, func() bool {
 		select {
 		case <-drained:
 			return true
@@ -96,7 +97,7 @@ func TestDrainWaitsForTheFollowersToApplyBeforeHandingOver(t *testing.T) {
 		t.Fatalf("node %d still leads its group after its drain: the hand-over failed", leader)
 	}
 	var next uint64
-	agreed := eventually(10*time.Second, time.Millisecond, func() bool {
+	agreed := poll.Until(10*time.Second, time.Millisecond, func() bool {
 		next = tc.node(1).Leader(0)
 		for id := uint64(2); id <= 3; id++ {
 			if tc.node(id).Leader(0) != next {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/lockd/lockd/engine"
 	"github.com/lockd/lockd/internal/loopback"
+	"github.com/lockd/lockd/internal/poll"
 	"github.com/rs/zerolog"
 )
 
@@ -258,7 +259,7 @@ func queueLen(n *Node, key string) int {
 // waitUntil polls cond until it holds, failing the test after within.
 func waitUntil(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	if !eventually(within, 5*time.Millisecond, cond) {
+	if !poll.Until(within, 5*time.Millisecond, cond) {
 		t.Fatalf("timed out waiting for %s", what)
 	}
 }
@@ -267,23 +268,9 @@ func waitUntil(t testing.TB, within time.Duration, what string, cond func() bool
 // process costs it a request.
 func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	if !eventually(within, 50*time.Millisecond, cond) {
+	if !poll.Until(within, 50*time.Millisecond, cond) {
 		t.Fatalf("%s: not within %v", what, within)
 	}
-}
-
-// eventually polls cond every interval until it holds, for at most
-// within, and reports whether it held: the package's one wait for a
-// condition of running nodes or processes.
-func eventually(within, every time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(every)
-	}
-	return true
 }
 
 // isQueued reports whether the request behind h is queued in its group.

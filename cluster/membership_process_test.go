@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/lockd/lockd/internal/poll"
 )
 
 // buildLockctl builds the lockctl binary into dir.
@@ -46,7 +48,7 @@ func lockctlCluster(t *testing.T, bin string, p *proc, args ...string) Membershi
 func awaitAdmin(t *testing.T, p *proc) {
 	t.Helper()
 	var err error
-	up := eventually(20*time.Second, 20*time.Millisecond, func() bool {
+	up := poll.Until(20*time.Second, 20*time.Millisecond, func() bool {
 		var c net.Conn
 		if c, err = net.DialTimeout("tcp", p.admin, time.Second); err == nil {
 			c.Close()

@@ -8,6 +8,7 @@ import (
 	sm "github.com/lni/dragonboat/v4/statemachine"
 	"github.com/lockd/lockd/cluster/placement"
 	"github.com/lockd/lockd/engine"
+	"github.com/lockd/lockd/internal/poll"
 )
 
 // The state machine counts each node's acquires and releases (not the
@@ -87,7 +88,7 @@ func TestLeaderFollowsLoad(t *testing.T) {
 		waitUntil(t, 10*time.Second, "the leader's placement window to close", windowClosed)
 		asked := tc.node(leader).ClusterStats().LeaderTransfers
 		tc.advance(clock, tc.node(leader).cfg.handOverHold()) // the hand-over is asked once the hold let the target catch up
-		if eventually(2*time.Second, 5*time.Millisecond, func() bool { return n.Leader(group) == via }) {
+		if poll.Until(2*time.Second, 5*time.Millisecond, func() bool { return n.Leader(group) == via }) {
 			break
 		}
 		if tc.node(leader).ClusterStats().LeaderTransfers > asked {

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/codec"
+	"github.com/lockd/lockd/internal/poll"
 )
 
 // proc is one lockd process of the multi-process test.
@@ -198,7 +199,7 @@ func groupLeader(t *testing.T, procs []*proc, g int) uint64 {
 	t.Helper()
 	var lastErr error // why the last view failed, for the failure message
 	var leader uint64
-	found := eventually(20*time.Second, 50*time.Millisecond, func() bool {
+	found := poll.Until(20*time.Second, 50*time.Millisecond, func() bool {
 		for _, p := range procs {
 			if p.alive() {
 				l, err := p.leaderView(g)
@@ -285,7 +286,7 @@ func (lt *lockTraffic) awaitGrants(t *testing.T, n int, while string) {
 	want := len(lt.history) + n
 	lt.mu.Unlock()
 	var got int
-	done := eventually(time.Minute, 10*time.Millisecond, func() bool {
+	done := poll.Until(time.Minute, 10*time.Millisecond, func() bool {
 		lt.mu.Lock()
 		got = len(lt.history)
 		lt.mu.Unlock()
@@ -342,7 +343,7 @@ func (lt *lockTraffic) worker(w int) {
 		default:
 		}
 		if c == nil {
-			eventually(time.Minute, 20*time.Millisecond, func() bool {
+			poll.Until(time.Minute, 20*time.Millisecond, func() bool {
 				select {
 				case <-lt.stop:
 					return true
@@ -569,7 +570,7 @@ func probeRecovery(t *testing.T, via *proc, key string, fault time.Time) time.Du
 	var r codec.Response
 	var err error
 	var recovered time.Duration
-	granted := eventually(time.Until(fault.Add(time.Minute)), 20*time.Millisecond, func() bool {
+	granted := poll.Until(time.Until(fault.Add(time.Minute)), 20*time.Millisecond, func() bool {
 		r, _, err = probeAcquire(via, key, 1)
 		recovered = time.Since(fault)
 		return err == nil && r.Op == codec.OpAcquired

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/codec"
+	"github.com/lockd/lockd/internal/poll"
 )
 
 // Every row of SPEC §9 that single mode can produce, over real TCP: the
@@ -369,21 +370,9 @@ func TestWaiterDroppedWithItsConnection(t *testing.T) {
 // a timing assertion, only a bounded wait for an asynchronous close.
 func waitFor(t testing.TB, cond func() bool) {
 	t.Helper()
-	if !eventually(ioTimeout, cond) {
+	if !poll.Until(ioTimeout, 2*time.Millisecond, cond) {
 		t.Fatal("condition not reached")
 	}
-}
-
-// eventually reports whether cond held within d, checking every 2 ms.
-func eventually(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	return true
 }
 
 func TestPipelinedBurstInOneWrite(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lockd/lockd/codec"
+	"github.com/lockd/lockd/internal/poll"
 	"github.com/lockd/lockd/internal/testcerts"
 )
 
@@ -294,7 +295,7 @@ func stallTLSWriter(t *testing.T, s *testServer, ca *testcerts.CA, key string) s
 		_ = nc.SetWriteDeadline(time.Now().Add(ioTimeout))
 		_, err := nc.Write(chunk)
 		pings += 1000
-		if err != nil || !eventually(ioTimeout, read) {
+		if err != nil || !poll.Until(ioTimeout, 2*time.Millisecond, read) {
 			t.Logf("TCP stalled the pings on %s (write: %v; server holds %d unsent bytes); closing it", key, err, s.tlsUnsent())
 			nc.Close()
 			waitFor(t, func() bool { return s.conns.Load() == 1 && s.tlsConnCount() == 1 })

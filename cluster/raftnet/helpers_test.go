@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockd/lockd/internal/poll"
 	"github.com/lockd/lockd/server/servertest"
 	"go.uber.org/goleak"
 )
@@ -15,12 +16,8 @@ func TestMain(m *testing.M) {
 
 func waitUntil(t testing.TB, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !poll.Until(within, 5*time.Millisecond, cond) {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }
 
